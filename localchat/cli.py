@@ -1,0 +1,67 @@
+"""Command-line entry point: argument parsing and dispatch. User errors are caught here, once,
+and shown as one line with a non-zero exit status."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from localchat import __version__
+from localchat.errors import UserError
+
+# Each module in localchat.commands defines ``register(subparsers)``, which adds its sub-command
+# and sets ``func(args) -> int`` on it. Imports stay lazy inside the commands so that
+# ``localchat --help`` does not pay for llama.cpp or Textual.
+COMMAND_MODULES = [
+    "localchat.commands.ask",
+    "localchat.commands.bench",
+    "localchat.commands.models",
+    "localchat.commands.doctor",
+    "localchat.commands.sessions",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="localchat",
+        description="Local, offline-first chat in the terminal. With no command, opens the app.",
+    )
+    parser.add_argument("--version", action="version", version=f"localchat {__version__}")
+    parser.add_argument("--model", "-m", help="registry name, hf:ORG/REPO/FILE.gguf or a .gguf path")
+    parser.add_argument("--continue", dest="continue_last", action="store_true",
+                        help="reopen the most recently used session")
+    parser.add_argument("--session", "-s", help="open (or create) the session with this name")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def _run_app(args: argparse.Namespace) -> int:
+    from localchat.tui.app import run_app
+
+    return run_app(model=args.model, continue_last=args.continue_last, session=args.session)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None) or _run_app
+    try:
+        return func(args)
+    except UserError as exc:
+        print(f"localchat: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,26 @@
+"""Errors a user can cause: caught once at the edge (CLI/TUI) and shown in one line."""
+
+
+class UserError(Exception):
+    """Something the user can fix: a bad name, a missing file, a malformed config.
+
+    The message is written for the user and is shown as one line, without a traceback.
+    """
+
+    exit_code = 1
+
+
+class ModelNotFound(UserError):
+    """A model was named that is neither in the registry, a hf: reference nor a file."""
+
+
+class ConfigError(UserError):
+    """A config or registry file is malformed (the message names file, line and field)."""
+
+
+class DownloadError(UserError):
+    """A pull failed (network, 404, checksum, disk); nothing that looks like a model was left."""
+
+
+class EngineError(UserError):
+    """The engine could not load a model or run a turn (message says what to change)."""

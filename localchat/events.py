@@ -1,0 +1,111 @@
+"""The one event vocabulary that the local engine and the remote client emit, and that the TUI,
+``ask`` and ``bench`` consume.
+
+A turn produces, in order: zero or more ``PrefillProgress``, zero or more ``Token``, and exactly
+one final ``Done`` (finish_reason "stop", "length" or "aborted") or ``Failed``. ``Notice`` may
+appear anywhere. Model loading produces ``LoadProgress`` then ``Loaded`` or ``Failed``.
+
+Timing field names follow llama.cpp's server (``cache_n``, ``prompt_n``, ``prompt_ms``,
+``predicted_n``, ``predicted_ms``) so numbers can be compared with it directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "aborted"]
+
+
+@dataclass
+class Timings:
+    """What one turn cost. Times in milliseconds."""
+
+    cache_n: int = 0  # tokens reused from the KV cache
+    prompt_n: int = 0  # tokens prefilled this turn
+    prompt_ms: float = 0.0
+    predicted_n: int = 0  # tokens generated
+    predicted_ms: float = 0.0
+    ttft_ms: float = 0.0  # turn submitted -> first token text available
+    tpot_ms: float = 0.0  # mean decode time per token after the first
+    itl_p50_ms: float = 0.0  # inter-token latency percentiles
+    itl_p95_ms: float = 0.0
+    n_ctx: int = 0
+    n_ctx_used: int = 0  # tokens in the KV cache when the turn ended
+    # The chat template rewrote earlier turns, so reuse fell back to the longest common prefix.
+    prefix_fallback: bool = False
+    # Context management (issue: context that never overflows).
+    trimmed_n: int = 0  # tokens removed from the KV cache this turn
+    summary_n: int = 0  # tokens of running summary in context
+    context_shift: bool = False  # trimmed by shifting KV positions (no re-prefill)
+    restore_ms: float = 0.0  # time to restore a saved KV snapshot before this turn
+    route: str = "local"  # "local" or "remote"
+    route_reason: str = ""
+    model: str = ""
+
+    @property
+    def predicted_per_second(self) -> float:
+        return 1000.0 * self.predicted_n / self.predicted_ms if self.predicted_ms > 0 else 0.0
+
+    @property
+    def prompt_per_second(self) -> float:
+        return 1000.0 * self.prompt_n / self.prompt_ms if self.prompt_ms > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["predicted_per_second"] = round(self.predicted_per_second, 2)
+        d["prompt_per_second"] = round(self.prompt_per_second, 2)
+        for k, v in d.items():
+            if isinstance(v, float):
+                d[k] = round(v, 3)
+        return d
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    fraction: float  # 0.0 .. 1.0
+
+
+@dataclass(frozen=True)
+class Loaded:
+    model: str
+    n_ctx: int
+    gpu_layers: int  # layers offloaded
+    n_layers: int
+    backend: str  # "CPU", "CUDA", "Metal", ...
+    load_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    done: int  # prompt tokens evaluated so far this turn
+    total: int  # prompt tokens to evaluate this turn
+
+
+@dataclass(frozen=True)
+class Token:
+    text: str  # may be "" when a token ends inside a multi-byte character
+    token_id: int = -1
+    # Probability the model gave the sampled token (only when confidence tracking is on).
+    prob: float | None = None
+
+
+@dataclass(frozen=True)
+class Done:
+    reply: str
+    finish_reason: FinishReason
+    timings: Timings = field(default_factory=Timings)
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str  # one line, written for the user
+
+
+@dataclass(frozen=True)
+class Notice:
+    message: str  # one line, written for the user (a fall-back, a trim, a breaker state)
+    kind: str = "info"
+
+
+Event = LoadProgress | Loaded | PrefillProgress | Token | Done | Failed | Notice

@@ -1,0 +1,60 @@
+"""Where localchat keeps things on disk.
+
+One function per directory; each creates its directory on first use. ``LOCALCHAT_HOME=DIR`` puts
+everything under one folder (tests, portable installs): ``DIR/config.toml``, ``DIR/models.toml``,
+``DIR/data``, ``DIR/cache``. Otherwise the platform's user dirs (platformdirs) are used.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "localchat"
+
+
+def _home() -> Path | None:
+    home = os.environ.get("LOCALCHAT_HOME")
+    return Path(home).expanduser() if home else None
+
+
+def _ensure(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def config_dir() -> Path:
+    home = _home()
+    return _ensure(home if home else Path(platformdirs.user_config_dir(APP_NAME)))
+
+
+def data_dir() -> Path:
+    home = _home()
+    return _ensure(home / "data" if home else Path(platformdirs.user_data_dir(APP_NAME)))
+
+
+def cache_dir() -> Path:
+    home = _home()
+    return _ensure(home / "cache" if home else Path(platformdirs.user_cache_dir(APP_NAME)))
+
+
+def config_file() -> Path:
+    return config_dir() / "config.toml"
+
+
+def user_registry_file() -> Path:
+    return config_dir() / "models.toml"
+
+
+def models_dir() -> Path:
+    return _ensure(data_dir() / "models")
+
+
+def database_file() -> Path:
+    return data_dir() / "sessions.db"
+
+
+def snapshots_dir() -> Path:
+    return _ensure(cache_dir() / "kv")
