@@ -1,0 +1,6 @@
+"""Persistent sessions: SQLite with a versioned schema, shared by the app and the CLI."""
+
+from localchat.store.records import UNTITLED, SessionRecord, TurnRecord
+from localchat.store.store import NameTaken, SessionNotFound, Store
+
+__all__ = ["Store", "SessionRecord", "TurnRecord", "SessionNotFound", "NameTaken", "UNTITLED"]

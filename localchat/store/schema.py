@@ -1,0 +1,91 @@
+"""The session database's schema, as a list of upgrade steps keyed on ``PRAGMA user_version``.
+
+``UPGRADES[n]`` takes a database at version ``n`` to version ``n + 1``. A new release that needs a
+schema change appends one small step here and never edits an old one: a user's database may be at
+any earlier version, and each step must apply cleanly to exactly the state the previous step left.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+from localchat.errors import UserError
+
+UpgradeStep = Callable[[sqlite3.Connection], None]
+
+
+def _v1_sessions_and_turns(db: sqlite3.Connection) -> None:
+    """Sessions, their turns (one row per message), and a small key/value table for settings."""
+    db.execute(
+        """
+        CREATE TABLE sessions (
+            id          INTEGER PRIMARY KEY,
+            name        TEXT UNIQUE,              -- chosen by the user (--session, /rename); NULL if none
+            title       TEXT NOT NULL DEFAULT '', -- derived from the first message
+            system      TEXT NOT NULL DEFAULT '', -- system prompt
+            summary     TEXT NOT NULL DEFAULT '', -- running summary of trimmed turns
+            model       TEXT NOT NULL DEFAULT '', -- model last used in this session
+            created_at  REAL NOT NULL,
+            updated_at  REAL NOT NULL             -- last use; the sidebar sorts by it
+        )
+        """
+    )
+    db.execute(
+        """
+        CREATE TABLE turns (
+            id            INTEGER PRIMARY KEY,
+            session_id    INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            seq           INTEGER NOT NULL,        -- order within the session
+            role          TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+            content       TEXT NOT NULL,
+            model         TEXT NOT NULL DEFAULT '', -- which model answered (assistant turns)
+            timings       TEXT,                     -- localchat.events.Timings as JSON
+            route         TEXT NOT NULL DEFAULT '', -- 'local' or 'remote'
+            route_reason  TEXT NOT NULL DEFAULT '',
+            finish_reason TEXT NOT NULL DEFAULT '', -- 'stop', 'length', 'aborted'
+            stopped       INTEGER NOT NULL DEFAULT 0, -- the user stopped this reply
+            created_at    REAL NOT NULL,
+            UNIQUE (session_id, seq)
+        )
+        """
+    )
+    db.execute("CREATE INDEX sessions_by_last_use ON sessions (updated_at DESC)")
+    db.execute("CREATE INDEX turns_by_role_and_time ON turns (role, created_at DESC)")
+    db.execute("CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+
+
+UPGRADES: list[UpgradeStep] = [_v1_sessions_and_turns]
+
+
+def latest_version() -> int:
+    return len(UPGRADES)
+
+
+def upgrade(db: sqlite3.Connection, steps: list[UpgradeStep] | None = None) -> int:
+    """Bring ``db`` to the latest schema version and return that version.
+
+    ``db`` must be in autocommit mode (``isolation_level=None``). All pending steps run in one
+    ``BEGIN IMMEDIATE`` transaction: two processes opening a fresh database at once cannot both
+    upgrade it, and a step that fails leaves the database at its old version, untouched.
+    Raises ``UserError`` for a database written by a newer localchat.
+    """
+    steps = UPGRADES if steps is None else steps
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        # Read the version inside the write lock: another process may have just upgraded it.
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > len(steps):
+            raise UserError(
+                f"The session database is at schema version {version}, but this localchat only "
+                f"knows up to {len(steps)}. Upgrade localchat, or point LOCALCHAT_HOME elsewhere."
+            )
+        for step in steps[version:]:
+            step(db)
+        # PRAGMA does not take parameters; the value is an int we computed.
+        db.execute(f"PRAGMA user_version = {len(steps)}")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    return len(steps)

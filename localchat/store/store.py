@@ -1,0 +1,311 @@
+"""SQLite store for sessions and their turns, shared by the app and the command-line tools.
+
+Durability: every write is its own committed transaction, so a finished turn is on disk the
+moment ``add_reply`` returns and a ``kill -9`` mid-reply loses at most the reply in flight.
+WAL mode with ``synchronous=NORMAL`` survives a crash of the process (not of the OS, which may
+lose the last commits; that trade buys commits without an fsync each).
+
+Concurrency: the app and a CLI command (``localchat ask --session``) may write the same file at
+once. Writes take the lock up front (``BEGIN IMMEDIATE``) so that waiting uses ``busy_timeout``
+instead of failing on a lock upgrade. One ``Store`` may be shared by threads: calls are
+serialised by a lock (the app commits replies from its generation thread).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from localchat.errors import UserError
+from localchat.events import Timings
+from localchat.paths import database_file
+from localchat.store.records import (
+    SessionRecord,
+    TurnRecord,
+    timings_from_json,
+    timings_to_json,
+    title_from_prompt,
+)
+from localchat.store.schema import upgrade
+
+BUSY_TIMEOUT_MS = 5000
+
+
+class SessionNotFound(UserError):
+    """A session was named or numbered that is not in the store."""
+
+
+class NameTaken(UserError):
+    """A session was renamed to a name another session already has."""
+
+
+_SESSION_COLUMNS = (
+    "s.id, s.name, s.title, s.system, s.summary, s.model, s.created_at, s.updated_at, "
+    "(SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id)"
+)
+_TURN_COLUMNS = (
+    "id, session_id, seq, role, content, model, timings, route, route_reason, finish_reason, "
+    "stopped, created_at"
+)
+
+
+def _session(row: tuple) -> SessionRecord:
+    return SessionRecord(*row)
+
+
+def _turn(row: tuple) -> TurnRecord:
+    *head, timings, route, reason, finish, stopped, created = row
+    return TurnRecord(*head, timings_from_json(timings), route, reason, finish, bool(stopped), created)
+
+
+class Store:
+    """Sessions and turns in one SQLite file. Open with ``Store.open()``; close when done."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Autocommit mode: we issue BEGIN ourselves so each write is exactly one transaction.
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._lock = threading.RLock()
+        self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute("PRAGMA synchronous = NORMAL")
+        self._db.execute("PRAGMA foreign_keys = ON")
+        try:
+            self.schema_version = upgrade(self._db)
+        except BaseException:
+            self._db.close()
+            raise
+
+    @classmethod
+    def open(cls, path: Path | None = None) -> Store:
+        """Open (creating and upgrading as needed) the store at ``path`` or the data dir's default."""
+        return cls(path or database_file())
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.path)!r}, schema_version={self.schema_version})"
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    # --- sessions -------------------------------------------------------------------------
+
+    def create_session(self, name: str | None = None, *, system: str = "", model: str = "") -> SessionRecord:
+        """Create an empty session. Raises ``NameTaken`` if ``name`` is in use."""
+        now = time.time()
+        try:
+            with self._write() as db:
+                cur = db.execute(
+                    "INSERT INTO sessions (name, system, model, created_at, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (name, system, model, now, now),
+                )
+        except sqlite3.IntegrityError:
+            raise NameTaken(f"A session named {name!r} already exists.") from None
+        return self.session(cur.lastrowid)
+
+    def session(self, session_id: int) -> SessionRecord:
+        rows = self._read(f"SELECT {_SESSION_COLUMNS} FROM sessions s WHERE s.id = ?", (session_id,))
+        if not rows:
+            raise SessionNotFound(f"No session with id {session_id}.")
+        return _session(rows[0])
+
+    def find_session(self, name: str) -> SessionRecord | None:
+        rows = self._read(f"SELECT {_SESSION_COLUMNS} FROM sessions s WHERE s.name = ?", (name,))
+        return _session(rows[0]) if rows else None
+
+    def open_named_session(self, name: str) -> SessionRecord:
+        """The session called ``name``, created empty if there is none (``--session NAME``)."""
+        found = self.find_session(name)
+        if found:
+            return found
+        try:
+            return self.create_session(name)
+        except NameTaken:
+            # Another process created it between our look-up and insert.
+            return self.find_session(name) or self.create_session(name)
+
+    def last_session(self) -> SessionRecord | None:
+        """The most recently used session (``--continue``), or None if there are none."""
+        rows = self._read(
+            f"SELECT {_SESSION_COLUMNS} FROM sessions s ORDER BY s.updated_at DESC, s.id DESC LIMIT 1"
+        )
+        return _session(rows[0]) if rows else None
+
+    def list_sessions(self) -> list[SessionRecord]:
+        """All sessions, most recently used first."""
+        rows = self._read(
+            f"SELECT {_SESSION_COLUMNS} FROM sessions s ORDER BY s.updated_at DESC, s.id DESC"
+        )
+        return [_session(r) for r in rows]
+
+    def rename_session(self, session_id: int, name: str) -> SessionRecord:
+        """Give a session a name of the user's choice. Raises ``NameTaken`` or ``SessionNotFound``."""
+        name = name.strip()
+        if not name:
+            raise UserError("A session name cannot be empty.")
+        try:
+            self._update_session(session_id, "name = ?", (name,), touch=False)
+        except sqlite3.IntegrityError:
+            raise NameTaken(f"A session named {name!r} already exists.") from None
+        return self.session(session_id)
+
+    def delete_session(self, session_id: int) -> None:
+        """Delete a session and all its turns."""
+        with self._write() as db:
+            if db.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
+                raise SessionNotFound(f"No session with id {session_id}.")
+
+    def set_system(self, session_id: int, system: str) -> None:
+        self._update_session(session_id, "system = ?", (system,))
+
+    def set_summary(self, session_id: int, summary: str) -> None:
+        self._update_session(session_id, "summary = ?", (summary,), touch=False)
+
+    def set_model(self, session_id: int, model: str) -> None:
+        self._update_session(session_id, "model = ?", (model,), touch=False)
+
+    def touch(self, session_id: int) -> None:
+        """Mark a session as just used (it moves to the top of the sidebar)."""
+        self._update_session(session_id, "", ())
+
+    def _update_session(self, session_id: int, assignments: str, params: tuple, *, touch: bool = True) -> None:
+        sets = [a for a in (assignments, "updated_at = ?" if touch else "") if a]
+        values = params + ((time.time(),) if touch else ())
+        with self._write() as db:
+            cur = db.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", (*values, session_id))
+            if cur.rowcount == 0:
+                raise SessionNotFound(f"No session with id {session_id}.")
+
+    # --- turns ----------------------------------------------------------------------------
+
+    def add_user_turn(self, session_id: int, content: str) -> TurnRecord:
+        """Record the user's prompt (before the reply starts, so a crash cannot lose it).
+
+        The first prompt of an untitled session becomes its title.
+        """
+        with self._write() as db:
+            turn_id, seq, now = self._insert_turn(db, session_id, "user", content)
+            db.execute(
+                "UPDATE sessions SET title = ? WHERE id = ? AND title = ''",
+                (title_from_prompt(content), session_id),
+            )
+        return TurnRecord(turn_id, session_id, seq, "user", content, created_at=now)
+
+    def add_reply(
+        self,
+        session_id: int,
+        content: str,
+        *,
+        model: str,
+        timings: Timings | None = None,
+        finish_reason: str = "stop",
+        stopped: bool = False,
+        route: str = "local",
+        route_reason: str = "",
+    ) -> TurnRecord:
+        """Record a finished reply; ``stopped`` marks one the user cut short. Committed on return."""
+        with self._write() as db:
+            turn_id, seq, now = self._insert_turn(
+                db, session_id, "assistant", content,
+                model=model, timings=timings_to_json(timings), route=route,
+                route_reason=route_reason, finish_reason=finish_reason, stopped=int(stopped),
+            )
+            db.execute("UPDATE sessions SET model = ? WHERE id = ?", (model, session_id))
+        return TurnRecord(
+            turn_id, session_id, seq, "assistant", content, model, timings, route, route_reason,
+            finish_reason, stopped, now,
+        )
+
+    def _insert_turn(self, db: sqlite3.Connection, session_id: int, role: str, content: str, **extra: object) -> tuple[int, int, float]:
+        # Computed inside the write transaction, so concurrent writers cannot take the same seq.
+        seq = db.execute(
+            "SELECT COALESCE(MAX(seq), 0) + 1 FROM turns WHERE session_id = ?", (session_id,)
+        ).fetchone()[0]
+        now = time.time()
+        columns = ["session_id", "seq", "role", "content", "created_at", *extra]
+        values = [session_id, seq, role, content, now, *extra.values()]
+        try:
+            cur = db.execute(
+                f"INSERT INTO turns ({', '.join(columns)}) VALUES ({', '.join('?' * len(values))})",
+                values,
+            )
+        except sqlite3.IntegrityError:
+            raise SessionNotFound(f"No session with id {session_id}.") from None
+        db.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id))
+        return cur.lastrowid, seq, now
+
+    def turns(self, session_id: int) -> list[TurnRecord]:
+        """A session's turns in order."""
+        rows = self._read(
+            f"SELECT {_TURN_COLUMNS} FROM turns WHERE session_id = ? ORDER BY seq", (session_id,)
+        )
+        return [_turn(r) for r in rows]
+
+    def delete_last_exchange(self, session_id: int) -> str | None:
+        """Remove the last user prompt and every reply after it (``/retry``); return the prompt."""
+        with self._write() as db:
+            row = db.execute(
+                "SELECT seq, content FROM turns WHERE session_id = ? AND role = 'user' "
+                "ORDER BY seq DESC LIMIT 1",
+                (session_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            db.execute("DELETE FROM turns WHERE session_id = ? AND seq >= ?", (session_id, row[0]))
+        return row[1]
+
+    def clear_turns(self, session_id: int) -> None:
+        """Forget a session's turns and summary; its name and system prompt stay."""
+        with self._write() as db:
+            db.execute("DELETE FROM turns WHERE session_id = ?", (session_id,))
+            db.execute("UPDATE sessions SET summary = '', title = '' WHERE id = ?", (session_id,))
+
+    def recent_prompts(self, limit: int = 200) -> list[str]:
+        """The user's latest distinct prompts across all sessions, oldest first (input history)."""
+        rows = self._read(
+            "SELECT content FROM turns WHERE role = 'user' GROUP BY content "
+            "ORDER BY MAX(created_at) DESC LIMIT ?",
+            (limit,),
+        )
+        return [r[0] for r in reversed(rows)]
+
+    # --- settings -------------------------------------------------------------------------
+
+    def get_setting(self, key: str, default: str | None = None) -> str | None:
+        rows = self._read("SELECT value FROM settings WHERE key = ?", (key,))
+        return rows[0][0] if rows else default
+
+    def set_setting(self, key: str, value: str) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO settings (key, value) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )

@@ -1,0 +1,207 @@
+"""The session store: schema upgrades, turns with their timings, durability and concurrent use."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from localchat.errors import UserError
+from localchat.events import Timings
+from localchat.store import NameTaken, SessionNotFound, Store
+from localchat.store import schema
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    with Store.open(tmp_path / "sessions.db") as s:
+        yield s
+
+
+def test_a_new_database_is_created_at_the_latest_schema_version_in_wal_mode(tmp_path: Path):
+    with Store.open(tmp_path / "new.db") as store:
+        assert store.schema_version == schema.latest_version()
+    db = sqlite3.connect(tmp_path / "new.db")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.latest_version()
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_the_default_location_is_the_data_dir(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path))
+    with Store.open() as store:
+        assert store.path == tmp_path / "data" / "sessions.db"
+
+
+def test_upgrade_steps_run_once_each_in_order(tmp_path: Path):
+    ran: list[str] = []
+
+    def add_tags(db: sqlite3.Connection) -> None:
+        ran.append("v2")
+        db.execute("ALTER TABLE sessions ADD COLUMN tags TEXT NOT NULL DEFAULT ''")
+
+    path = tmp_path / "s.db"
+    Store.open(path).close()  # at version 1
+    db = sqlite3.connect(path, isolation_level=None)
+    assert schema.upgrade(db, [*schema.UPGRADES, add_tags]) == 2
+    assert schema.upgrade(db, [*schema.UPGRADES, add_tags]) == 2
+    assert ran == ["v2"]
+    assert "tags" in [c[1] for c in db.execute("PRAGMA table_info(sessions)")]
+
+
+def test_a_failing_upgrade_step_leaves_the_database_at_its_old_version(tmp_path: Path):
+    def broken(db: sqlite3.Connection) -> None:
+        db.execute("ALTER TABLE sessions ADD COLUMN tags TEXT")
+        raise RuntimeError("step failed half way")
+
+    path = tmp_path / "s.db"
+    Store.open(path).close()
+    db = sqlite3.connect(path, isolation_level=None)
+    with pytest.raises(RuntimeError):
+        schema.upgrade(db, [*schema.UPGRADES, broken])
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert "tags" not in [c[1] for c in db.execute("PRAGMA table_info(sessions)")]
+
+
+def test_a_database_from_a_newer_localchat_is_refused_with_a_readable_error(tmp_path: Path):
+    path = tmp_path / "s.db"
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version = 99")
+    db.close()
+    with pytest.raises(UserError, match="schema version 99"):
+        Store.open(path)
+
+
+def test_turns_keep_their_order_model_timings_route_and_stopped_flag(store: Store):
+    session = store.create_session()
+    store.add_user_turn(session.id, "Write a haiku")
+    timings = Timings(cache_n=12, prompt_n=30, ttft_ms=41.5, tpot_ms=11.25, predicted_n=17, predicted_ms=190.0)
+    store.add_reply(session.id, "Leaves fall", model="smollm2", timings=timings, finish_reason="aborted",
+                    stopped=True, route="local", route_reason="default")
+
+    user, reply = store.turns(session.id)
+    assert (user.role, user.content, user.seq) == ("user", "Write a haiku", 1)
+    assert (reply.role, reply.content, reply.seq) == ("assistant", "Leaves fall", 2)
+    assert reply.stopped and reply.finish_reason == "aborted"
+    assert reply.model == "smollm2" and reply.route == "local" and reply.route_reason == "default"
+    assert reply.timings == timings
+    assert store.session(session.id).model == "smollm2"
+
+
+def test_the_first_prompt_titles_the_session_and_a_rename_names_it(store: Store):
+    session = store.create_session()
+    assert store.session(session.id).label == "New chat"
+    store.add_user_turn(session.id, "\n  How do I reverse a list in Python?\nThanks")
+    store.add_user_turn(session.id, "another question")
+    assert store.session(session.id).label == "How do I reverse a list in Python?"
+    store.rename_session(session.id, "python lists")
+    assert store.session(session.id).label == "python lists"
+    assert store.find_session("python lists").id == session.id
+
+
+def test_two_sessions_cannot_share_a_name(store: Store):
+    store.create_session("work")
+    other = store.create_session()
+    with pytest.raises(NameTaken, match="'work' already exists"):
+        store.rename_session(other.id, "work")
+
+
+def test_sessions_are_listed_by_last_use(store: Store):
+    first = store.create_session("first")
+    second = store.create_session("second")
+    store.add_user_turn(first.id, "hello again")
+    assert [s.name for s in store.list_sessions()] == ["first", "second"]
+    assert store.list_sessions()[0].turn_count == 1
+    assert store.last_session().id == first.id
+
+
+def test_open_named_session_creates_it_once(store: Store):
+    created = store.open_named_session("notes")
+    assert store.open_named_session("notes").id == created.id
+    assert len(store.list_sessions()) == 1
+
+
+def test_deleting_a_session_deletes_its_turns(store: Store):
+    session = store.create_session()
+    store.add_user_turn(session.id, "hi")
+    store.delete_session(session.id)
+    assert store.turns(session.id) == []
+    with pytest.raises(SessionNotFound):
+        store.session(session.id)
+
+
+def test_retry_removes_the_last_prompt_and_its_reply(store: Store):
+    session = store.create_session()
+    store.add_user_turn(session.id, "one")
+    store.add_reply(session.id, "reply one", model="m")
+    store.add_user_turn(session.id, "two")
+    store.add_reply(session.id, "reply two", model="m")
+    assert store.delete_last_exchange(session.id) == "two"
+    assert [t.content for t in store.turns(session.id)] == ["one", "reply one"]
+
+
+def test_clear_forgets_turns_and_summary_but_keeps_name_and_system_prompt(store: Store):
+    session = store.create_session("kept", system="Be brief.")
+    store.add_user_turn(session.id, "hi")
+    store.set_summary(session.id, "they said hi")
+    store.clear_turns(session.id)
+    cleared = store.session(session.id)
+    assert (cleared.name, cleared.system, cleared.summary, cleared.turn_count) == ("kept", "Be brief.", "", 0)
+
+
+def test_recent_prompts_are_distinct_and_oldest_first(store: Store):
+    session = store.create_session()
+    for prompt in ["a", "b", "a", "c"]:
+        store.add_user_turn(session.id, prompt)
+    assert store.recent_prompts() == ["b", "a", "c"]
+
+
+def test_settings_round_trip(store: Store):
+    assert store.get_setting("theme") is None
+    store.set_setting("theme", "nord")
+    store.set_setting("theme", "gruvbox")
+    assert store.get_setting("theme") == "gruvbox"
+
+
+def test_a_committed_turn_survives_the_process_being_killed(tmp_path: Path):
+    path = tmp_path / "s.db"
+    script = (
+        "import os, sys; from pathlib import Path; from localchat.store import Store\n"
+        "s = Store.open(Path(sys.argv[1])); sid = s.create_session('k').id\n"
+        "s.add_user_turn(sid, 'question'); s.add_reply(sid, 'answer', model='m')\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(path)], cwd=Path(__file__).parents[1])
+    assert proc.returncode == -9
+    with Store.open(path) as store:
+        session = store.find_session("k")
+        assert [t.content for t in store.turns(session.id)] == ["question", "answer"]
+
+
+def test_two_connections_writing_one_session_at_once_keep_every_turn(tmp_path: Path):
+    path = tmp_path / "s.db"
+    with Store.open(path) as setup:
+        session_id = setup.create_session("shared").id
+    errors: list[BaseException] = []
+
+    def writer(label: str) -> None:
+        try:
+            with Store.open(path) as store:
+                for i in range(25):
+                    store.add_user_turn(session_id, f"{label}{i}")
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(label,)) for label in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with Store.open(path) as store:
+        turns = store.turns(session_id)
+    assert len(turns) == 50
+    assert [t.seq for t in turns] == list(range(1, 51))
