@@ -1,0 +1,217 @@
+"""Which tokens a new turn must prefill, given what the KV cache already holds.
+
+The engine keeps one record per message in the KV cache: the exact text of the rendered prompt
+that message covers and the exact tokens evaluated for it (for a reply: the tokens the model
+sampled, not a re-tokenization of its text, which is why llama-cpp-python's own prompt cache
+misses, upstream #1369). A new turn renders the whole conversation once, checks that every cached
+message's text still sits where the cache says it does, and tokenizes only the pieces that are new:
+the end-of-turn marker after the last reply, the new user message, the assistant header.
+
+Three outcomes:
+- append: the cache is a prefix of the new prompt (every normal turn);
+- shift: whole user/assistant messages were dropped from the middle (context trimming) and maybe a
+  few messages inserted in their place (a summary); the kept messages stay in the KV cache and only
+  their positions move (``llama_memory_seq_rm`` + ``llama_memory_seq_add``);
+- fallback: the template rewrote earlier text (or the system prompt changed); the prompt is
+  re-tokenized per message and the engine reuses the longest common token prefix.
+
+Everything here is plain logic over strings and token lists: ``render`` and ``tokenize`` are
+injected, so it is tested without a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+Render = Callable[[list[dict], bool], str]
+Tokenize = Callable[[str, bool], list[int]]  # (text, at_start_of_context) -> tokens
+
+# A trim may insert this many messages where it removes turns (a summary as a user/assistant pair).
+MAX_INSERTED = 2
+
+
+@dataclass
+class CachedMessage:
+    """One message as it sits in the KV cache."""
+
+    role: str
+    content: str
+    text: str  # the slice of the rendered prompt this message covers (header to end marker)
+    tokens: list[int] = field(default_factory=list)
+    # The reply being generated or just generated: its end-of-turn marker is not in the cache yet
+    # (the model sampled it, but sampled tokens are only evaluated when the next one is needed).
+    open: bool = False
+
+    def matches(self, message: dict) -> bool:
+        return self.role == message["role"] and self.content == message["content"]
+
+
+@dataclass
+class Shift:
+    """Drop cached tokens [start, end) and put ``insert`` in their place, moving later tokens."""
+
+    start: int
+    end: int
+    insert: list[int]
+
+    @property
+    def delta(self) -> int:
+        return self.start + len(self.insert) - self.end
+
+
+@dataclass
+class Layout:
+    """The cache after this turn's prefill: records for every message plus the open reply."""
+
+    messages: list[CachedMessage]
+    shift: Shift | None = None
+    prefix_fallback: bool = False
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for m in self.messages for t in m.tokens]
+
+
+class _Mismatch(Exception):
+    """The rendered prompt does not agree with the cache; take the fallback path."""
+
+
+def plan_layout(
+    cache: list[CachedMessage],
+    messages: list[dict],
+    render: Render,
+    tokenize: Tokenize,
+    allow_shift: bool = True,
+) -> Layout:
+    """Lay out ``messages`` (plus the generation prompt) over what ``cache`` holds."""
+    prompt = render(messages, True)
+    boundary = _Boundaries(messages, render, prompt)
+    sources, shift_span = _match(cache, messages, allow_shift)
+    try:
+        records = _walk(prompt, messages, sources, boundary, tokenize)
+    except _Mismatch:
+        records = _walk(prompt, messages, _aligned_sources(cache, messages), boundary, tokenize,
+                        reuse_exact_text_only=True)
+        return Layout(records, None, prefix_fallback=True)
+    shift = None
+    if shift_span is not None:
+        start, end, first_inserted, n_inserted = shift_span
+        inserted = [t for r in records[first_inserted:first_inserted + n_inserted] for t in r.tokens]
+        shift = Shift(start, end, inserted)
+    return Layout(records, shift)
+
+
+def _match(
+    cache: list[CachedMessage], messages: list[dict], allow_shift: bool
+) -> tuple[list[CachedMessage | None], tuple[int, int, int, int] | None]:
+    """Map each message to its cached record (None = new) and find a trim to apply by shifting."""
+    common = 0
+    while common < min(len(cache), len(messages)) and cache[common].matches(messages[common]):
+        common += 1
+    if common == len(cache) or not allow_shift:
+        return list(cache[:common]) + [None] * (len(messages) - common), None
+    # Find the kept tail cache[j:] again in messages[p:], with p - common new messages inserted.
+    for j in range(common + 1, len(cache)):
+        if any(m.role not in ("user", "assistant") for m in cache[common:j]):
+            break  # only whole turns are trimmed; a changed system prompt is re-prefilled
+        tail = cache[j:]
+        for p in range(common, min(common + MAX_INSERTED, len(messages) - len(tail)) + 1):
+            if all(c.matches(m) for c, m in zip(tail, messages[p:p + len(tail)])):
+                sources: list[CachedMessage | None] = list(cache[:common])
+                sources += [None] * (p - common) + list(tail)
+                sources += [None] * (len(messages) - len(sources))
+                start = sum(len(m.tokens) for m in cache[:common])
+                end = start + sum(len(m.tokens) for m in cache[common:j])
+                return sources, (start, end, common, p - common)
+    return list(cache[:common]) + [None] * (len(messages) - common), None
+
+
+def _aligned_sources(cache: list[CachedMessage], messages: list[dict]) -> list[CachedMessage | None]:
+    sources: list[CachedMessage | None] = []
+    for i, message in enumerate(messages):
+        sources.append(cache[i] if i < len(cache) and cache[i].matches(message) else None)
+    return sources
+
+
+class _Boundaries:
+    """Character offsets in the full prompt where message i starts, from prefix renders (memoized)."""
+
+    def __init__(self, messages: list[dict], render: Render, prompt: str) -> None:
+        self._messages = messages
+        self._render = render
+        self._prompt = prompt
+        self._known: dict[int, int] = {}
+
+    def __call__(self, i: int) -> int:
+        if i not in self._known:
+            if i == 0:
+                self._known[i] = 0
+            else:
+                try:
+                    text = self._render(self._messages[:i], False)
+                except Exception:
+                    raise _Mismatch from None
+                if not self._prompt.startswith(text):
+                    raise _Mismatch  # the template is not prefix-stable for this conversation
+                self._known[i] = len(text)
+        return self._known[i]
+
+
+def _walk(
+    prompt: str,
+    messages: list[dict],
+    sources: list[CachedMessage | None],
+    boundary: _Boundaries,
+    tokenize: Tokenize,
+    reuse_exact_text_only: bool = False,
+) -> list[CachedMessage]:
+    records: list[CachedMessage] = []
+    pos = 0
+    for i, (message, cached) in enumerate(zip(messages, sources)):
+        if cached is not None and not cached.open:
+            if not prompt.startswith(cached.text, pos):
+                if reuse_exact_text_only:
+                    cached = None
+                else:
+                    raise _Mismatch
+            else:
+                records.append(cached)
+                pos += len(cached.text)
+                continue
+        end = _safe_boundary(boundary, i + 1, pos, reuse_exact_text_only, len(prompt))
+        if cached is not None and reuse_exact_text_only and (
+            not prompt.startswith(cached.text, pos) or end < pos + len(cached.text)
+        ):
+            cached = None
+        if cached is not None and cached.open:
+            # The last reply: keep its sampled tokens, add only its end-of-turn marker.
+            if not prompt.startswith(cached.text, pos) or end < pos + len(cached.text):
+                raise _Mismatch
+            tail = prompt[pos + len(cached.text):end]
+            tokens = cached.tokens + (tokenize(tail, False) if tail else [])
+            records.append(CachedMessage(cached.role, cached.content, prompt[pos:end], tokens))
+        else:
+            piece = prompt[pos:end]
+            records.append(CachedMessage(message["role"], message["content"], piece,
+                                         tokenize(piece, pos == 0) if piece else []))
+        pos = end
+    header = prompt[pos:]
+    records.append(CachedMessage("assistant", "", header, tokenize(header, pos == 0) if header else [],
+                                 open=True))
+    return records
+
+
+def _safe_boundary(boundary: _Boundaries, i: int, pos: int, lenient: bool, prompt_len: int) -> int:
+    """Boundary i; in the fallback walk an unknown boundary folds the message into the next piece."""
+    try:
+        end = boundary(i)
+    except _Mismatch:
+        if not lenient:
+            raise
+        return pos
+    if end < pos:
+        if not lenient:
+            raise _Mismatch
+        return pos
+    return min(end, prompt_len)

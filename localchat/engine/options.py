@@ -1,0 +1,48 @@
+"""Settings for loading a model (EngineOptions) and for generating a reply (Sampling)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+KV_TYPES = ("f16", "q8_0", "q4_0")
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.7  # 0 -> greedy
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.1
+    seed: int | None = None
+    max_tokens: int = 512
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class EngineOptions:
+    n_ctx: int = 4096
+    gpu_layers: str | int = "auto"  # "auto" | "all" | N | 0
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: int | None = None
+    flash_attn: bool = False
+    kv_type: str = "f16"  # f16 | q8_0 | q4_0
+    chat_template: str | None = None  # a Jinja template that overrides the GGUF's
+    chat_format: str | None = None  # a named format ("chatml", "llama-3", ...) when the GGUF has none
+    track_confidence: bool = False  # fill Token.prob (probability of each sampled token)
+
+
+def merged(cls: type, *layers: dict[str, Any] | None) -> Any:
+    """Build ``cls`` from dict layers (later layers win), ignoring None values and unknown keys."""
+    names = {f.name for f in fields(cls)}
+    values: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in (layer or {}).items():
+            if key in names and value is not None:
+                values[key] = value
+    return cls(**values)

@@ -1,0 +1,225 @@
+"""The llama.cpp calls the engine needs, in one place: load, tokenize, decode at given positions,
+sample, KV-cache edits and aborting a decode.
+
+Only the engine thread calls these (``tokenize`` is also safe from other threads: it only reads
+the vocabulary). Nothing here knows about chats or turns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+from pathlib import Path
+import numpy as np
+
+from localchat.engine.options import EngineOptions, Sampling
+from localchat.errors import EngineError
+
+_KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # GGML_TYPE_* values
+
+
+class DecodeAborted(Exception):
+    """llama_decode stopped mid-graph because a stop was requested."""
+
+
+class LlamaRuntime:
+    """One loaded model and its context (sequence 0 holds the conversation)."""
+
+    def __init__(self, model_path: Path, options: EngineOptions, n_gpu_layers: int) -> None:
+        import llama_cpp
+
+        self._lib = llama_cpp
+        kv_type = _KV_TYPES.get(options.kv_type)
+        if kv_type is None:
+            raise EngineError(f"unknown kv_type {options.kv_type!r}; use one of {', '.join(_KV_TYPES)}")
+        threads = options.n_threads or max(1, os.cpu_count() or 1)
+        try:
+            with _quiet_stderr():
+                self.llama = llama_cpp.Llama(
+                    str(model_path),
+                    n_ctx=options.n_ctx,
+                    n_batch=options.n_batch,
+                    n_ubatch=min(options.n_ubatch, options.n_batch),
+                    n_threads=threads,
+                    n_threads_batch=threads,
+                    n_gpu_layers=n_gpu_layers,
+                    flash_attn=options.flash_attn,
+                    type_k=kv_type,
+                    type_v=kv_type,
+                    verbose=False,
+                )
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise EngineError(f"could not load {model_path.name}: {exc}") from None
+        self.ctx = self.llama._ctx.ctx
+        self.model = self.llama._model
+        self.vocab = self.model.vocab
+        self.n_ctx = self.llama.n_ctx()
+        self.n_vocab = self.model.n_vocab()
+        self.n_batch = options.n_batch
+        self._memory = llama_cpp.llama_get_memory(self.ctx)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._abort_requested = threading.Event()
+        # Kept as an attribute: ctypes must not garbage-collect a callback llama.cpp holds.
+        self._abort_callback = llama_cpp.ggml_abort_callback(lambda _: self._abort_requested.is_set())
+        self._no_callback = llama_cpp.ggml_abort_callback()
+        self.can_shift = bool(llama_cpp.llama_memory_can_shift(self._memory))
+        self.bos_id = self.model.token_bos()
+        self.add_bos = self.model.add_bos_token()
+        self.bos_text = self._special_text(self.bos_id)
+        self.eos_text = self._special_text(self.model.token_eos())
+
+    # -- vocabulary ---------------------------------------------------------------------------
+
+    def _special_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return self.model.token_get_text(token)
+
+    def tokenize(self, text: str, at_start: bool) -> list[int]:
+        """Tokenize prompt text; special tokens written in the text become special tokens."""
+        add_bos = at_start and self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
+        return self.model.tokenize(text.encode("utf-8"), add_bos, True)
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a sampled token adds to the reply (control tokens add none)."""
+        buf = ctypes.create_string_buffer(64)
+        n = self._lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(self._lib.llama_vocab_is_eog(self.vocab, token))
+
+    # -- decoding -----------------------------------------------------------------------------
+
+    def decode(self, tokens: list[int], start_pos: int, abortable: bool = False) -> None:
+        """Evaluate ``tokens`` at positions start_pos.. in sequence 0 (one llama_decode call).
+
+        With ``abortable`` the abort callback is armed, so a long batch can be stopped mid-graph
+        (CPU and Metal backends; CUDA runs asynchronously and finishes the batch). Armed only for
+        prefill: llama.cpp calls it for every graph node, which would tax each decoded token.
+        """
+        assert 0 < len(tokens) <= self.n_batch
+        batch = self._batch
+        batch.n_tokens = len(tokens)
+        for i, token in enumerate(tokens):
+            batch.token[i] = token
+            batch.pos[i] = start_pos + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = False
+        batch.logits[len(tokens) - 1] = True
+        if abortable:
+            self._lib.llama_set_abort_callback(self.ctx, self._abort_callback, None)
+        try:
+            status = self._lib.llama_decode(self.ctx, batch)
+        finally:
+            if abortable:
+                self._lib.llama_set_abort_callback(self.ctx, self._no_callback, None)
+        if status == 2:
+            # llama.cpp already dropped this batch's cells; make sure nothing of it stays.
+            self.remove(start_pos, -1)
+            raise DecodeAborted
+        if status != 0:
+            self.remove(start_pos, -1)
+            if status == 1:
+                raise EngineError("the context is full (no KV cache slot for the batch)")
+            raise EngineError(f"llama_decode failed with status {status}")
+
+    def request_abort(self) -> None:
+        self._abort_requested.set()
+
+    def clear_abort(self) -> None:
+        self._abort_requested.clear()
+
+    @property
+    def abort_requested(self) -> bool:
+        return self._abort_requested.is_set()
+
+    def last_logits(self) -> np.ndarray:
+        ptr = self._lib.llama_get_logits_ith(self.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def new_sampler(self, sampling: Sampling) -> "Sampler":
+        return Sampler(self._lib, sampling)
+
+    # -- KV cache -----------------------------------------------------------------------------
+
+    def remove(self, start: int, end: int) -> None:
+        """Forget positions [start, end) of the conversation (end -1 = to the end)."""
+        self._lib.llama_memory_seq_rm(self._memory, 0, start, end)
+
+    def move(self, start: int, end: int, delta: int) -> None:
+        """Add ``delta`` to the positions of cells in [start, end) (a context shift)."""
+        self._lib.llama_memory_seq_add(self._memory, 0, start, end, delta)
+
+    def clear(self) -> None:
+        self._lib.llama_memory_clear(self._memory, True)
+
+    def max_position(self) -> int:
+        """Highest position held for the conversation (-1 when empty)."""
+        return int(self._lib.llama_memory_seq_pos_max(self._memory, 0))
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self._lib.llama_batch_free(self._batch)
+            self._batch = None
+        self.llama.close()
+
+
+class Sampler:
+    """A llama.cpp sampler chain built from Sampling; sampling happens in C, off the GIL."""
+
+    def __init__(self, lib, sampling: Sampling) -> None:
+        self._lib = lib
+        self._chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        add = lambda s: lib.llama_sampler_chain_add(self._chain, s)  # noqa: E731
+        if sampling.repeat_penalty != 1.0:
+            add(lib.llama_sampler_init_penalties(64, sampling.repeat_penalty, 0.0, 0.0))
+        if sampling.greedy:
+            add(lib.llama_sampler_init_greedy())
+        else:
+            add(lib.llama_sampler_init_top_k(sampling.top_k))
+            add(lib.llama_sampler_init_top_p(sampling.top_p, 1))
+            add(lib.llama_sampler_init_min_p(sampling.min_p, 1))
+            add(lib.llama_sampler_init_temp(sampling.temperature))
+            seed = sampling.seed if sampling.seed is not None else lib.LLAMA_DEFAULT_SEED
+            add(lib.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+
+    def sample(self, ctx) -> int:
+        """Sample from the last logits (llama_sampler_sample also records the token)."""
+        return int(self._lib.llama_sampler_sample(self._chain, ctx, -1))
+
+    def close(self) -> None:
+        if self._chain is not None:
+            self._lib.llama_sampler_free(self._chain)
+            self._chain = None
+
+
+def token_probability(logits: np.ndarray, token: int) -> float:
+    """Softmax probability of ``token`` under ``logits`` (used for confidence tracking)."""
+    top = float(logits.max())
+    return float(np.exp(logits[token] - top) / np.exp(logits - top).sum())
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """llama.cpp prints load chatter on fd 2 even with verbose=False; keep the terminal clean."""
+    try:
+        fd = os.dup(2)
+    except OSError:
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(fd, 2)
+        os.close(fd)
+        os.close(devnull)
+

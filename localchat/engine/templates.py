@@ -1,0 +1,84 @@
+"""Chat templates: which one a model uses, and rendering a conversation to prompt text.
+
+The template comes from, in order: an explicit Jinja override (registry/config ``chat_template``),
+the GGUF's ``tokenizer.chat_template`` metadata, or a named ``chat_format`` from the table below.
+Rendering uses llama-cpp-python's sandboxed Jinja formatter so templates behave as they do there.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from localchat.errors import EngineError
+
+# Named formats for GGUFs that carry no template. Written as Jinja so every format goes through
+# one renderer and the same prefix-stability handling.
+NAMED_FORMATS: dict[str, str] = {
+    "chatml": (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+    "llama-3": (
+        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+        "{{ m['content'] }}<|eot_id|>{% endfor %}"
+        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    ),
+    "gemma": (
+        "{{ bos_token }}{% for m in messages %}{% set role = 'model' if m['role'] == 'assistant' "
+        "else 'user' %}<start_of_turn>{{ role }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    ),
+    "phi-3": (
+        "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    ),
+    "mistral-instruct": (
+        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}"
+        "{{ m['content'] }}{{ eos_token }}{% else %}[INST] {{ m['content'] }} [/INST]{% endif %}"
+        "{% endfor %}"
+    ),
+}
+
+Render = Callable[[list[dict], bool], str]
+
+
+def choose_template(
+    model_name: str, gguf_template: str | None, override: str | None, chat_format: str | None
+) -> str:
+    """The Jinja template to use for this model, or a one-line EngineError saying what to set."""
+    if override:
+        return override
+    if gguf_template:
+        return gguf_template
+    if chat_format:
+        try:
+            return NAMED_FORMATS[chat_format]
+        except KeyError:
+            known = ", ".join(sorted(NAMED_FORMATS))
+            raise EngineError(
+                f"unknown chat_format {chat_format!r} for {model_name}; known formats: {known}"
+            ) from None
+    raise EngineError(
+        f"{model_name} has no chat template in its GGUF; add chat_format = \"chatml\" (or another "
+        f"of {', '.join(sorted(NAMED_FORMATS))}) or a chat_template to its models.toml entry"
+    )
+
+
+def make_renderer(template: str, bos_token: str, eos_token: str) -> Render:
+    """``render(messages, add_generation_prompt) -> str`` for one template."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    try:
+        with_prompt = Jinja2ChatFormatter(template, eos_token, bos_token, add_generation_prompt=True)
+        without_prompt = Jinja2ChatFormatter(template, eos_token, bos_token, add_generation_prompt=False)
+    except Exception as exc:  # jinja2.TemplateSyntaxError and friends
+        raise EngineError(f"the chat template does not parse: {exc}") from None
+
+    def render(messages: list[dict], add_generation_prompt: bool) -> str:
+        formatter = with_prompt if add_generation_prompt else without_prompt
+        try:
+            return formatter(messages=messages).prompt
+        except Exception as exc:  # templates raise for role orders they do not support
+            raise EngineError(f"the chat template rejected the conversation: {exc}") from None
+
+    return render

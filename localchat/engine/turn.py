@@ -1,0 +1,136 @@
+"""TurnHandle: how a caller receives one turn's events, from any thread, without blocking the
+engine; and the clock that turns token timestamps into the turn's Timings."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Callable, Iterator
+
+from localchat.events import Done, Event, Failed, Timings
+
+
+class TurnHandle:
+    """Events of one turn: PrefillProgress*, Token*, then exactly one Done or Failed.
+
+    Iterating blocks per event; ``poll()`` never blocks. ``stop()`` asks the producer to end
+    the turn; a Done with finish_reason "aborted" and the partial reply follows.
+    """
+
+    def __init__(self, on_stop=None) -> None:
+        self.submitted_at = time.perf_counter()
+        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._stopped = threading.Event()
+        self._finished = threading.Event()
+        self._on_stop = on_stop
+        self._on_finish: list[Callable[[Done | Failed], None]] = []
+        self._finish_lock = threading.Lock()
+        self.result: Done | Failed | None = None
+
+    def __iter__(self) -> Iterator[Event]:
+        while True:
+            event = self._events.get()
+            yield event
+            if isinstance(event, (Done, Failed)):
+                return
+
+    def poll(self) -> list[Event]:
+        """All events available now (possibly none)."""
+        events = []
+        while True:
+            try:
+                events.append(self._events.get_nowait())
+            except queue.Empty:
+                return events
+
+    def wait(self, timeout: float | None = None) -> Done | Failed | None:
+        """Block until the turn has ended (without consuming events); the final event."""
+        self._finished.wait(timeout)
+        return self.result
+
+    def on_finish(self, callback: Callable[[Done | Failed], None]) -> None:
+        """Call ``callback(final_event)`` on the producer's thread before the event is delivered,
+        so that whoever reads the final event already sees its effects (e.g. the reply in history)."""
+        with self._finish_lock:
+            if self.result is None:
+                self._on_finish.append(callback)
+                return
+        callback(self.result)  # the turn ended before anyone asked
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._on_stop is not None:
+            self._on_stop(self)
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stopped.is_set()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, (Done, Failed)):
+            with self._finish_lock:
+                self.result = event
+                callbacks = list(self._on_finish)
+            for callback in callbacks:
+                callback(event)
+            self._events.put(event)
+            self._finished.set()
+        else:
+            self._events.put(event)
+
+
+class TurnClock:
+    """Collects the instants that define TTFT, TPOT and inter-token latency for one turn."""
+
+    def __init__(self, submitted_at: float) -> None:
+        self.submitted_at = submitted_at
+        self.prefill_started: float | None = None
+        self.prefill_ended: float | None = None
+        self.token_times: list[float] = []
+        self.first_text_at: float | None = None
+
+    def prefill_start(self) -> None:
+        self.prefill_started = time.perf_counter()
+
+    def prefill_end(self) -> None:
+        self.prefill_ended = time.perf_counter()
+
+    def token(self, has_text: bool) -> None:
+        now = time.perf_counter()
+        self.token_times.append(now)
+        if has_text and self.first_text_at is None:
+            self.first_text_at = now
+
+    def fill(self, timings: Timings) -> Timings:
+        ms = lambda a, b: (b - a) * 1000.0  # noqa: E731
+        if self.prefill_started is not None and self.prefill_ended is not None:
+            timings.prompt_ms = ms(self.prefill_started, self.prefill_ended)
+        times = self.token_times
+        timings.predicted_n = len(times)
+        if times:
+            start = self.prefill_ended or self.submitted_at
+            timings.predicted_ms = ms(start, times[-1])
+            first = self.first_text_at or times[0]
+            timings.ttft_ms = ms(self.submitted_at, first)
+        gaps = [ms(a, b) for a, b in zip(times, times[1:])]
+        if gaps:
+            timings.tpot_ms = sum(gaps) / len(gaps)
+            timings.itl_p50_ms = percentile(gaps, 50)
+            timings.itl_p95_ms = percentile(gaps, 95)
+        return timings
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    rank = (len(ordered) - 1) * q / 100.0
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)

@@ -1,0 +1,126 @@
+"""ChatSession: the conversation as the user sees it, and what the model is shown of it.
+
+The history is never shortened; when the context fills, the context policy (budget.py) decides
+which old turns the model stops seeing and what summary stands in for them. The engine then
+removes those turns from its KV cache by shifting, so the kept turns are not evaluated again.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+from localchat.engine.options import Sampling
+from localchat.engine.turn import TurnHandle
+from localchat.events import Done, Failed
+
+
+@dataclass
+class Message:
+    role: str  # "user" | "assistant"
+    content: str
+    stopped: bool = False  # a reply the user interrupted (kept, marked)
+
+    def as_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+class TurnEngine(Protocol):
+    """What a ChatSession needs from an engine (the real one, or a scripted fake in UI tests)."""
+
+    def submit(self, messages: list[dict[str, str]], sampling: Sampling | None = None) -> TurnHandle: ...
+
+    def stop(self) -> None: ...
+
+
+class ChatSession:
+    """One conversation over one engine. ``send`` returns at once; the reply streams as events."""
+
+    def __init__(
+        self,
+        engine: TurnEngine,
+        *,
+        system: str = "",
+        history: list[Message] | tuple[Message, ...] = (),
+        sampling: Sampling | None = None,
+    ) -> None:
+        self.engine = engine
+        self.system = system
+        self.history: list[Message] = list(history)
+        self.sampling = sampling or Sampling()
+        self.summary = ""
+        # Index into history of the first message the model still sees (earlier ones were trimmed).
+        self.first_visible = 0
+        self._lock = threading.Lock()
+        self._current: TurnHandle | None = None
+
+    # -- what the model sees -------------------------------------------------------------------
+
+    def model_messages(self) -> list[dict[str, str]]:
+        """System prompt, summary (as a user/assistant pair, which every template accepts),
+        then the turns still in context, oldest first."""
+        messages: list[dict[str, str]] = []
+        if self.system:
+            messages.append({"role": "system", "content": self.system})
+        if self.summary:
+            messages.append({"role": "user", "content": summary_request(self.summary)})
+            messages.append({"role": "assistant", "content": SUMMARY_ACK})
+        messages.extend(m.as_dict() for m in self.history[self.first_visible:])
+        return messages
+
+    # -- turns ---------------------------------------------------------------------------------
+
+    def send(self, text: str, sampling: Sampling | None = None) -> TurnHandle:
+        """Add the user's message and start the reply. The reply (also a stopped one) is added to
+        the history before the final event reaches whoever reads the handle."""
+        with self._lock:
+            if self._current is not None and not self._current.finished:
+                raise RuntimeError("a reply is still running; stop it first")
+            self.history.append(Message("user", text))
+            handle = self.engine.submit(self.model_messages(), sampling or self.sampling)
+            self._current = handle
+        handle.on_finish(self._record_reply)
+        return handle
+
+    def _record_reply(self, event: Done | Failed) -> None:
+        if isinstance(event, Done):
+            self.history.append(Message("assistant", event.reply, stopped=event.finish_reason == "aborted"))
+
+    def stop(self) -> None:
+        current = self._current
+        if current is not None:
+            current.stop()
+
+    @property
+    def busy(self) -> bool:
+        current = self._current
+        return current is not None and not current.finished
+
+    # -- editing -------------------------------------------------------------------------------
+
+    def set_system(self, text: str) -> None:
+        self.system = text
+
+    def clear(self) -> None:
+        """Forget the conversation (the system prompt stays)."""
+        self.history.clear()
+        self.summary = ""
+        self.first_visible = 0
+
+    def undo_last_exchange(self) -> str:
+        """Remove the last user message and the reply to it; return the user's text (for /retry)."""
+        while self.history and self.history[-1].role == "assistant":
+            self.history.pop()
+        if not self.history:
+            return ""
+        text = self.history.pop().content
+        self.first_visible = min(self.first_visible, len(self.history))
+        return text
+
+
+SUMMARY_ACK = "Understood. I will keep that earlier conversation in mind."
+
+
+def summary_request(summary: str) -> str:
+    return f"Summary of our earlier conversation, for context:\n{summary}"
