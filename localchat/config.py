@@ -181,12 +181,13 @@ def line_of(text: str, table: str | None, key: str | None = None) -> int:
     current: str | None = None
     header_line = 1
     for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if stripped.startswith("[") and not stripped.startswith("[["):
-            current = _normalize_header(stripped.strip("[]").split("#")[0])
+        header = table_header(line)
+        if header is not None:
+            current = header
             if current == table:
                 header_line = number
             continue
+        stripped = line.strip()
         if key is not None and current == table and "=" in stripped:
             name = _unquote(stripped.split("=", 1)[0].strip())
             if name == key:
@@ -194,9 +195,26 @@ def line_of(text: str, table: str | None, key: str | None = None) -> int:
     return header_line
 
 
-def _normalize_header(header: str) -> str:
-    parts = re.findall(r'"[^"]*"|\'[^\']*\'|[^.]+', header.strip())
+def table_header(line: str) -> str | None:
+    """The dotted name of a ``[table]`` header line with quotes removed, else None."""
+    stripped = line.strip()
+    if not stripped.startswith("[") or stripped.startswith("[["):
+        return None
+    parts = re.findall(r'"[^"]*"|\'[^\']*\'|[^.]+', _header_inner(stripped).strip())
     return ".".join(_unquote(part.strip()) for part in parts)
+
+
+def _header_inner(stripped: str) -> str:
+    # A quoted part may itself contain "]" or "#", so find the closing bracket outside quotes.
+    quote = None
+    for index, char in enumerate(stripped[1:], start=1):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char == "]":
+            return stripped[1:index]
+    return stripped[1:]
 
 
 def _unquote(name: str) -> str:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from localchat import paths
-from localchat.config import line_of, load_config, read_toml_file
+from localchat.atomic import write_text_atomic
+from localchat.config import dump_toml, line_of, load_config, read_toml_file, table_header
 from localchat.errors import ConfigError, ModelNotFound
 
 # Context opened for models the registry knows nothing about (hf: references, plain paths).
@@ -272,3 +273,40 @@ def known_models() -> list[ModelSpec]:
         specs.append(hub_file_spec(f"{HF_PREFIX}{repo}/{'/'.join(relative[1:])}"))
     return specs
 
+
+
+def add_user_entry(name: str, values: dict[str, Any]) -> Path:
+    """Append ``[models.NAME]`` to the user's models.toml, atomically, keeping its comments.
+
+    The caller makes sure ``name`` is not defined there yet. Returns the file written.
+    """
+    registry_file = paths.user_registry_file()
+    text = registry_file.read_text(encoding="utf-8") if registry_file.exists() else ""
+    if text and not text.endswith("\n"):
+        text += "\n"
+    block = dump_toml({"models": {name: values}})
+    write_text_atomic(registry_file, text + ("\n" if text else "") + block)
+    return registry_file
+
+
+def remove_user_entry(name: str) -> bool:
+    """Delete the ``[models.NAME]`` table (and its sub-tables) from the user's models.toml.
+
+    Returns whether one was found. Other entries and comments are left as they were.
+    """
+    registry_file = paths.user_registry_file()
+    if not registry_file.exists():
+        return False
+    lines = registry_file.read_text(encoding="utf-8").splitlines(keepends=True)
+    table = f"models.{name}"
+    kept, removing, found = [], False, False
+    for line in lines:
+        header = table_header(line)
+        if header is not None:
+            removing = header == table or header.startswith(table + ".")
+            found = found or removing
+        if not removing:
+            kept.append(line)
+    if found:
+        write_text_atomic(registry_file, "".join(kept))
+    return found
