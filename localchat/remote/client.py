@@ -1,0 +1,277 @@
+"""Streaming chat completions from an OpenAI-compatible server, as the same events a local turn
+produces (``Token``…, then one ``Done`` or ``Failed``; ``Notice`` for a retry).
+
+Contract of a :class:`RemoteTurn`:
+
+- The request starts when the turn is created; iterating blocks per event.
+- ``stop()`` may be called from any thread. It shuts the socket down at once (the server sees the
+  connection close within milliseconds, even mid-stall) and the iterator ends with
+  ``Done(finish_reason="aborted", reply=<text yielded so far>)``.
+- A failed request is retried at most once, and only while no reply text has arrived; 4xx answers
+  other than 408/429 are not retried (they will not change). A stream silent for ``timeout_s``
+  is a failure.
+- Every failure is one ``Failed`` line written for the user; it never contains the API key.
+- The circuit breaker learns the outcome of each turn (a stopped turn teaches it nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import threading
+from typing import Any, Iterator
+
+import httpx
+
+from localchat.engine.options import Sampling
+from localchat.errors import UserError
+from localchat.events import Done, Event, Failed, Notice, Timings, Token
+from localchat.remote.breaker import CircuitBreaker
+from localchat.remote.settings import RemoteSettings
+from localchat.remote.sse import RemoteStreamError, decode_chunk, error_text, iter_sse_data
+from localchat.remote.timing import ReplyClock
+
+log = logging.getLogger(__name__)
+
+_STOPPED = object()  # queue marker: stop() was called
+_RETRYABLE_STATUS = {408, 429}
+_FINISH_REASONS = {"stop": "stop", "length": "length"}
+
+
+class RemoteOff(UserError):
+    """A remote request was asked for while ``[remote]`` is off or has no base_url."""
+
+
+class RemoteClient:
+    """Sends turns to one OpenAI-compatible server. Construct it only when the remote is enabled:
+    with ``mode = "off"`` or no ``base_url`` the constructor refuses, so no code path can reach
+    the network."""
+
+    def __init__(self, settings: RemoteSettings, *, breaker: CircuitBreaker | None = None) -> None:
+        if not settings.enabled:
+            raise RemoteOff('the remote model is off: set [remote] mode = "ask" or "auto" and '
+                            "base_url in config.toml")
+        self.settings = settings
+        self.breaker = breaker or CircuitBreaker(
+            settings.breaker_failures, settings.breaker_cooldown_s, base_url=settings.base_url)
+        # No keep-alive: stop() must be able to shut a socket down at any moment, and httpcore
+        # reveals a connection's socket only when it opens one (the "trace" extension). A reused
+        # connection would hide it until the headers arrive. One handshake per remote turn,
+        # which lasts seconds anyway, is the price.
+        self._http = httpx.Client(
+            timeout=httpx.Timeout(settings.timeout_s),
+            limits=httpx.Limits(max_keepalive_connections=0),
+        )
+
+    def stream(self, messages: list[dict], sampling: Sampling | None = None, *,
+               route_reason: str = "") -> RemoteTurn:
+        """Start a turn with ``messages`` (already trimmed to the remote's budget)."""
+        return RemoteTurn(self, self._request_body(messages, sampling or Sampling()), route_reason)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __repr__(self) -> str:
+        return f"<RemoteClient {self.settings.base_url} model={self.settings.model or '?'} {self.breaker!r}>"
+
+    def _request_body(self, messages: list[dict], sampling: Sampling) -> dict[str, Any]:
+        # Only parameters the OpenAI API defines: hosted APIs reject unknown ones (top_k, min_p).
+        body: dict[str, Any] = {
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": self.settings.max_tokens or sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+        }
+        if self.settings.model:
+            body["model"] = self.settings.model
+        if sampling.seed is not None and sampling.seed >= 0:
+            body["seed"] = sampling.seed
+        return body
+
+    def _headers(self) -> dict[str, str]:
+        key = self.settings.api_key()  # read now: the key is never stored on an object
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+class _AttemptFailed(Exception):
+    def __init__(self, message: str, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class RemoteTurn:
+    """One streamed remote reply. Iterate for events; ``stop()`` from any thread."""
+
+    def __init__(self, client: RemoteClient, body: dict[str, Any], route_reason: str) -> None:
+        self._client = client
+        self._body = body
+        self._route_reason = route_reason
+        self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._clock = ReplyClock()
+        self._model = client.settings.model
+        self._thread = threading.Thread(target=self._run, name="remote-turn", daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> Iterator[Event]:
+        reply: list[str] = []
+        while True:
+            item = self._events.get()
+            if item is _STOPPED:
+                yield Done("".join(reply), "aborted", self._timings(None, None))
+                return
+            if isinstance(item, Token):
+                reply.append(item.text)
+            yield item
+            if isinstance(item, (Done, Failed)):
+                return
+
+    def stop(self) -> None:
+        """Abort: close the connection now; the iterator ends with Done(aborted)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut(sock)
+        self._events.put(_STOPPED)
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stop.is_set() else "running" if self._thread.is_alive() else "ended"
+        return f"<RemoteTurn {state} {len(self._clock.arrivals)} chunks>"
+
+    # -- worker thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            final = self._attempt_twice()
+        except Exception as exc:  # a bug must still end the turn, or the iterator would hang
+            log.exception("remote turn crashed")
+            final = Failed(self._redact(f"remote client error: {type(exc).__name__}: {exc}"))
+        if final is None or self._stop.is_set():
+            return  # the iterator already ended with Done(aborted); the breaker learns nothing
+        if isinstance(final, Failed):
+            self._client.breaker.record_failure()
+        else:
+            self._client.breaker.record_success()
+        self._events.put(final)
+
+    def _attempt_twice(self) -> Done | Failed | None:
+        """The turn's final event, or None when it was stopped."""
+        for attempt in (1, 2):
+            try:
+                return self._attempt()
+            except _AttemptFailed as exc:
+                if self._stop.is_set():
+                    return None
+                message = self._redact(str(exc))
+                if attempt == 1 and exc.retryable and not self._clock.arrivals:
+                    self._events.put(Notice(f"{message}; retrying once", kind="retry"))
+                    continue
+                return Failed(message)
+        raise AssertionError("unreachable")
+
+    def _attempt(self) -> Done:
+        try:
+            with self._client._http.stream(
+                "POST", self._client.settings.chat_url, json=self._body,
+                headers=self._client._headers(), extensions={"trace": self._trace},
+            ) as response:
+                if response.status_code != 200:
+                    raise self._status_failure(response)
+                return self._read_stream(response)
+        except httpx.TimeoutException as exc:
+            raise _AttemptFailed(_timeout_message(exc, self._client.settings.timeout_s), True) from None
+        except httpx.ConnectError as exc:
+            raise _AttemptFailed(f"cannot connect to the remote: {_reason(exc)}", True) from None
+        except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
+            raise _AttemptFailed(f"connection to the remote dropped: {_reason(exc)}", True) from None
+        except httpx.HTTPError as exc:
+            raise _AttemptFailed(f"remote request failed: {_reason(exc)}", False) from None
+
+    def _read_stream(self, response: httpx.Response) -> Done:
+        reply: list[str] = []
+        finish_reason: str | None = None
+        usage = None
+        for payload in iter_sse_data(response.iter_lines()):
+            try:
+                chunk = decode_chunk(payload)
+            except RemoteStreamError as exc:
+                # An error object is the server's own report (often transient); garbage is not.
+                raise _AttemptFailed(str(exc), str(exc).startswith("remote error")) from None
+            if chunk.done:
+                break
+            self._model = self._client.settings.model or chunk.model or self._model
+            usage = chunk.usage or usage
+            finish_reason = chunk.finish_reason or finish_reason
+            if chunk.content:
+                self._clock.text_arrived()
+                reply.append(chunk.content)
+                self._events.put(Token(chunk.content))
+        else:
+            if finish_reason is None:
+                raise _AttemptFailed("the remote closed the stream before the reply was complete", True)
+        timings = self._timings(usage.prompt_tokens if usage else None,
+                                usage.completion_tokens if usage else None)
+        return Done("".join(reply), _FINISH_REASONS.get(finish_reason or "stop", "stop"), timings)
+
+    def _status_failure(self, response: httpx.Response) -> _AttemptFailed:
+        response.read()
+        try:
+            detail = error_text(response.json().get("error") or response.text)
+        except (ValueError, AttributeError):
+            detail = error_text(response.text or response.reason_phrase)
+        message = f"remote answered {response.status_code}: {detail}"
+        if response.status_code in (401, 403):
+            env = self._client.settings.api_key_env
+            message += f" (check the key in ${env})" if env else " (set api_key_env in [remote])"
+        retryable = response.status_code >= 500 or response.status_code in _RETRYABLE_STATUS
+        return _AttemptFailed(message, retryable)
+
+    def _trace(self, event: str, info: dict[str, Any]) -> None:
+        # httpcore reports each new connection; keep its socket so stop() can shut it down.
+        if event not in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            return
+        sock = info["return_value"].get_extra_info("socket")
+        if sock is None:
+            return
+        with self._lock:
+            self._sockets.append(sock)
+        if self._stop.is_set():
+            _shut(sock)
+
+    def _timings(self, prompt_n: int | None, predicted_n: int | None) -> Timings:
+        return self._clock.timings(prompt_n=prompt_n, predicted_n=predicted_n, route="remote",
+                                   route_reason=self._route_reason, model=self._model)
+
+    def _redact(self, message: str) -> str:
+        key = self._client.settings.api_key()
+        return message.replace(key, "***") if key else message
+
+
+def _shut(sock: socket.socket) -> None:
+    # shutdown(), not close(): on Linux closing a descriptor does not wake a thread blocked in
+    # recv() on it, and the peer would see nothing until that read returned.
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by the worker
+
+
+def _timeout_message(exc: httpx.TimeoutException, timeout_s: float) -> str:
+    if isinstance(exc, httpx.ConnectTimeout):
+        return f"could not connect to the remote within {timeout_s:g} s"
+    if isinstance(exc, httpx.ReadTimeout):
+        return f"the remote sent nothing for {timeout_s:g} s (timeout_s)"
+    return f"the remote request timed out after {timeout_s:g} s"
+
+
+def _reason(exc: Exception) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:200]

@@ -1,0 +1,53 @@
+"""Client-side timings of a streamed remote reply, in the same fields as a local turn."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from localchat.events import Timings
+
+
+class ReplyClock:
+    """Records when the turn was submitted and when each piece of reply text arrived.
+
+    A remote server's own timings are not available through the OpenAI protocol, so these are
+    measured here and include the network: ``ttft_ms`` is submit → first text, ``tpot_ms`` the
+    mean gap between text chunks after the first, ``prompt_ms`` equals ``ttft_ms`` (the server's
+    prefill as seen from the client) and ``predicted_ms`` runs from the first to the last chunk.
+    """
+
+    def __init__(self) -> None:
+        self.submitted = time.perf_counter()
+        self.arrivals: list[float] = []
+
+    def text_arrived(self) -> None:
+        self.arrivals.append(time.perf_counter())
+
+    def timings(self, *, prompt_n: int | None, predicted_n: int | None, **labels: str) -> Timings:
+        """Timings so far. ``prompt_n``/``predicted_n`` come from the server's usage chunk when it
+        sent one; without it the number of text chunks stands in for the token count."""
+        arrivals = self.arrivals
+        gaps = [(b - a) * 1000.0 for a, b in zip(arrivals, arrivals[1:])]
+        ttft = (arrivals[0] - self.submitted) * 1000.0 if arrivals else 0.0
+        predicted_ms = (arrivals[-1] - arrivals[0]) * 1000.0 if arrivals else 0.0
+        return Timings(
+            prompt_n=prompt_n or 0,
+            prompt_ms=ttft,
+            predicted_n=predicted_n if predicted_n is not None else len(arrivals),
+            predicted_ms=predicted_ms,
+            ttft_ms=ttft,
+            tpot_ms=statistics.fmean(gaps) if gaps else 0.0,
+            itl_p50_ms=_percentile(gaps, 0.50),
+            itl_p95_ms=_percentile(gaps, 0.95),
+            **labels,
+        )
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))
+    return ordered[rank]

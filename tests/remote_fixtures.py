@@ -1,0 +1,135 @@
+"""Helpers and fixtures for the remote tests: a scripted local turn, settings for a loopback
+server, and one real ``llama_cpp.server`` per test session.
+
+Import the fixtures into a test module with ``from tests.remote_fixtures import llama_server``
+(or move them into conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from localchat.events import Done, Event, Timings, Token
+from localchat.remote.settings import RemoteSettings
+
+
+class ScriptedTurn:
+    """A stand-in for the local engine's turn handle: yields the given tokens (with their
+    probabilities), then ``Done``. After ``stop()`` it yields ``Done("aborted")`` with the text
+    yielded so far, as the engine does."""
+
+    def __init__(self, pieces: list[tuple[str, float | None]], finish_reason: str = "stop") -> None:
+        self.pieces = pieces
+        self.finish_reason = finish_reason
+        self.stopped = threading.Event()
+
+    def __iter__(self) -> Iterator[Event]:
+        reply = []
+        for text, prob in self.pieces:
+            if self.stopped.is_set():
+                break
+            reply.append(text)
+            yield Token(text, prob=prob)
+        finish = "aborted" if self.stopped.is_set() else self.finish_reason
+        yield Done("".join(reply), finish, Timings(predicted_n=len(reply), model="local-test"))
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+class LocalFactory:
+    """Counts how often the orchestrator started a local reply, and returns ``ScriptedTurn``s."""
+
+    def __init__(self, pieces: list[tuple[str, float | None]], finish_reason: str = "stop") -> None:
+        self.pieces = pieces
+        self.finish_reason = finish_reason
+        self.turns: list[ScriptedTurn] = []
+
+    def __call__(self) -> ScriptedTurn:
+        turn = ScriptedTurn(self.pieces, self.finish_reason)
+        self.turns.append(turn)
+        return turn
+
+
+def confident(text: str, n: int) -> list[tuple[str, float]]:
+    return [(text, 0.9)] * n
+
+
+def unsure(text: str, n: int) -> list[tuple[str, float]]:
+    return [(text, 0.01)] * n
+
+
+def settings_for(base_url: str, **overrides) -> RemoteSettings:
+    """Settings pointing at a loopback server, mode auto, short timeouts."""
+    section = {"mode": "auto", "base_url": base_url, "model": "", "timeout_s": 5.0, **overrides}
+    return RemoteSettings.from_config(section)
+
+
+def events_of(turn) -> list[Event]:
+    """All events of a turn (bounded: a turn that never ends fails the test by timeout)."""
+    return list(turn)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(condition, timeout_s: float = 10.0, what: str = "condition") -> None:
+    """Poll ``condition`` until true; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="session")
+def llama_server(test_model_path: Path, tmp_path_factory) -> Iterator[str]:
+    """A real OpenAI-compatible server (llama_cpp.server) on loopback; yields its base URL
+    (``http://127.0.0.1:PORT/v1``). One per test session: starting it costs a model load."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("llama-server") / "server.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "llama_cpp.server", "--model", str(test_model_path),
+             "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
+             "--n_threads", str(min(2, os.cpu_count() or 1))],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        _wait_for_models(base_url, process, log_path)
+        yield base_url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def _wait_for_models(base_url: str, process: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"llama_cpp.server exited: {log_path.read_text(errors='replace')[-2000:]}")
+        try:
+            if httpx.get(f"{base_url}/models", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"llama_cpp.server did not answer within 60 s: {log_path}")

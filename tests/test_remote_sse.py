@@ -1,0 +1,54 @@
+"""Decoding OpenAI-compatible server-sent events."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from localchat.remote.sse import RemoteStreamError, Usage, decode_chunk, iter_sse_data
+
+
+def test_events_are_split_on_blank_lines_and_comments_and_other_fields_ignored():
+    lines = [": keep-alive", "event: message", "data: one", "", "id: 7", "data: two", "data: lines",
+             "", "retry: 100", "data:three", ""]
+    assert list(iter_sse_data(lines)) == ["one", "two\nlines", "three"]
+
+
+def test_carriage_returns_are_tolerated():
+    assert list(iter_sse_data(["data: x\r", "\r"])) == ["x"]
+
+
+def test_an_event_cut_off_by_the_end_of_the_stream_is_still_delivered():
+    assert list(iter_sse_data(["data: last"])) == ["last"]
+
+
+def test_content_delta_and_finish_reason():
+    chunk = decode_chunk(json.dumps({"model": "m", "choices": [
+        {"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}]}))
+    assert (chunk.content, chunk.finish_reason, chunk.model) == ("Hi", None, "m")
+    end = decode_chunk(json.dumps({"choices": [{"delta": {}, "finish_reason": "length"}]}))
+    assert (end.content, end.finish_reason) == ("", "length")
+
+
+def test_the_usage_chunk_has_no_choices():
+    chunk = decode_chunk(json.dumps({"choices": [], "usage": {"prompt_tokens": 12,
+                                                              "completion_tokens": 5}}))
+    assert chunk.content == "" and chunk.usage == Usage(12, 5)
+
+
+def test_done_sentinel():
+    assert decode_chunk("[DONE]").done
+
+
+@pytest.mark.parametrize("payload, fragment", [
+    (json.dumps({"error": {"message": "model overloaded", "type": "server_error"}}),
+     "remote error: model overloaded"),
+    (json.dumps({"error": "plain string error"}), "remote error: plain string error"),
+    ('{"choices": [', "malformed"),
+    ("[1, 2]", "malformed"),
+])
+def test_errors_and_garbage_are_one_line_stream_errors(payload, fragment):
+    with pytest.raises(RemoteStreamError) as excinfo:
+        decode_chunk(payload)
+    assert fragment in str(excinfo.value) and "\n" not in str(excinfo.value)
