@@ -61,12 +61,18 @@ class LocalFactory:
         return turn
 
 
-def confident(text: str, n: int) -> list[tuple[str, float]]:
-    return [(text, 0.9)] * n
+def confident(word: str, n: int) -> list[tuple[str, float]]:
+    """``n`` distinct tokens (``word0``, ``word1``…: no repetition loop) the model was sure of."""
+    return [(f"{word}{i}", 0.9) for i in range(n)]
 
 
-def unsure(text: str, n: int) -> list[tuple[str, float]]:
-    return [(text, 0.01)] * n
+def unsure(word: str, n: int) -> list[tuple[str, float]]:
+    """``n`` distinct tokens the model guessed (probability 0.01)."""
+    return [(f"{word}{i}", 0.01) for i in range(n)]
+
+
+def text_of(pieces: list[tuple[str, float | None]]) -> str:
+    return "".join(text for text, _ in pieces)
 
 
 def settings_for(base_url: str, **overrides) -> RemoteSettings:
