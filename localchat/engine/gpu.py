@@ -50,7 +50,7 @@ class DeviceInfo:
 
 @dataclass
 class BackendInfo:
-    """The llama.cpp build in use. ``offload_problem`` is one line, or None when GPU offload works."""
+    """The llama.cpp build in use; ``offload_problem`` is one line, None when GPU offload works."""
 
     llama_cpp_version: str | None
     gpu_offload: bool

@@ -301,7 +301,8 @@ class _Reader:
 
     def _need(self, n: int) -> None:
         if n < 0 or self.pos + n > len(self.buf):
-            raise GGUFError(f"{self.path} is truncated: the GGUF header ends past the end of the file")
+            raise GGUFError(f"{self.path} is truncated: the GGUF header runs past the end of "
+                            "the file")
 
     def scalar(self, fmt: str) -> Any:
         n = struct.calcsize(fmt)

