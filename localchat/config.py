@@ -9,10 +9,10 @@ A missing file means all defaults. The file only needs the keys a user wants to 
     gpu_layers = "auto"     # or an int; 0 keeps everything on the CPU
 
 Each section is a plain dict holding the effective values (defaults overlaid by the file).
-Sections are open: keys this module does not know are kept, so features can read their own keys
-with ``config.engine.get("key", default)`` (or ``config.section(name)``) without a change here. Values of the keys known below
-are type-checked; a wrong type or malformed TOML is a :class:`ConfigError` naming file, line
-and key.
+Sections are open: keys this module does not know are kept, so a feature reads its own keys with
+``config.engine.get("key", default)`` (or ``config.section("name")``) without a change here.
+Values of the keys known below are type-checked; a wrong type or malformed TOML is a
+:class:`ConfigError` naming file, line and key.
 
 This module also holds the small TOML helpers the model registry shares (line lookup, writing).
 """
