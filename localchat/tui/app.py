@@ -1,0 +1,389 @@
+"""The localchat app: a chat log streaming Markdown, a prompt, a live status bar, sessions.
+
+Threads: the UI thread only renders and reacts. Loading a model and running a turn happen in
+thread workers that report through typed messages (``localchat.tui.messages``); the generation
+worker also commits the finished reply to the store before the UI hears that it is done, so
+the screen never shows as saved what is not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from textual import work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from localchat.errors import UserError
+from localchat.events import Done, Failed, Notice, PrefillProgress, Token
+from localchat.store import SessionRecord, Store
+from localchat.tui import slash
+from localchat.tui.chat_log import ChatLog, ReplyView, reply_caption
+from localchat.tui.conversation import Conversation
+from localchat.tui.messages import ModelFailed, ModelLoading, ModelReady, TurnUpdate
+from localchat.tui.model_setup import build_engine, default_sampling, model_names
+from localchat.tui.prompt import CommandHints, PromptInput
+from localchat.tui.screens import ConfirmScreen, HelpScreen
+from localchat.tui.session_actions import SessionActions
+from localchat.tui.sidebar import SessionSidebar
+from localchat.tui.status import LiveMeter, StatusBar
+
+if TYPE_CHECKING:
+    from localchat.engine.engine import Engine
+    from localchat.engine.options import Sampling
+    from localchat.engine.turn import TurnHandle
+
+log = logging.getLogger(__name__)
+
+EngineFactory = Callable[[str | None], "Engine"]
+
+
+@dataclass
+class ActiveTurn:
+    """The reply being generated. Shared with its worker thread: the worker sets ``handle``, the
+    UI sets ``stop_requested``; each checks the other's field, so a stop is never lost."""
+
+    id: int
+    conversation: Conversation
+    reply: ReplyView | None  # None once the user switched away from its session
+    meter: LiveMeter
+    context_before: int = 0  # tokens in context when the turn started (for the live estimate)
+    prefill_total: int = 0
+    handle: TurnHandle | None = None
+    stop_requested: bool = False
+
+    def stop(self) -> None:
+        self.stop_requested = True
+        if self.handle is not None:
+            self.handle.stop()
+
+
+class LocalChatApp(SessionActions, App[int]):
+    CSS_PATH = "app.tcss"
+    TITLE = "localchat"
+    BINDINGS = [
+        Binding("escape", "stop_reply", "Stop"),
+        Binding("ctrl+c", "interrupt", "Stop/Quit", show=False, priority=True),
+        Binding("ctrl+n", "new_session", "New"),
+        Binding("ctrl+b", "toggle_sidebar", "Sessions"),
+        Binding("f1", "help", "Help"),
+        Binding("question_mark", "help", "Help", show=False),
+    ]
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        model: str | None = None,
+        continue_last: bool = False,
+        session: str | None = None,
+        engine_factory: EngineFactory = build_engine,
+        sampling_factory: Callable[[], Sampling | None] = default_sampling,
+        list_models: Callable[[], list[str]] = model_names,
+    ) -> None:
+        super().__init__()
+        self.store = store
+        self.model_ref = model
+        self._start = (continue_last, session)
+        self._engine_factory = engine_factory
+        self._sampling_factory = sampling_factory
+        self.sampling: Sampling | None = None
+        self._list_models = list_models
+        self._model_names: list[str] = []
+        self.engine: Engine | None = None
+        self.loading_model: str | None = None
+        self.model_error = ""
+        self.conversation: Conversation | None = None
+        self.turn: ActiveTurn | None = None
+        self._turn_ids = itertools.count(1)
+        self._quit_when_idle = False
+        self._closed = False
+
+    # --- layout -----------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="main"):
+            yield SessionSidebar(id="sidebar")
+            with Vertical(id="chat"):
+                yield ChatLog(id="log")
+                yield CommandHints(id="hints", markup=False)
+                yield PromptInput(self.store.recent_prompts(), self._completions, id="prompt")
+        yield StatusBar(id="status")
+        yield Footer()
+
+    @property
+    def chat_log(self) -> ChatLog:
+        return self.query_one(ChatLog)
+
+    @property
+    def prompt(self) -> PromptInput:
+        return self.query_one(PromptInput)
+
+    @property
+    def status(self) -> StatusBar:
+        return self.query_one(StatusBar)
+
+    @property
+    def sidebar(self) -> SessionSidebar:
+        return self.query_one(SessionSidebar)
+
+    async def on_mount(self) -> None:
+        saved_theme = self.store.get_setting("theme")
+        if saved_theme in self.available_themes:
+            self.theme = saved_theme
+        self.theme_changed_signal.subscribe(self, lambda theme: self.store.set_setting("theme", theme.name))
+        self.prompt.border_subtitle = "Enter send · Ctrl+J newline · F1 help"
+        await self.open_session(self._initial_session())
+        self.prompt.focus()
+        self._fetch_model_names()
+        self.load_model(self.model_ref)
+
+    def _initial_session(self) -> SessionRecord:
+        continue_last, name = self._start
+        if name:
+            return self.store.open_named_session(name)
+        last = self.store.last_session() if continue_last else None
+        return last or self.store.create_session()
+
+    def set_state(self, state: str) -> None:
+        self.status.info.state = state
+        self.status.refresh()
+        self.refresh_bindings()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "stop_reply":
+            return True if self.turn is not None else None  # greyed in the footer when idle
+        return True
+
+    # --- model loading ----------------------------------------------------------------------
+
+    def load_model(self, model_ref: str | None) -> None:
+        """Close the current model (freeing its memory first) and load ``model_ref`` off the UI thread."""
+        previous, self.engine = self.engine, None
+        if self.conversation is not None:
+            self.conversation.chat = None
+        self.loading_model = model_ref or "default model"
+        self.set_state("loading model")
+        self._load_in_background(model_ref, previous)
+
+    @work(thread=True, group="model", exit_on_error=False)
+    def _load_in_background(self, model_ref: str | None, previous: Engine | None) -> None:
+        label = model_ref or "default model"
+        try:
+            if previous is not None:
+                previous.close()
+            sampling = self._sampling_factory()
+            engine = self._engine_factory(model_ref)
+            loaded = engine.load(on_progress=lambda f: self.post_message(ModelLoading(engine.name, f)))
+        except UserError as exc:
+            self.post_message(ModelFailed(label, str(exc)))
+        except Exception as exc:  # out of memory, a corrupt file: shown as a notice, not a traceback
+            log.exception("loading %s failed", label)
+            self.post_message(ModelFailed(label, f"could not load {label}: {exc}"))
+        else:
+            if self._closed:  # the user quit while it loaded
+                engine.close()
+                return
+            self.post_message(ModelReady(engine, loaded, sampling))
+
+    def on_model_loading(self, message: ModelLoading) -> None:
+        self.status.info.model = message.model
+        self.set_state(f"loading {message.fraction:.0%}")
+
+    def on_model_ready(self, message: ModelReady) -> None:
+        self.engine, self.loading_model, self.model_error = message.engine, None, ""
+        self.sampling = message.sampling
+        self.status.info.show_loaded(message.loaded)
+        self.set_state("idle")
+        if self.conversation is not None:
+            self.conversation.attach(self.engine, self.sampling)
+
+    async def on_model_failed(self, message: ModelFailed) -> None:
+        self.loading_model, self.model_error = None, message.message
+        self.status.info.model = message.model
+        self.set_state("no model")
+        await self.chat_log.add_notice(f"{message.message}. Pick another with /model NAME.")
+        self.notify(message.message, title="Model not loaded", severity="error", timeout=15)
+
+    def _ready_for_a_turn(self) -> bool:
+        """Whether a prompt can be sent now; if not, say why (the prompt stays in the input)."""
+        if self.turn is not None:
+            self.notify("A reply is still streaming. Press Esc to stop it first.", severity="warning")
+        elif self.engine is None:
+            why = (f"The model is still loading ({self.status.info.state})." if self.loading_model
+                   else f"No model is loaded: {self.model_error}")
+            self.notify(why + " Your message stays in the input.", severity="warning")
+        else:
+            return True
+        return False
+
+    # --- sending and streaming --------------------------------------------------------------
+
+    async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
+        text = message.text
+        if slash.is_command(text):
+            self.prompt.remember(text)
+            self.prompt.clear()
+            await self.run_slash_command(text)
+        else:
+            await self.send_prompt(text[1:] if text.startswith("//") else text)
+
+    async def send_prompt(self, text: str) -> None:
+        if not self._ready_for_a_turn() or self.conversation is None:
+            return
+        self.prompt.remember(text)
+        self.prompt.clear()
+        reply = await self.chat_log.add_prompt(text)
+        self.turn = ActiveTurn(next(self._turn_ids), self.conversation, reply, LiveMeter(),
+                               context_before=self.status.info.n_ctx_used)
+        self.set_state("prefilling")
+        self._generate(self.turn, text, self.engine.name)
+
+    @work(thread=True, group="turn", exit_on_error=False)
+    def _generate(self, turn: ActiveTurn, text: str, model: str) -> None:
+        try:
+            turn.handle = turn.conversation.send(text)
+            if turn.stop_requested:
+                turn.handle.stop()
+            for event in turn.handle:
+                if isinstance(event, Done):
+                    turn.conversation.record_reply(event, model)
+                self.post_message(TurnUpdate(turn.id, event))
+        except UserError as exc:
+            self.post_message(TurnUpdate(turn.id, Failed(str(exc))))
+        except Exception as exc:  # a store or engine bug must still end the turn on screen
+            log.exception("turn failed")
+            self.post_message(TurnUpdate(turn.id, Failed(f"{type(exc).__name__}: {exc}")))
+
+    async def on_turn_update(self, message: TurnUpdate) -> None:
+        turn, event = self.turn, message.event
+        if turn is None or message.turn_id != turn.id:
+            return
+        info = self.status.info
+        if isinstance(event, Token):
+            turn.meter.token()
+            if info.state != "generating":
+                self.set_state("generating")
+            turn.meter.apply(info)
+            # An estimate until Done brings the engine's count (trimming may lower it).
+            info.n_ctx_used = turn.context_before + turn.prefill_total + turn.meter.tokens
+            self.status.refresh()
+            if event.text and turn.reply is not None:
+                await turn.reply.append(event.text)
+        elif isinstance(event, PrefillProgress):
+            turn.prefill_total = event.total
+            self.set_state(f"prefilling {event.done}/{event.total}")
+        elif isinstance(event, Notice):
+            self.notify(event.message, severity="warning" if event.kind == "warning" else "information")
+        elif isinstance(event, Done):
+            await self._finish_turn(turn, event)
+        elif isinstance(event, Failed):
+            await self._fail_turn(turn, event)
+
+    async def _finish_turn(self, turn: ActiveTurn, done: Done) -> None:
+        self.turn = None
+        stopped = done.finish_reason == "aborted"
+        self.status.info.show_timings(done.timings)
+        self.set_state("stopped" if stopped else "idle")
+        if turn.reply is not None:
+            model = done.timings.model or self.status.info.model
+            await turn.reply.finish(done.reply, reply_caption(model, done.timings, stopped=stopped), stopped=stopped)
+        if done.finish_reason == "length":
+            self.notify("The reply reached the max_tokens limit.", severity="warning")
+        self._after_turn()
+
+    async def _fail_turn(self, turn: ActiveTurn, failed: Failed) -> None:
+        self.turn = None
+        self.set_state("idle")
+        if turn.reply is not None:
+            await turn.reply.fail(failed.message)
+        self.notify(failed.message, title="The reply failed", severity="error", timeout=10)
+        self._after_turn()
+
+    def _after_turn(self) -> None:
+        self.refresh_sidebar()
+        if self._quit_when_idle:
+            self.exit(0)
+
+    # --- stopping and quitting --------------------------------------------------------------
+
+    def action_stop_reply(self) -> None:
+        if self.turn is not None:
+            self.turn.stop()
+            self.set_state("stopping")
+
+    def action_interrupt(self) -> None:
+        """Ctrl+C: stop a streaming reply; when idle, ask before quitting."""
+        if self.turn is not None:
+            self.action_stop_reply()
+        elif isinstance(self.screen, ConfirmScreen):
+            self.screen.dismiss(True)
+        elif isinstance(self.focused, PromptInput) and self.focused.selected_text:
+            self.copy_to_clipboard(self.focused.selected_text)
+        else:
+            self.push_screen(ConfirmScreen("Quit localchat?", yes="Quit"), self._quit_if)
+
+    async def _quit_if(self, confirmed: bool | None) -> None:
+        if confirmed:
+            await self.action_quit()
+
+    async def action_quit(self) -> None:
+        """Quit; a streaming reply is stopped first so that it is saved (as stopped)."""
+        if self.turn is None:
+            self.exit(0)
+            return
+        self._quit_when_idle = True
+        self.action_stop_reply()
+
+    def on_unmount(self) -> None:
+        self._closed = True
+        if self.engine is not None:
+            self.engine.close()
+
+    # --- screens and palette ----------------------------------------------------------------
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for command in slash.COMMANDS:
+            if command.argument_required:
+                # Needs an argument: put the command in the input for the user to finish.
+                callback = lambda c=command: self._prefill_prompt(f"/{c.name} ")  # noqa: E731
+            else:
+                callback = lambda c=command: self.run_worker(self.run_slash_command(f"/{c.name}"))  # noqa: E731
+            yield SystemCommand(f"/{command.name}", command.help, callback)
+
+    def _prefill_prompt(self, text: str) -> None:
+        self.prompt.text = text
+        self.prompt.move_cursor(self.prompt.document.end)
+        self.prompt.focus()
+
+    def _completions(self, text: str) -> list[slash.Completion]:
+        return slash.completions(text, self._model_names)
+
+    def on_text_area_changed(self, event: PromptInput.Changed) -> None:
+        self.query_one(CommandHints).show(self._completions(event.text_area.text))
+
+    @work(thread=True, group="registry", exit_on_error=False)
+    def _fetch_model_names(self) -> None:
+        self._model_names = self._list_models()
+
+
+def run_app(model: str | None = None, continue_last: bool = False, session: str | None = None) -> int:
+    """Open the app (``localchat`` with no sub-command). Returns the exit status.
+
+    Raises ``UserError`` (shown by the CLI as one line) when the session database cannot be used.
+    """
+    with Store.open() as store:
+        app = LocalChatApp(store=store, model=model, continue_last=continue_last, session=session)
+        return app.run() or 0

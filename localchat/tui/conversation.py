@@ -1,0 +1,139 @@
+"""A conversation as the app handles it: one stored session plus, once a model is ready, the
+``ChatSession`` that continues it.
+
+The store is the record of what the user saw; the chat session is what the model sees. Every
+change goes to both so they never disagree: a prompt is committed before its turn starts, a
+reply (stopped or not) the moment the turn ends. Nothing here touches the screen, so it is safe
+to call from the generation thread.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import TYPE_CHECKING
+
+from localchat.errors import UserError
+from localchat.events import Done
+from localchat.session.chat import ChatSession, Message
+from localchat.store import SessionRecord, Store, TurnRecord
+
+if TYPE_CHECKING:
+    from localchat.engine.engine import Engine
+    from localchat.engine.options import Sampling
+    from localchat.engine.turn import TurnHandle
+
+_CODE_BLOCK = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+class Conversation:
+    def __init__(self, store: Store, session: SessionRecord) -> None:
+        self.store = store
+        self.session_id = session.id
+        self.chat: ChatSession | None = None
+
+    def __repr__(self) -> str:
+        return f"Conversation(session_id={self.session_id}, attached={self.chat is not None})"
+
+    @property
+    def record(self) -> SessionRecord:
+        return self.store.session(self.session_id)
+
+    def turns(self) -> list[TurnRecord]:
+        return self.store.turns(self.session_id)
+
+    def attach(self, engine: Engine, sampling: Sampling | None = None) -> None:
+        """Give the conversation a loaded model: the chat session starts from the stored turns."""
+        record = self.record
+        history = [Message(t.role, t.content, stopped=t.stopped) for t in self.turns()]
+        self.chat = ChatSession(engine, system=record.system, history=history, sampling=sampling)
+        self.chat.summary = record.summary
+
+    def send(self, text: str) -> TurnHandle:
+        """Commit the prompt, then start the model's turn. Requires ``attach``."""
+        chat = self._require_chat()
+        self.store.add_user_turn(self.session_id, text)
+        return chat.send(text)
+
+    def record_reply(self, done: Done, model: str) -> TurnRecord:
+        """Commit a finished turn's reply; an aborted one is stored as stopped."""
+        timings = done.timings
+        turn = self.store.add_reply(
+            self.session_id,
+            done.reply,
+            model=timings.model or model,
+            timings=timings,
+            finish_reason=done.finish_reason,
+            stopped=done.finish_reason == "aborted",
+            route=timings.route,
+            route_reason=timings.route_reason,
+        )
+        # Trimming (issue 4) may have refreshed the running summary during the turn.
+        if self.chat is not None and self.chat.summary != self.record.summary:
+            self.store.set_summary(self.session_id, self.chat.summary)
+        return turn
+
+    def take_back_last_prompt(self) -> str:
+        """Remove the last prompt and its reply (``/retry``) and return the prompt."""
+        prompt = self.store.delete_last_exchange(self.session_id)
+        if prompt is None:
+            raise UserError("There is no earlier message to retry.")
+        if self.chat is not None:
+            self.chat.undo_last_exchange()
+        return prompt
+
+    def clear(self) -> None:
+        self.store.clear_turns(self.session_id)
+        if self.chat is not None:
+            self.chat.clear()
+
+    def set_system(self, text: str) -> None:
+        self.store.set_system(self.session_id, text)
+        if self.chat is not None:
+            self.chat.set_system(text)
+
+    def rename(self, name: str) -> SessionRecord:
+        return self.store.rename_session(self.session_id, name)
+
+    @property
+    def summary(self) -> str:
+        return self.chat.summary if self.chat is not None else self.record.summary
+
+    def last_reply(self) -> str:
+        """The latest assistant reply. Raises ``UserError`` if there is none yet."""
+        for turn in reversed(self.turns()):
+            if turn.role == "assistant" and turn.content:
+                return turn.content
+        raise UserError("There is no reply to copy yet.")
+
+    def last_code_block(self) -> str:
+        """The last fenced code block of the latest reply that has one."""
+        for turn in reversed(self.turns()):
+            blocks = _CODE_BLOCK.findall(turn.content) if turn.role == "assistant" else []
+            if blocks:
+                return blocks[-1].rstrip("\n")
+        raise UserError("No reply in this session contains a code block.")
+
+    def to_markdown(self) -> str:
+        """The session as a Markdown document (``/export``)."""
+        record = self.record
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime())
+        parts = [f"# {record.label}\n", f"_Exported from localchat on {when}._\n"]
+        if record.system:
+            parts.append("**System prompt:**\n\n" + _quote(record.system) + "\n")
+        for turn in self.turns():
+            if turn.role == "user":
+                parts.append("## You\n\n" + turn.content + "\n")
+            else:
+                note = " (stopped)" if turn.stopped else ""
+                parts.append(f"## {turn.model or 'Assistant'}{note}\n\n" + turn.content + "\n")
+        return "\n".join(parts)
+
+    def _require_chat(self) -> ChatSession:
+        if self.chat is None:
+            raise UserError("The model is not loaded yet.")
+        return self.chat
+
+
+def _quote(text: str) -> str:
+    return "\n".join(f"> {line}" for line in text.splitlines())

@@ -1,0 +1,43 @@
+"""How the app gets from a model name to an engine and sampling settings.
+
+Delegates to ``localchat.engine.factory`` so the app runs a model exactly as ``ask`` and
+``bench`` do. The heavy imports (llama.cpp) happen inside the functions, on the loading thread,
+so the window opens at once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from localchat.engine.engine import Engine
+    from localchat.engine.options import Sampling
+
+
+def build_engine(model_ref: str | None) -> Engine:
+    """An engine (not yet loaded) for ``model_ref`` (registry name, ``hf:`` reference, path or
+    None for the configured default). Raises ``ModelNotFound`` (whose message names the
+    ``localchat pull`` command when the file is not downloaded) or ``ConfigError``."""
+    from localchat.engine.factory import open_engine
+
+    return open_engine(model_ref)
+
+
+def default_sampling() -> Sampling:
+    """Sampling settings from config.toml's ``[sampling]``. Raises ``ConfigError``."""
+    from localchat.config import load_config
+    from localchat.engine.factory import sampling_options
+
+    return sampling_options(load_config())
+
+
+def model_names() -> list[str]:
+    """Registry names for ``/model`` autocomplete; empty if the registry cannot be read (the
+    error then surfaces with its file and line when the user actually switches)."""
+    from localchat.errors import UserError
+    from localchat.models.registry import load_registry
+
+    try:
+        return sorted(load_registry())
+    except UserError:
+        return []

@@ -1,0 +1,135 @@
+"""Modal screens: help, a yes/no confirmation, a one-line text question, and a Markdown page."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Markdown
+
+from localchat.tui.slash import COMMANDS
+
+KEYS = (
+    ("Enter", "send the message"),
+    ("Ctrl+J", "new line in the message (also Shift+Enter or Alt+Enter where the terminal reports them)"),
+    ("↑ / ↓", "earlier / later prompts (on the first / last line of the input)"),
+    ("Tab", "complete a /command or model name"),
+    ("Esc", "stop the reply (the partial reply is kept, marked stopped)"),
+    ("Ctrl+C", "stop the reply; when idle, asks before quitting"),
+    ("Ctrl+Q", "quit"),
+    ("Ctrl+N", "new session"),
+    ("Ctrl+B", "show / hide the sessions sidebar"),
+    ("Ctrl+P", "command palette (every command below, plus themes)"),
+    ("F1 or ?", "this help (? when the input is not focused)"),
+)
+
+SIDEBAR_KEYS = (
+    ("Enter", "open the session"),
+    ("n", "new session"),
+    ("r", "rename"),
+    ("d / Delete", "delete (asks first)"),
+    ("Esc", "back to the input"),
+)
+
+STATUS_FIELDS = (
+    ("TTFT", "time to first token of the current or last reply, in ms"),
+    ("TPOT", "time per output token after the first, in ms"),
+    ("tok/s", "generation speed"),
+    ("reused · new", "prompt tokens reused from the KV cache (cache_n) · prefilled this turn (prompt_n)"),
+    ("ctx", "tokens in the context / context size"),
+    ("local / remote", "which model answered"),
+)
+
+
+def help_markdown() -> str:
+    def table(rows: tuple[tuple[str, str], ...], head: tuple[str, str]) -> str:
+        lines = [f"| {head[0]} | {head[1]} |", "|---|---|"]
+        lines += [f"| `{a}` | {b} |" for a, b in rows]
+        return "\n".join(lines)
+
+    commands = tuple((c.usage, c.help) for c in COMMANDS)
+    return "\n\n".join(
+        (
+            "# localchat",
+            "## Keys",
+            table(KEYS, ("Key", "Does")),
+            "## Commands",
+            table(commands, ("Command", "Does")) + "\n\nStart a message with `//` to send a literal `/`.",
+            "## Sessions sidebar",
+            table(SIDEBAR_KEYS, ("Key", "Does")),
+            "## Status bar",
+            table(STATUS_FIELDS, ("Field", "Means")),
+        )
+    )
+
+
+class PageScreen(ModalScreen[None]):
+    """A scrollable Markdown page; Esc closes it."""
+
+    BINDINGS = [Binding("escape,q,f1", "dismiss", "Close")]
+
+    def __init__(self, markdown: str) -> None:
+        super().__init__()
+        self._markdown = markdown
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="page"):
+            yield Markdown(self._markdown)
+
+    def action_dismiss(self) -> None:
+        self.dismiss(None)
+
+
+class HelpScreen(PageScreen):
+    def __init__(self) -> None:
+        super().__init__(help_markdown())
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """A yes/no question. Enter or y answers yes; Esc or n answers no."""
+
+    BINDINGS = [
+        Binding("y,enter", "answer(True)", "Yes", priority=True),
+        Binding("n,escape", "answer(False)", "No", priority=True),
+    ]
+
+    def __init__(self, question: str, yes: str = "Yes") -> None:
+        super().__init__()
+        self._question = question
+        self._yes = yes
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self._question, markup=False)
+            with Horizontal(classes="buttons"):
+                yield Button(f"{self._yes} (y)", variant="error", id="yes")
+                yield Button("Cancel (n)", id="no")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+class AskTextScreen(ModalScreen[str | None]):
+    """Ask for one line of text (a session name). Enter accepts, Esc cancels (None)."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, question: str, value: str = "") -> None:
+        super().__init__()
+        self._question = question
+        self._value = value
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self._question, markup=False)
+            yield Input(self._value, select_on_focus=True)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

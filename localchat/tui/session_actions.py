@@ -1,0 +1,228 @@
+"""What the user can do to sessions and to the conversation: slash commands, sidebar requests,
+the palette's actions. Mixed into ``LocalChatApp``; kept apart so the app module stays about
+layout, model loading and streaming.
+
+Every handler lets ``UserError`` escape to ``run_slash_command`` or ``@shows_user_errors``,
+which turn it into a one-line notice.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from localchat.atomic import write_text_atomic
+from localchat.errors import UserError
+from localchat.store import SessionRecord
+from localchat.tui import slash
+from localchat.tui.clipboard import copy_fallback
+from localchat.tui.conversation import Conversation
+from localchat.tui.screens import AskTextScreen, ConfirmScreen, HelpScreen, PageScreen
+from localchat.tui.sidebar import SessionRequest
+
+if TYPE_CHECKING:
+    from localchat.tui.app import LocalChatApp
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def shows_user_errors(handler: F) -> F:
+    """Run an async handler; a ``UserError`` it raises becomes an error notice."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: LocalChatApp, *args: Any) -> Any:
+        try:
+            return await handler(self, *args)
+        except UserError as exc:
+            self.notify(str(exc), severity="error")
+            return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class SessionActions:
+    # --- sessions ---------------------------------------------------------------------------
+
+    async def open_session(self: LocalChatApp, record: SessionRecord) -> None:
+        """Show ``record`` and continue it with the loaded model. A reply still streaming in the
+        session being left is stopped; its worker saves it (as stopped) to that session."""
+        if self.turn is not None:
+            self.turn.stop()
+            self.turn.reply = None
+        previous = self.conversation
+        if previous is not None and previous.session_id != record.id:
+            self._discard_if_empty(previous)
+        self.conversation = Conversation(self.store, record)
+        self.store.touch(record.id)
+        await self.chat_log.show_turns(self.conversation.turns())
+        if self.engine is not None:
+            self.conversation.attach(self.engine, self.sampling)
+        info = self.status.info
+        info.ttft_ms = info.tpot_ms = info.tokens_per_s = info.cache_n = info.prompt_n = None
+        info.n_ctx_used = 0
+        self.status.refresh()
+        self.prompt.border_title = record.label
+        self.refresh_sidebar()
+
+    def _discard_if_empty(self: LocalChatApp, conversation: Conversation) -> None:
+        """Sessions the user opened and left without writing anything are not kept."""
+        record = conversation.record
+        if record.turn_count == 0 and not record.name and not record.system:
+            self.store.delete_session(record.id)
+
+    def refresh_sidebar(self: LocalChatApp) -> None:
+        current = self.conversation.session_id if self.conversation else None
+        if self.sidebar.display:
+            self.sidebar.show(self.store.list_sessions(), current)
+        if self.conversation is not None:
+            self.prompt.border_title = self.conversation.record.label
+
+    def action_toggle_sidebar(self: LocalChatApp) -> None:
+        self.sidebar.display = not self.sidebar.display
+        if self.sidebar.display:
+            self.refresh_sidebar()
+            self.sidebar.sessions.focus()
+        else:
+            self.prompt.focus()
+
+    async def action_new_session(self: LocalChatApp) -> None:
+        await self.open_session(self.store.create_session())
+
+    @shows_user_errors
+    async def on_session_request(self: LocalChatApp, request: SessionRequest) -> None:
+        if request.action == "leave":
+            self.prompt.focus()
+            return
+        if request.action == "new":
+            await self.action_new_session()
+            return
+        if request.session_id is None:
+            return
+        target = self.store.session(request.session_id)
+        if request.action == "open":
+            await self.open_session(target)
+            self.prompt.focus()
+        elif request.action == "rename":
+            self.push_screen(AskTextScreen(f"Rename “{target.label}” to:", target.name or target.title),
+                             functools.partial(self._rename_session, target.id))
+        elif request.action == "delete":
+            self.push_screen(ConfirmScreen(f"Delete “{target.label}” and all its messages?", yes="Delete"),
+                             functools.partial(self._delete_session, target.id))
+
+    @shows_user_errors
+    async def _rename_session(self: LocalChatApp, session_id: int, name: str | None) -> None:
+        if name:
+            self.store.rename_session(session_id, name)
+            self.refresh_sidebar()
+
+    @shows_user_errors
+    async def _delete_session(self: LocalChatApp, session_id: int, confirmed: bool | None) -> None:
+        if not confirmed:
+            return
+        if self.turn is not None and self.turn.conversation.session_id == session_id:
+            raise UserError("That session's reply is still streaming. Press Esc first.")
+        self.store.delete_session(session_id)
+        if self.conversation is not None and self.conversation.session_id == session_id:
+            self.conversation = None
+            await self.open_session(self.store.last_session() or self.store.create_session())
+        self.refresh_sidebar()
+
+    # --- slash commands ---------------------------------------------------------------------
+
+    @shows_user_errors
+    async def run_slash_command(self: LocalChatApp, text: str) -> None:
+        command, argument = slash.parse(text)
+        await getattr(self, f"slash_{command.name}")(argument)
+
+    async def slash_new(self: LocalChatApp, argument: str) -> None:
+        await self.action_new_session()
+
+    async def slash_model(self: LocalChatApp, name: str) -> None:
+        if self.turn is not None:
+            raise UserError("Stop the reply (Esc) before switching models.")
+        if self.loading_model:
+            raise UserError(f"{self.loading_model} is still loading; switch when it is ready.")
+        self.model_ref = name
+        self.load_model(name)
+
+    async def slash_system(self: LocalChatApp, text: str) -> None:
+        self._require_conversation().set_system(text)
+        self.notify("System prompt set." if text else "System prompt cleared.")
+
+    async def slash_clear(self: LocalChatApp, argument: str) -> None:
+        self.push_screen(ConfirmScreen("Forget all messages of this session?", yes="Clear"), self._clear)
+
+    @shows_user_errors
+    async def _clear(self: LocalChatApp, confirmed: bool | None) -> None:
+        if not confirmed:
+            return
+        if self.turn is not None:
+            raise UserError("Stop the reply (Esc) before clearing.")
+        self._require_conversation().clear()
+        await self.chat_log.show_turns([])
+        self.refresh_sidebar()
+
+    async def slash_retry(self: LocalChatApp, argument: str) -> None:
+        if not self._ready_for_a_turn():
+            return
+        prompt = self._require_conversation().take_back_last_prompt()
+        await self.chat_log.remove_last_exchange()
+        await self.send_prompt(prompt)
+
+    async def slash_copy(self: LocalChatApp, argument: str) -> None:
+        if argument not in ("", "code"):
+            raise UserError("Usage: /copy [code] — the last reply, or its last code block.")
+        conversation = self._require_conversation()
+        text = conversation.last_code_block() if argument == "code" else conversation.last_reply()
+        self.copy_to_clipboard(text)  # OSC 52, on this thread: it writes to the terminal
+        self._copy_fallback(text)
+
+    def _copy_fallback(self: LocalChatApp, text: str) -> None:
+        def copy() -> None:
+            message = copy_fallback(text)
+            self.call_from_thread(self.notify, message)
+
+        self.run_worker(copy, thread=True, group="clipboard", exit_on_error=False)
+
+    async def slash_sessions(self: LocalChatApp, argument: str) -> None:
+        self.action_toggle_sidebar()
+
+    async def slash_rename(self: LocalChatApp, name: str) -> None:
+        record = self._require_conversation().rename(name)
+        self.refresh_sidebar()
+        self.notify(f"Session renamed to “{record.label}”.")
+
+    async def slash_export(self: LocalChatApp, path_text: str) -> None:
+        conversation = self._require_conversation()
+        path = Path(path_text).expanduser() if path_text else Path.cwd() / export_file_name(conversation.record)
+        if path.is_dir():
+            path = path / export_file_name(conversation.record)
+        try:
+            write_text_atomic(path, conversation.to_markdown())
+        except OSError as exc:
+            raise UserError(f"Could not write {path}: {exc.strerror or exc}") from None
+        self.notify(f"Exported to {path}")
+
+    async def slash_summary(self: LocalChatApp, argument: str) -> None:
+        summary = self._require_conversation().summary
+        self.push_screen(PageScreen(
+            "# Context summary\n\n" + (summary or "_No summary yet: every turn of this session still "
+                                                 "fits in the model's context._")
+        ))
+
+    async def slash_help(self: LocalChatApp, argument: str) -> None:
+        self.push_screen(HelpScreen())
+
+    def _require_conversation(self: LocalChatApp) -> Conversation:
+        if self.conversation is None:
+            raise UserError("No session is open.")
+        return self.conversation
+
+
+def export_file_name(record: SessionRecord) -> str:
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", record.label).strip("-").lower()[:40] or "session"
+    return f"localchat-{slug}-{time.strftime('%Y%m%d-%H%M%S')}.md"

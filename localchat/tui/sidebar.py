@@ -1,0 +1,71 @@
+"""The sessions sidebar: sessions by last use; open, create, rename and delete them.
+
+The sidebar only reports what the user asked for (typed messages); the app does it and then
+calls ``show`` with the new list, so the store stays the one source of truth.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import Label, OptionList
+from textual.widgets.option_list import Option
+
+from localchat.store import SessionRecord
+
+
+class SessionRequest(Message):
+    """The user asked for ``action`` ("open", "new", "rename", "delete") on a session, or to
+    ``leave`` the sidebar for the prompt."""
+
+    def __init__(self, action: str, session_id: int | None) -> None:
+        super().__init__()
+        self.action = action
+        self.session_id = session_id
+
+
+class SessionList(OptionList):
+    BINDINGS = [
+        Binding("n", "request('new')", "New"),
+        Binding("r", "request('rename')", "Rename"),
+        Binding("d,delete", "request('delete')", "Delete"),
+        Binding("escape", "request('leave')", "Back", show=False),
+    ]
+
+    def action_request(self, action: str) -> None:
+        self.post_message(SessionRequest(action, self.highlighted_session_id))
+
+    @property
+    def highlighted_session_id(self) -> int | None:
+        if self.highlighted is None:
+            return None
+        return int(self.get_option_at_index(self.highlighted).id)
+
+
+class SessionSidebar(Vertical):
+    def compose(self) -> ComposeResult:
+        yield Label("Sessions", classes="title")
+        yield SessionList()
+
+    @property
+    def sessions(self) -> SessionList:
+        return self.query_one(SessionList)
+
+    def show(self, sessions: list[SessionRecord], current_id: int | None) -> None:
+        """List ``sessions`` (already sorted by last use) and highlight the current one."""
+        options = self.sessions
+        options.clear_options()
+        options.add_options(
+            Option(Text(("● " if s.id == current_id else "  ") + s.label, no_wrap=True, overflow="ellipsis"),
+                   id=str(s.id)) for s in sessions
+        )
+        for index, session in enumerate(sessions):
+            if session.id == current_id:
+                options.highlighted = index
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self.post_message(SessionRequest("open", int(event.option.id)))

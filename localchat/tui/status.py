@@ -1,0 +1,131 @@
+"""The status bar: what the model is doing and what the current or last reply cost.
+
+Two lines, so every field fits in 80 columns::
+
+    smollm2-135m · CPU │ generating │ ctx 412/4096 ▮▯▯▯▯▯▯▯ 10% │ local
+    TTFT 182 ms │ TPOT 11.4 ms │ 87.7 tok/s │ reused 310 · new 24
+
+While a reply streams, TTFT/TPOT/tok/s are measured here as tokens arrive; when it ends they are
+replaced by the engine's own timings (``Done.timings``), which are the authoritative numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from rich.text import Text
+from textual.widget import Widget
+
+from localchat.events import Loaded, Timings
+
+DASH = "–"
+
+
+@dataclass
+class StatusInfo:
+    model: str = ""
+    backend: str = ""  # "CPU" or "GPU 28/28"
+    state: str = "starting"  # loading 40% / prefilling 12/300 / generating / idle / stopped
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    tokens_per_s: float | None = None
+    cache_n: int | None = None  # prompt tokens reused from the KV cache
+    prompt_n: int | None = None  # prompt tokens prefilled
+    n_ctx_used: int = 0
+    n_ctx: int = 0
+    route: str = "local"
+
+    def show_loaded(self, loaded: Loaded) -> None:
+        self.model, self.backend, self.n_ctx = loaded.model, backend_label(loaded), loaded.n_ctx
+
+    def show_timings(self, timings: Timings) -> None:
+        """The finished turn's numbers, as the engine measured them."""
+        self.ttft_ms = timings.ttft_ms
+        self.tpot_ms = timings.tpot_ms if timings.predicted_n > 1 else None
+        self.tokens_per_s = timings.predicted_per_second or None
+        self.cache_n, self.prompt_n = timings.cache_n, timings.prompt_n
+        self.n_ctx_used = timings.n_ctx_used
+        self.n_ctx = timings.n_ctx or self.n_ctx
+        self.route = timings.route or "local"
+
+
+def backend_label(loaded: Loaded) -> str:
+    """``GPU n/m`` when layers are offloaded, else ``CPU``."""
+    return f"GPU {loaded.gpu_layers}/{loaded.n_layers}" if loaded.gpu_layers > 0 else "CPU"
+
+
+def _number(value: float | None, digits: int = 0) -> str:
+    return DASH if value is None else f"{value:.{digits}f}"
+
+
+def _context_bar(used: int, total: int, cells: int = 8) -> str:
+    filled = min(cells, round(cells * used / total)) if total else 0
+    return "▮" * filled + "▯" * (cells - filled)
+
+
+def render_status(info: StatusInfo) -> tuple[str, str]:
+    """The two status lines as plain text (the widget adds styling)."""
+    model = info.model if len(info.model) <= 28 else info.model[:27] + "…"
+    head = " · ".join(part for part in (model or "no model", info.backend) if part)
+    if info.n_ctx:
+        percent = 100 * info.n_ctx_used // info.n_ctx
+        context = f"ctx {info.n_ctx_used}/{info.n_ctx} {_context_bar(info.n_ctx_used, info.n_ctx)} {percent}%"
+    else:
+        context = f"ctx {DASH}"
+    first = " │ ".join((head, info.state, context, info.route))
+    reuse = DASH if info.cache_n is None else f"{info.cache_n} · new {info.prompt_n}"
+    second = " │ ".join(
+        (
+            f"TTFT {_number(info.ttft_ms)} ms",
+            f"TPOT {_number(info.tpot_ms, 1)} ms",
+            f"{_number(info.tokens_per_s, 1)} tok/s",
+            f"reused {reuse}",
+        )
+    )
+    return first, second
+
+
+@dataclass
+class LiveMeter:
+    """TTFT, TPOT and tokens/s of the reply now streaming, measured as its tokens arrive."""
+
+    submitted_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    tokens: int = 0
+
+    def token(self) -> None:
+        now = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.last_token_at = now
+        self.tokens += 1
+
+    def apply(self, info: StatusInfo) -> None:
+        if self.first_token_at is None or self.last_token_at is None:
+            return
+        info.ttft_ms = (self.first_token_at - self.submitted_at) * 1000
+        if self.tokens > 1:
+            info.tpot_ms = (self.last_token_at - self.first_token_at) * 1000 / (self.tokens - 1)
+            info.tokens_per_s = 1000 / info.tpot_ms if info.tpot_ms > 0 else None
+
+
+class StatusBar(Widget):
+    """Renders a ``StatusInfo``; call ``refresh()`` after changing ``info`` (repaints coalesce,
+    so updating per token costs one repaint per frame, not per token)."""
+
+    DEFAULT_CSS = """
+    StatusBar { height: 2; background: $panel; color: $text-muted; padding: 0 1; }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.info = StatusInfo()
+
+    def render(self) -> Text:
+        first, second = render_status(self.info)
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(first, style="bold" if self.info.state in ("generating", "stopped") else "")
+        text.append("\n" + second)
+        return text

@@ -1,0 +1,194 @@
+"""A scripted stand-in for ``localchat.engine.Engine``, for UI tests that need no model.
+
+It has the engine's methods and threading shape: ``submit`` returns at once with the engine's
+own ``TurnHandle``, a worker thread produces the turn's events (turns queue up and run one at a
+time), and iterating the handle blocks per event. Replies are scripted
+(a fixed text or a function of the messages), streamed one word-sized token at a time at a
+chosen pace, and end with a ``Done`` whose ``Timings`` are measured like the real engine's.
+
+Knobs for tests:
+- ``token_delay``: seconds between tokens (0 streams as fast as the consumer reads).
+- ``hold_after=N``: emit N tokens, then wait until stopped (a reply that is reliably mid-stream
+  when a test presses Esc, with no timing involved).
+- ``load_error`` / ``turn_error``: make ``load`` raise ``EngineError`` / a turn end in ``Failed``.
+- ``load_gate``: a ``threading.Event`` that ``load`` waits for (a model that is "still loading").
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from localchat.errors import EngineError
+from localchat.engine.turn import TurnHandle
+from localchat.events import Done, Failed, Loaded, PrefillProgress, Timings, Token
+
+ReplyScript = str | Callable[[list[dict[str, str]]], str]
+
+DEFAULT_REPLY = "Hello! Here is some `code`:\n\n```python\nprint('hi')\n```\n\nAnything else?"
+
+_TOKEN = re.compile(r"\s*\S+|\s+")
+
+
+def split_tokens(text: str) -> list[str]:
+    """Word-sized pieces whose concatenation is ``text`` (leading whitespace kept, like BPE)."""
+    return _TOKEN.findall(text)
+
+
+class FakeEngine:
+    """Implements the methods of ``localchat.engine.Engine`` with a scripted model."""
+
+    def __init__(
+        self,
+        name: str = "fake-model",
+        *,
+        reply: ReplyScript = DEFAULT_REPLY,
+        token_delay: float = 0.0,
+        hold_after: int | None = None,
+        load_error: str | None = None,
+        load_gate: threading.Event | None = None,
+        turn_error: str | None = None,
+        n_ctx: int = 4096,
+        gpu_layers: int = 0,
+        n_layers: int = 30,
+    ) -> None:
+        self.model_path = Path(f"/models/{name}.gguf")
+        self.name = name
+        self.reply = reply
+        self.token_delay = token_delay
+        self.hold_after = hold_after
+        self.load_error = load_error
+        self.load_gate = load_gate
+        self.turn_error = turn_error
+        self.n_ctx = n_ctx
+        self._layers = (gpu_layers, n_layers)
+        self.info: Loaded | None = None
+        # What tests inspect afterwards.
+        self.submitted: list[list[dict[str, str]]] = []
+        self.closed = False
+        self._current: TurnHandle | None = None
+        self._one_turn_at_a_time = threading.Lock()
+        self._cached_tokens = 0  # like a KV cache: the previous turn's prompt + reply
+
+    def __repr__(self) -> str:
+        return f"FakeEngine({self.name!r}, loaded={self.info is not None})"
+
+    def load(self, on_progress: Callable[[float], None] | None = None) -> Loaded:
+        for step in range(5):
+            if on_progress:
+                on_progress(step / 4)
+        if self.load_gate is not None:
+            self.load_gate.wait()
+        if self.load_error:
+            raise EngineError(self.load_error)
+        gpu, total = self._layers
+        self.info = Loaded(self.name, self.n_ctx, gpu, total, "CUDA" if gpu else "CPU", load_ms=12.0)
+        return self.info
+
+    def count_tokens(self, text: str) -> int:
+        return len(split_tokens(text))
+
+    def submit(self, messages: list[dict[str, str]], sampling: object = None) -> TurnHandle:
+        if self.info is None:
+            raise RuntimeError("submit() before load()")
+        self.submitted.append([dict(m) for m in messages])
+        stopped = threading.Event()
+        handle = TurnHandle(on_stop=lambda _handle: stopped.set())
+        threading.Thread(target=self._run_turn, args=(messages, handle, stopped), daemon=True).start()
+        return handle
+
+    def stop(self) -> None:
+        current = self._current
+        if current is not None:
+            current.stop()
+
+    def close(self) -> None:
+        self.stop()
+        self.closed = True
+
+    def _run_turn(self, messages: list[dict[str, str]], handle: TurnHandle, stop: threading.Event) -> None:
+        # Like the real engine, turns queue up and run one at a time.
+        with self._one_turn_at_a_time:
+            self._current = handle
+            try:
+                handle.emit(self._turn(messages, handle, stop))
+            finally:
+                self._current = None
+
+    def _turn(self, messages: list[dict[str, str]], handle: TurnHandle, stop: threading.Event) -> Done | Failed:
+        out = handle
+        started = handle.submitted_at
+        prompt_tokens = sum(self.count_tokens(m["content"]) + 4 for m in messages)
+        cache_n = min(self._cached_tokens, prompt_tokens)
+        prompt_n = prompt_tokens - cache_n
+        for done in range(0, prompt_n, 64):
+            out.emit(PrefillProgress(done, prompt_n))
+        out.emit(PrefillProgress(prompt_n, prompt_n))
+        prompt_ms = (time.perf_counter() - started) * 1000
+        if self.turn_error:
+            return Failed(self.turn_error)
+
+        script = self.reply(messages) if callable(self.reply) else self.reply
+        pieces, sent_at = [], []
+        finish = "stop"
+        for index, piece in enumerate(split_tokens(script)):
+            if self.hold_after is not None and index >= self.hold_after:
+                stop.wait()
+            if stop.is_set():
+                finish = "aborted"
+                break
+            if self.token_delay:
+                time.sleep(self.token_delay)
+            out.emit(Token(piece, token_id=index))
+            pieces.append(piece)
+            sent_at.append(time.perf_counter())
+
+        reply = "".join(pieces)
+        self._cached_tokens = prompt_tokens + len(pieces)
+        return Done(reply, finish, self._timings(started, prompt_ms, cache_n, prompt_n, sent_at))
+
+    def _timings(self, started: float, prompt_ms: float, cache_n: int, prompt_n: int, sent_at: list[float]) -> Timings:
+        gaps = sorted((b - a) * 1000 for a, b in zip(sent_at, sent_at[1:]))
+        decode_ms = (sent_at[-1] - sent_at[0]) * 1000 if len(sent_at) > 1 else 0.0
+        return Timings(
+            cache_n=cache_n,
+            prompt_n=prompt_n,
+            prompt_ms=prompt_ms,
+            predicted_n=len(sent_at),
+            predicted_ms=(sent_at[-1] - started) * 1000 - prompt_ms if sent_at else 0.0,
+            ttft_ms=(sent_at[0] - started) * 1000 if sent_at else 0.0,
+            tpot_ms=decode_ms / (len(sent_at) - 1) if len(sent_at) > 1 else 0.0,
+            itl_p50_ms=gaps[len(gaps) // 2] if gaps else 0.0,
+            itl_p95_ms=gaps[int(len(gaps) * 0.95)] if gaps else 0.0,
+            n_ctx=self.n_ctx,
+            n_ctx_used=self._cached_tokens,
+            model=self.name,
+        )
+
+
+# --- driving the app with a fake engine -------------------------------------------------------
+
+
+def make_app(store: object, engine: FakeEngine | None = None, **options: object):
+    """A ``LocalChatApp`` over ``store`` whose model is ``engine`` (a default FakeEngine if None).
+
+    Every model name maps to the same fake unless ``engine_factory`` is given in ``options``."""
+    from localchat.tui.app import LocalChatApp
+
+    engine = engine or FakeEngine()
+    options.setdefault("engine_factory", lambda ref: engine)
+    options.setdefault("sampling_factory", lambda: None)
+    options.setdefault("list_models", lambda: ["fake-model", "other-model"])
+    return LocalChatApp(store=store, **options)
+
+
+async def wait_until(pilot, condition: Callable[[], bool], what: str = "condition", timeout: float = 10.0) -> None:
+    """Let the app run until ``condition()`` holds; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.01)

@@ -1,0 +1,119 @@
+"""Pieces of the app that need no screen: status line text, slash command parsing and
+completion, and the conversation's view of the store (export, copy targets, retry)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fake_engine import FakeEngine
+from localchat.errors import UserError
+from localchat.events import Done, Loaded, Timings
+from localchat.store import Store
+from localchat.tui import slash
+from localchat.tui.conversation import Conversation
+from localchat.tui.status import StatusInfo, backend_label, render_status
+
+
+def test_status_lines_label_ttft_and_tpot_in_ms_and_show_cache_reuse_and_context():
+    info = StatusInfo(state="idle")
+    info.show_loaded(Loaded("smollm2-135m", 4096, 0, 30, "CPU"))
+    info.show_timings(Timings(cache_n=310, prompt_n=24, ttft_ms=182.4, tpot_ms=11.43, predicted_n=40,
+                              predicted_ms=456.0, n_ctx=4096, n_ctx_used=410, route="local"))
+    first, second = render_status(info)
+    assert first == "smollm2-135m · CPU │ idle │ ctx 410/4096 ▮▯▯▯▯▯▯▯ 10% │ local"
+    assert second == "TTFT 182 ms │ TPOT 11.4 ms │ 87.7 tok/s │ reused 310 · new 24"
+    assert len(first) <= 78 and len(second) <= 78  # fits 80 columns with the bar's padding
+
+
+def test_status_before_any_reply_shows_dashes_not_zeros():
+    first, second = render_status(StatusInfo(model="m", state="loading 40%"))
+    assert "loading 40%" in first and "ctx –" in first
+    assert second == "TTFT – ms │ TPOT – ms │ – tok/s │ reused –"
+
+
+def test_backend_shows_offloaded_layers_or_cpu():
+    assert backend_label(Loaded("m", 4096, 28, 28, "CUDA")) == "GPU 28/28"
+    assert backend_label(Loaded("m", 4096, 0, 28, "CPU")) == "CPU"
+
+
+def test_a_long_model_name_is_shortened_so_the_state_stays_visible():
+    first, _ = render_status(StatusInfo(model="x" * 60, backend="CPU", state="generating"))
+    assert "generating" in first and len(first) < 80
+
+
+def test_slash_commands_parse_with_their_argument():
+    command, argument = slash.parse("/model  qwen2.5-1.5b ")
+    assert (command.name, argument) == ("model", "qwen2.5-1.5b")
+    assert slash.parse("/COPY code")[0].name == "copy"
+
+
+def test_unknown_or_incomplete_commands_explain_themselves():
+    with pytest.raises(UserError, match=r"Unknown command /mdl.*/help"):
+        slash.parse("/mdl x")
+    with pytest.raises(UserError, match=r"Usage: /model NAME"):
+        slash.parse("/model")
+
+
+def test_double_slash_is_a_message_not_a_command():
+    assert slash.is_command("/help") and not slash.is_command("//etc/hosts is a path")
+
+
+def test_completion_offers_commands_then_model_names():
+    assert [c.text for c in slash.completions("/re", [])] == ["/retry", "/rename "]
+    assert [c.text for c in slash.completions("/model q", ["qwen", "smollm2", "qwq"])] == [
+        "/model qwen", "/model qwq"]
+    assert slash.completions("hello /re", []) == []
+
+
+def test_every_command_is_documented_with_usage_and_help():
+    for command in slash.COMMANDS:
+        assert command.help and command.usage.startswith("/" + command.name)
+
+
+@pytest.fixture
+def conversation():
+    with Store.open() as store:
+        engine = FakeEngine()
+        engine.load()
+        conv = Conversation(store, store.create_session("demo", system="Be brief."))
+        conv.attach(engine)
+        yield conv
+
+
+def _exchange(conversation: Conversation, prompt: str, reply: str, *, stop: bool = False) -> None:
+    """One turn through the real path: prompt committed, model streams, reply recorded."""
+    engine = conversation.chat.engine
+    engine.reply, engine.hold_after = reply, (1 if stop else None)
+    handle = conversation.send(prompt)
+    if stop:
+        handle.stop()
+    for _event in handle:
+        pass
+    conversation.record_reply(handle.result, engine.name)
+
+
+def test_export_is_markdown_with_the_system_prompt_and_stopped_replies_marked(conversation):
+    _exchange(conversation, "Name a colour", "Blue, or green", stop=True)
+    text = conversation.to_markdown()
+    assert text.startswith("# demo\n")
+    assert "> Be brief." in text
+    assert "## You\n\nName a colour" in text
+    assert "## fake-model (stopped)\n\nBlue" in text
+
+
+def test_copy_targets_are_the_last_reply_and_its_last_code_block(conversation):
+    with pytest.raises(UserError, match="no reply"):
+        conversation.last_reply()
+    _exchange(conversation, "code?", "Two:\n```python\na = 1\n```\nand\n```sh\nls -l\n```\n")
+    assert conversation.last_code_block() == "ls -l"
+    _exchange(conversation, "thanks", "You're welcome.")
+    assert conversation.last_reply() == "You're welcome."
+    assert conversation.last_code_block() == "ls -l"  # from the latest reply that has one
+
+
+def test_retry_takes_back_the_last_prompt_from_store_and_model_history(conversation):
+    _exchange(conversation, "first", "one")
+    _exchange(conversation, "second", "two")
+    assert conversation.take_back_last_prompt() == "second"
+    assert [t.content for t in conversation.turns()] == ["first", "one"]
+    assert [m.content for m in conversation.chat.history] == ["first", "one"]
