@@ -171,6 +171,8 @@ class FakeEngine:
 
 # --- driving the app with a fake engine -------------------------------------------------------
 
+SIZE = (80, 24)  # the smallest terminal the app promises to work in
+
 
 def make_app(store: object, engine: FakeEngine | None = None, **options: object):
     """A ``LocalChatApp`` over ``store`` whose model is ``engine`` (a default FakeEngine if None).
@@ -192,3 +194,28 @@ async def wait_until(pilot, condition: Callable[[], bool], what: str = "conditio
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await pilot.pause(0.01)
+
+
+def notices(app) -> list[str]:
+    """The notifications the app has shown (Textual keeps them until they time out)."""
+    return [n.message for n in app._notifications]
+
+
+async def ready(pilot) -> None:
+    await wait_until(pilot, lambda: pilot.app.engine is not None, "the model to load")
+
+
+async def send(pilot, text: str) -> None:
+    """Type ``text`` into the prompt (as a paste would) and press Enter."""
+    pilot.app.prompt.text = text
+    await pilot.press("enter")
+
+
+async def reply_finished(pilot) -> None:
+    """Wait until the newest reply on screen has finished (done, stopped or failed)."""
+
+    def finished() -> bool:
+        reply = pilot.app.chat_log.last_reply()
+        return pilot.app.turn is None and reply is not None and reply.finished
+
+    await wait_until(pilot, finished, "the reply to finish")

@@ -7,15 +7,12 @@ import threading
 
 import pytest
 
-from fake_engine import FakeEngine, make_app, split_tokens, wait_until
+from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, split_tokens, wait_until
 from localchat.errors import ModelNotFound
 from localchat.store import Store
 from localchat.tui.chat_log import ReplyView, UserMessage
 from localchat.tui.screens import ConfirmScreen
 from localchat.tui.status import render_status
-
-SIZE = (80, 24)
-
 
 @pytest.fixture
 def store():
@@ -23,31 +20,8 @@ def store():
         yield s
 
 
-def notices(app) -> list[str]:
-    return [n.message for n in app._notifications]
-
-
 def status_text(app) -> str:
     return "\n".join(render_status(app.status.info))
-
-
-async def ready(pilot) -> None:
-    await wait_until(pilot, lambda: pilot.app.engine is not None, "the model to load")
-
-
-async def send(pilot, text: str) -> None:
-    pilot.app.prompt.text = text
-    await pilot.press("enter")
-
-
-async def reply_finished(pilot) -> None:
-    """Wait until the newest reply on screen has finished (done, stopped or failed)."""
-
-    def finished() -> bool:
-        reply = pilot.app.chat_log.last_reply()
-        return pilot.app.turn is None and reply is not None and reply.finished
-
-    await wait_until(pilot, finished, "the reply to finish")
 
 
 def caption(reply: ReplyView) -> str:

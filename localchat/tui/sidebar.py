@@ -55,16 +55,21 @@ class SessionSidebar(Vertical):
         return self.query_one(SessionList)
 
     def show(self, sessions: list[SessionRecord], current_id: int | None) -> None:
-        """List ``sessions`` (already sorted by last use) and highlight the current one."""
+        """List ``sessions`` (already sorted by last use). The highlight stays on the session it
+        was on, so a rename or delete does not move the user's place; else it marks the current."""
         options = self.sessions
+        keep = options.highlighted_session_id
         options.clear_options()
         options.add_options(
             Option(Text(("● " if s.id == current_id else "  ") + s.label, no_wrap=True, overflow="ellipsis"),
-                   id=str(s.id)) for s in sessions
+                   id=str(s.id))
+            for s in sessions
         )
-        for index, session in enumerate(sessions):
-            if session.id == current_id:
-                options.highlighted = index
+        ids = [s.id for s in sessions]
+        for wanted in (keep, current_id):
+            if wanted in ids:
+                options.highlighted = ids.index(wanted)
+                break
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()

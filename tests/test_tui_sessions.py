@@ -1,0 +1,168 @@
+"""Sessions: the sidebar, switching, persistence across app restarts, and `localchat sessions`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fake_engine import SIZE, FakeEngine, make_app, ready, reply_finished, send, wait_until
+from localchat.cli import main
+from localchat.store import Store
+from localchat.tui.chat_log import ReplyView, UserMessage
+from localchat.tui.screens import AskTextScreen, ConfirmScreen
+from localchat.tui.sidebar import SessionList
+
+
+@pytest.fixture
+def store():
+    with Store.open() as s:
+        yield s
+
+
+def shown_prompts(app) -> list[str]:
+    return [str(m.content) for m in app.chat_log.query(UserMessage)]
+
+
+def sidebar_labels(app) -> list[str]:
+    options = app.query_one(SessionList)
+    return [str(options.get_option_at_index(i).prompt).lstrip("● ").strip() for i in range(options.option_count)]
+
+
+async def test_a_conversation_survives_an_app_restart_with_continue(store):
+    first = make_app(store, FakeEngine(reply="Nice to meet you."))
+    async with first.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "My name is Ada.")
+        await reply_finished(pilot)
+
+    engine = FakeEngine(reply="Ada.")
+    again = make_app(store, engine, continue_last=True)
+    async with again.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert shown_prompts(again) == ["My name is Ada."]
+        assert again.chat_log.last_reply().text == "Nice to meet you."
+        await send(pilot, "What is my name?")
+        await reply_finished(pilot)
+    assert [m["content"] for m in engine.submitted[0]] == ["My name is Ada.", "Nice to meet you.", "What is my name?"]
+
+
+async def test_session_name_opens_that_session_or_creates_it(store):
+    notes = store.create_session("notes")
+    store.add_user_turn(notes.id, "kept in notes")
+    store.create_session("newer")
+    app = make_app(store, FakeEngine(), session="notes")
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.conversation.session_id == notes.id
+        assert shown_prompts(app) == ["kept in notes"]
+        assert app.prompt.border_title == "notes"
+    fresh = make_app(store, FakeEngine(), session="brand new")
+    async with fresh.run_test(size=SIZE):
+        assert fresh.conversation.record.name == "brand new"
+
+
+async def test_the_sidebar_lists_sessions_by_last_use_and_switches_between_them(store):
+    older = store.create_session("older")
+    store.add_user_turn(older.id, "old question")
+    store.add_reply(older.id, "old answer", model="fake-model")
+    app = make_app(store, FakeEngine(reply="ok"))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "new question")
+        await reply_finished(pilot)
+        await pilot.press("ctrl+b")
+        assert app.sidebar.display
+        assert sidebar_labels(app) == ["new question", "older"]
+        await pilot.press("down", "enter")
+        await wait_until(pilot, lambda: shown_prompts(app) == ["old question"], "the older session")
+        assert app.chat_log.last_reply().text == "old answer"
+        assert app.focused is app.prompt
+        assert sidebar_labels(app)[0] == "older"  # just used
+
+
+async def test_sessions_are_renamed_and_deleted_from_the_sidebar_after_confirmation(store):
+    other = store.create_session("other")
+    store.add_user_turn(other.id, "something")
+    app = make_app(store, FakeEngine(reply="ok"))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "current")
+        await reply_finished(pilot)
+        await pilot.press("ctrl+b", "down", "r")
+        await wait_until(pilot, lambda: isinstance(app.screen, AskTextScreen), "the rename question")
+        await pilot.press(*"renamed", "enter")  # the old name starts selected: typing replaces it
+        await wait_until(pilot, lambda: "renamed" in sidebar_labels(app), "the new name")
+
+        await pilot.press("d")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the delete question")
+        await pilot.press("n")
+        await pilot.pause()
+        assert store.find_session("renamed") is not None
+        await pilot.press("d")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the delete question")
+        await pilot.press("y")
+        await wait_until(pilot, lambda: store.find_session("renamed") is None, "the deletion")
+        assert sidebar_labels(app) == ["current"]
+
+
+async def test_deleting_the_open_session_opens_another(store):
+    keep = store.create_session("keep")
+    store.add_user_turn(keep.id, "keep me")
+    app = make_app(store, FakeEngine(reply="ok"))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "delete me")
+        await reply_finished(pilot)
+        doomed = app.conversation.session_id
+        await pilot.press("ctrl+b", "d", "y")
+        await wait_until(pilot, lambda: app.conversation.session_id == keep.id, "the remaining session")
+        assert shown_prompts(app) == ["keep me"]
+    assert [s.id for s in store.list_sessions()] == [keep.id] and doomed != keep.id
+
+
+async def test_switching_sessions_while_a_reply_streams_stops_and_saves_it(store):
+    other = store.create_session("other")
+    app = make_app(store, FakeEngine(reply="one two three four", hold_after=2))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "start")
+        streaming = app.conversation.session_id
+        await wait_until(pilot, lambda: app.chat_log.last_reply().text == "one two", "two tokens")
+        await pilot.press("ctrl+b", "down", "enter")
+        await wait_until(pilot, lambda: app.conversation.session_id == other.id, "the switch")
+        await wait_until(pilot, lambda: app.turn is None, "the stopped reply to be saved")
+        assert not app.chat_log.query(ReplyView)
+    saved = store.turns(streaming)[-1]
+    assert (saved.content, saved.stopped) == ("one two", True)
+
+
+async def test_a_session_left_without_messages_is_not_kept(store):
+    app = make_app(store, FakeEngine())
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+n")
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+    assert len(store.list_sessions()) == 1
+
+
+def test_sessions_command_lists_sessions_by_last_use(store, capsys):
+    work = store.create_session("work")
+    store.add_user_turn(work.id, "hello")
+    store.add_reply(work.id, "hi", model="smollm2-135m")
+    untitled = store.create_session()
+    store.add_user_turn(untitled.id, "How do tides work?")
+
+    assert main(["sessions"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["ID", "SESSION", "TURNS", "MODEL", "LAST", "USED"]
+    assert "How do tides work?" in table[1] and "work" in table[2] and "smollm2-135m" in table[2]
+
+    assert main(["sessions", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["label"], r["turns"]) for r in rows] == [("How do tides work?", 1), ("work", 2)]
+
+
+def test_sessions_command_with_no_sessions_says_how_to_start(capsys):
+    assert main(["sessions"]) == 0
+    assert "No sessions yet" in capsys.readouterr().out
