@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +25,18 @@ from localchat.engine.templates import choose_template, make_renderer
 from localchat.engine.turn import TurnClock, TurnHandle
 from localchat.errors import EngineError, UserError
 from localchat.events import Done, Failed, Loaded, PrefillProgress, Timings, Token
+
+@dataclass
+class KVSnapshot:
+    """A conversation's KV cache: the per-message token records and llama.cpp's sequence state."""
+
+    records: list[CachedMessage]
+    state: bytes
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(m.tokens) for m in self.records)
+
 
 # Prompt tokens evaluated per llama_decode call on the CPU: small enough for steady progress
 # events, large enough to keep prefill throughput (measured: 128 vs 512 within noise here).
@@ -40,9 +53,15 @@ class Engine:
         self.info: Loaded | None = None
         self._runtime: LlamaRuntime | None = None
         self._render = None
+        self._template = ""
+        self._overhead: int | None = None
         self._cache: list[CachedMessage] = []
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._current: TurnHandle | None = None
+        self._background: TurnHandle | None = None
+        self._background_jobs: list[TurnHandle] = []
+        self._idle = threading.Event()
+        self._idle.set()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, name="localchat-engine", daemon=True)
         self._thread.start()
@@ -53,12 +72,32 @@ class Engine:
         """Load the model on the engine thread; blocks the caller. Raises EngineError."""
         return self.call(lambda: self._load(on_progress))
 
-    def submit(self, messages: list[dict[str, str]], sampling: Sampling | None = None) -> TurnHandle:
-        """Start a turn for ``messages`` (the whole conversation, newest user message last)."""
+    def submit(
+        self, messages: list[dict[str, str]], sampling: Sampling | None = None, *, background: bool = False
+    ) -> TurnHandle:
+        """Start a turn for ``messages`` (the whole conversation, newest user message last).
+
+        A ``background`` turn (a summary, say) must only append to what the cache holds; when it
+        ends, everything it added is removed again, and any later foreground turn stops it at
+        once: the user's reply always wins.
+        """
         handle = TurnHandle(on_stop=self._stop_handle)
         snapshot = [dict(m) for m in messages]
-        self._jobs.put(lambda: self._run_turn(handle, snapshot, sampling or Sampling()))
+        with self._lock:
+            if background:
+                self._background_jobs.append(handle)
+                self._idle.clear()
+            else:
+                waiting, self._background_jobs = self._background_jobs, []
+        if not background:
+            for pending in waiting:  # queued or running: stopped before it costs the user time
+                pending.stop()
+        self._jobs.put(lambda: self._run_turn(handle, snapshot, sampling or Sampling(), background))
         return handle
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no background turn (e.g. a summary) is queued or running."""
+        return self._idle.wait(timeout)
 
     def stop(self) -> None:
         """Stop the running turn, if any, within one token."""
@@ -80,8 +119,35 @@ class Engine:
         self._jobs.put(job)
         return future.result()
 
+    def reset(self) -> None:
+        """Empty the KV cache (the next turn prefills everything, as a stateless server would)."""
+        def clear() -> None:
+            self._require_runtime().clear()
+            self._cache = []
+
+        self.call(clear)
+
     def count_tokens(self, text: str) -> int:
-        return len(self._require_runtime().tokenize(text, False))
+        return len(self.tokenize(text))
+
+    def tokenize(self, text: str) -> list[int]:
+        """Tokens of plain text (no special tokens parsed, no BOS)."""
+        return self._require_runtime().model.tokenize(text.encode("utf-8"), False, False)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self._require_runtime().llama.detokenize(tokens).decode("utf-8", errors="replace")
+
+    def template_overhead(self) -> int:
+        """Template tokens around one user message plus the assistant header and the previous
+        reply's end marker (measured once per model)."""
+        if self._overhead is None:
+            runtime = self._require_runtime()
+            probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+            before = self._render(probe, False)
+            after = self._render(probe + [{"role": "user", "content": "z"}], True)
+            delta = after[len(before):] if after.startswith(before) else after
+            self._overhead = max(1, len(runtime.tokenize(delta, False)) - 1) + 2
+        return self._overhead
 
     def close(self) -> None:
         if self._thread.is_alive():
@@ -111,6 +177,52 @@ class Engine:
         render = self._render
         runtime = self._require_runtime()
         return len(runtime.tokenize(render(messages, True), True))
+
+    # -- KV snapshots (reopen a long session without prefilling it again) ---------------------
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a saved KV state depends on: the model file, context size, KV type, template and
+        llama.cpp version. A snapshot taken under another fingerprint must not be restored."""
+        import hashlib
+
+        import llama_cpp
+
+        stat = self.model_path.stat()
+        runtime = self._require_runtime()
+        return {
+            "model_file": self.model_path.name,
+            "model_size": stat.st_size,
+            "model_mtime_ns": stat.st_mtime_ns,
+            "n_ctx": runtime.n_ctx,
+            "kv_type": self.options.kv_type,
+            "llama_cpp": getattr(llama_cpp, "__version__", "?"),
+            "template": hashlib.sha256(self._template.encode()).hexdigest()[:16],
+        }
+
+    def export_snapshot(self) -> KVSnapshot:
+        """The KV cells and exact token records of the conversation (engine thread; fast: a copy)."""
+        def export() -> KVSnapshot:
+            runtime = self._require_runtime()
+            return KVSnapshot(self.cached_messages(), runtime.export_sequence())
+
+        return self.call(export)
+
+    def import_snapshot(self, snapshot: KVSnapshot) -> float:
+        """Restore a snapshot taken with the same fingerprint; returns the ms it took.
+        Raises EngineError (and leaves an empty cache) if llama.cpp rejects the data or it does
+        not hold the tokens its records say."""
+        def restore() -> float:
+            started = time.perf_counter()
+            runtime = self._require_runtime()
+            expected = sum(len(m.tokens) for m in snapshot.records)
+            if not runtime.import_sequence(snapshot.state) or runtime.max_position() + 1 != expected:
+                self._forget_cache()
+                raise EngineError("the saved context does not match this model; it will be rebuilt")
+            self._cache = [CachedMessage(m.role, m.content, m.text, list(m.tokens), m.open)
+                           for m in snapshot.records]
+            return (time.perf_counter() - started) * 1000.0
+
+        return self.call(restore)
 
     # -- engine thread -------------------------------------------------------------------------
 
@@ -145,6 +257,7 @@ class Engine:
             on_progress(0.1)
         self._runtime = LlamaRuntime(self.model_path, self.options, fit.n_gpu_layers)
         self._render = make_renderer(template, self._runtime.bos_text, self._runtime.eos_text)
+        self._template = template
         self._cache = []
         if on_progress:
             on_progress(1.0)
@@ -163,30 +276,59 @@ class Engine:
             if handle is self._current and self._runtime is not None:
                 self._runtime.request_abort()
 
-    def _run_turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling) -> None:
+    def _run_turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling,
+                  background: bool = False) -> None:
         with self._lock:
             self._current = handle
+            self._background = handle if background else None
             if self._runtime is not None:
                 self._runtime.clear_abort()
         try:
             if handle.stop_requested:
                 handle.emit(Done("", "aborted", self._timings(Timings())))
                 return
-            self._turn(handle, messages, sampling)
+            if background:
+                self._background_turn(handle, messages, sampling)
+            else:
+                self._turn(handle, messages, sampling)
         except UserError as exc:
+            if not background:  # a background turn has already put the cache back
+                self._forget_cache()
             handle.emit(Failed(str(exc)))
         except Exception as exc:  # an engine bug must still end the turn for the UI
+            if not background:
+                self._forget_cache()
             handle.emit(Failed(f"engine error: {type(exc).__name__}: {exc}"))
         finally:
             with self._lock:
                 self._current = None
+                self._background = None
+                if handle in self._background_jobs:
+                    self._background_jobs.remove(handle)
+                if not self._background_jobs:
+                    self._idle.set()
 
-    def _turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling) -> None:
+    def _background_turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling) -> None:
+        """Run a turn on top of the conversation, then put the cache back exactly as it was."""
+        runtime = self._require_runtime()
+        saved, saved_n = self._cache, self.tokens_in_context
+        layout = plan_layout(self._cache, messages, self._render, runtime.tokenize, allow_shift=False)
+        if layout.prefix_fallback or layout.tokens[:saved_n] != [t for m in saved for t in m.tokens]:
+            raise EngineError("a background turn may only add to the conversation")
+        try:
+            self._turn(handle, messages, sampling, layout)
+        finally:
+            runtime.remove(saved_n, -1)
+            self._cache = saved
+
+    def _turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling,
+              layout: Layout | None = None) -> None:
         runtime = self._require_runtime()
         clock = TurnClock(handle.submitted_at)
         timings = Timings(model=self.name)
-        layout = plan_layout(self._cache, messages, self._render, runtime.tokenize,
-                             allow_shift=runtime.can_shift)
+        if layout is None:
+            layout = plan_layout(self._cache, messages, self._render, runtime.tokenize,
+                                 allow_shift=runtime.can_shift)
         timings.prefix_fallback = layout.prefix_fallback
         target = layout.tokens
         if len(target) >= runtime.n_ctx:
@@ -284,6 +426,12 @@ class Engine:
         reply_record.content = reply
         reply_record.text += reply_bytes[:evaluated_bytes].decode("utf-8", errors="replace")
         return reply, finish
+
+    def _forget_cache(self) -> None:
+        """After a failed turn the record may not match the KV cache: start clean, never wrong."""
+        self._cache = []
+        if self._runtime is not None:
+            self._runtime.clear()
 
     def _keep_whole_messages(self, n_cached: int) -> None:
         """After an aborted prefill keep only messages whose tokens all made it into the cache."""

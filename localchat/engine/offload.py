@@ -95,7 +95,7 @@ def gpu_backend() -> tuple[str, str]:
 
     info = backend_info()
     if not info.gpu_offload:
-        return "CPU", info.no_gpu_reason or "this llama.cpp build has no GPU backend"
+        return "CPU", info.offload_problem or "this llama.cpp build has no GPU backend"
     if info.backend == "Metal" or sys.platform == "darwin":
         return "Metal", "Metal backend"
     return info.backend or "GPU", f"{info.backend or 'GPU'} backend"

@@ -34,7 +34,12 @@ class LlamaRuntime:
         kv_type = _KV_TYPES.get(options.kv_type)
         if kv_type is None:
             raise EngineError(f"unknown kv_type {options.kv_type!r}; use one of {', '.join(_KV_TYPES)}")
-        threads = options.n_threads or max(1, os.cpu_count() or 1)
+        # As llama-cpp-python does: decoding one token is memory-bound and gains little from more
+        # threads, while ggml's spinning barriers make an oversubscribed CPU (another process, a
+        # local server) crawl; prefill is compute-bound and takes every core.
+        cores = os.cpu_count() or 1
+        threads = options.n_threads or max(1, cores // 2)
+        batch_threads = options.n_threads or cores
         try:
             with _quiet_stderr():
                 self.llama = llama_cpp.Llama(
@@ -43,7 +48,7 @@ class LlamaRuntime:
                     n_batch=options.n_batch,
                     n_ubatch=min(options.n_ubatch, options.n_batch),
                     n_threads=threads,
-                    n_threads_batch=threads,
+                    n_threads_batch=batch_threads,
                     n_gpu_layers=n_gpu_layers,
                     flash_attn=options.flash_attn,
                     type_k=kv_type,
@@ -145,7 +150,7 @@ class LlamaRuntime:
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def new_sampler(self, sampling: Sampling) -> "Sampler":
-        return Sampler(self._lib, sampling)
+        return Sampler(self._lib, sampling, self.n_vocab)
 
     # -- KV cache -----------------------------------------------------------------------------
 
@@ -164,6 +169,22 @@ class LlamaRuntime:
         """Highest position held for the conversation (-1 when empty)."""
         return int(self._lib.llama_memory_seq_pos_max(self._memory, 0))
 
+    def export_sequence(self) -> bytes:
+        """The conversation's KV cells (llama_state_seq_get_data), to restore them later."""
+        size = self._lib.llama_state_seq_get_size(self.ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        written = self._lib.llama_state_seq_get_data(self.ctx, buf, size, 0)
+        return ctypes.string_at(buf, written)
+
+    def import_sequence(self, data: bytes) -> bool:
+        """Replace the conversation's KV cells with ``data``; False if llama.cpp rejects it."""
+        self.clear()
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if self._lib.llama_state_seq_set_data(self.ctx, buf, len(data), 0) == 0:
+            self.clear()
+            return False
+        return True
+
     def close(self) -> None:
         if self._batch is not None:
             self._lib.llama_batch_free(self._batch)
@@ -174,12 +195,12 @@ class LlamaRuntime:
 class Sampler:
     """A llama.cpp sampler chain built from Sampling; sampling happens in C, off the GIL."""
 
-    def __init__(self, lib, sampling: Sampling) -> None:
+    def __init__(self, lib, sampling: Sampling, n_vocab: int) -> None:
         self._lib = lib
         self._chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
         add = lambda s: lib.llama_sampler_chain_add(self._chain, s)  # noqa: E731
         if sampling.repeat_penalty != 1.0:
-            add(lib.llama_sampler_init_penalties(64, sampling.repeat_penalty, 0.0, 0.0))
+            add(lib.llama_sampler_init_penalties(n_vocab, 64, sampling.repeat_penalty, 0.0, 0.0))
         if sampling.greedy:
             add(lib.llama_sampler_init_greedy())
         else:

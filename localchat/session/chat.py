@@ -50,6 +50,9 @@ class ChatSession:
         self.history: list[Message] = list(history)
         self.sampling = sampling or Sampling()
         self.summary = ""
+        self.summary_in_context = True
+        # Applies the context budget (trimming, summaries) when the engine supports it.
+        self.keeper = None
         # Index into history of the first message the model still sees (earlier ones were trimmed).
         self.first_visible = 0
         self._lock = threading.Lock()
@@ -63,7 +66,7 @@ class ChatSession:
         messages: list[dict[str, str]] = []
         if self.system:
             messages.append({"role": "system", "content": self.system})
-        if self.summary:
+        if self.summary and self.summary_in_context:
             messages.append({"role": "user", "content": summary_request(self.summary)})
             messages.append({"role": "assistant", "content": SUMMARY_ACK})
         messages.extend(m.as_dict() for m in self.history[self.first_visible:])
@@ -77,6 +80,10 @@ class ChatSession:
         with self._lock:
             if self._current is not None and not self._current.finished:
                 raise RuntimeError("a reply is still running; stop it first")
+            if self.keeper is not None:
+                text, refusal = self.keeper.make_room(self, text)
+                if refusal is not None:
+                    return refused(refusal)
             self.history.append(Message("user", text))
             handle = self.engine.submit(self.model_messages(), sampling or self.sampling)
             self._current = handle
@@ -86,6 +93,10 @@ class ChatSession:
     def _record_reply(self, event: Done | Failed) -> None:
         if isinstance(event, Done):
             self.history.append(Message("assistant", event.reply, stopped=event.finish_reason == "aborted"))
+            if self.keeper is not None:
+                in_context = self.summary and self.summary_in_context
+                event.timings.summary_n = self.keeper.summary_text_tokens if in_context else 0
+                self.keeper.after_reply(self)
 
     def stop(self) -> None:
         current = self._current
@@ -106,7 +117,10 @@ class ChatSession:
         """Forget the conversation (the system prompt stays)."""
         self.history.clear()
         self.summary = ""
+        self.summary_in_context = True
         self.first_visible = 0
+        if self.keeper is not None:
+            self.keeper.reset()
 
     def undo_last_exchange(self) -> str:
         """Remove the last user message and the reply to it; return the user's text (for /retry)."""
@@ -117,6 +131,13 @@ class ChatSession:
         text = self.history.pop().content
         self.first_visible = min(self.first_visible, len(self.history))
         return text
+
+
+def refused(message: str) -> TurnHandle:
+    """A turn that ends at once with ``message`` (nothing was sent to the model)."""
+    handle = TurnHandle()
+    handle.emit(Failed(message))
+    return handle
 
 
 SUMMARY_ACK = "Understood. I will keep that earlier conversation in mind."

@@ -1,0 +1,229 @@
+"""``localchat bench``: replay a conversation through the engine and report what a user feels.
+
+Everything is measured in one process, on one loaded model, so ratios are comparable even on a
+noisy shared machine: the engine with its KV reuse, the same turns with a fresh context each time
+(what a stateless server without a prompt cache does), the raw llama.cpp decode loop with no engine
+around it, and how fast a stop takes effect while decoding and in the middle of a long prefill.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+from localchat.config import Config
+from localchat.engine.engine import Engine
+from localchat.engine.options import Sampling
+from localchat.errors import UserError
+from localchat.events import Done, Failed, PrefillProgress, Timings, Token
+from localchat.session.chat import ChatSession, Message
+from localchat.session.factory import open_chat
+
+DEFAULT_SYSTEM = "You are a concise, helpful assistant."
+# Questions of ~50-70 tokens each: with 48-token replies a turn adds ~120 tokens, as in ANCHORS.
+DEFAULT_QUESTIONS = [
+    "I am planning a small vegetable garden on a sunny balcony in a city apartment. Which three "
+    "vegetables are easiest for a beginner to grow in pots, and how often should I water them?",
+    "Thanks. The balcony faces south and gets very hot in July and August. What can I do to keep "
+    "the soil from drying out completely while I am away at work during the day?",
+    "Good ideas. Should I use potting mix from a store, or can I mix my own soil with compost "
+    "from the kitchen scraps I have been collecting in a bin under the sink?",
+    "I have read that tomatoes need support as they grow taller. What kind of support works on a "
+    "balcony where I cannot drive stakes into the ground, and when should I add it?",
+    "Some leaves on my basil are turning yellow at the bottom of the plant. Is that caused by "
+    "too much water, too little water, or something missing from the soil?",
+    "What is a simple weekly routine I could follow on Sunday mornings to keep all of these "
+    "plants healthy without spending more than twenty minutes on it?",
+    "My neighbour suggested companion planting. Which of the vegetables we discussed grow well "
+    "together in the same large container, and which ones should be kept apart?",
+    "When autumn comes and the nights get cold, which plants can stay outside, which should come "
+    "indoors, and what should I do with the soil in the empty pots over winter?",
+    "Could you suggest a couple of herbs that would grow well indoors on a kitchen windowsill "
+    "during the winter months, and tell me how much light they really need?",
+    "Finally, please summarise the most important three pieces of advice from our whole "
+    "conversation in a short list that I can print and stick on my fridge.",
+]
+
+
+def load_script(path: Path | None, turns: int | None) -> tuple[str, list[str]]:
+    """(system prompt, user messages) from a JSONL script, or the built-in one (cycled to ``turns``)."""
+    if path is None:
+        questions = DEFAULT_QUESTIONS
+        count = turns or len(questions)
+        users = [_variant(questions[i % len(questions)], i // len(questions)) for i in range(count)]
+        return DEFAULT_SYSTEM, users
+    system, users = "", []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise UserError(f"cannot read bench script {path}: {exc.strerror}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            role, content = item["role"], item["content"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise UserError(f"{path}:{number}: expected {{\"role\": ..., \"content\": ...}}") from None
+        if role == "system":
+            system = content
+        elif role == "user":
+            users.append(content)
+        else:
+            raise UserError(f"{path}:{number}: role must be system or user, not {role!r}")
+    if not users:
+        raise UserError(f"{path} has no user messages")
+    return system, users[:turns] if turns else users
+
+
+def _variant(question: str, round_: int) -> str:
+    return question if round_ == 0 else f"(Round {round_ + 1}) {question}"
+
+
+def run_turn(handle) -> tuple[Done, float | None]:
+    """Drain a turn; (final event, ms from first PrefillProgress to Done) — raises on Failed."""
+    final = None
+    for event in handle:
+        if isinstance(event, (Done, Failed)):
+            final = event
+    if isinstance(final, Failed):
+        raise UserError(f"turn failed: {final.message}")
+    return final, None
+
+
+def replay(engine: Engine, system: str, users: list[str], sampling: Sampling,
+           config: Config) -> tuple[list[Timings], ChatSession]:
+    """Play the script through one ChatSession (with the context policy); per-turn timings.
+
+    Between turns it waits until background work (a summary) is done, as a user who reads the
+    reply and types the next message gives it time to; TTFT is measured from each submit.
+    """
+    session = open_chat(engine, config, system=system, sampling=sampling)
+    timings = []
+    for text in users:
+        engine.wait_idle(timeout=120)
+        done, _ = run_turn(session.send(text))
+        timings.append(done.timings)
+    engine.wait_idle(timeout=120)
+    return timings, session
+
+
+def replay_fresh(engine: Engine, system: str, history: list[Message], sampling: Sampling) -> list[Timings]:
+    """The same turns, each on an empty KV cache (the stateless-server baseline)."""
+    timings = []
+    prior: list[Message] = []
+    for message in history:
+        if message.role == "user":
+            engine.reset()
+            session = ChatSession(engine, system=system, history=list(prior), sampling=sampling)
+            done, _ = run_turn(session.send(message.content))
+            timings.append(done.timings)
+        prior.append(message)
+    engine.reset()
+    return timings
+
+
+def raw_decode_ms_per_token(engine: Engine, n_tokens: int = 128) -> float:
+    """A greedy loop of ``Llama.eval([token])`` + argmax over the last logits, no engine around it."""
+    import numpy as np
+
+    def loop() -> float:
+        runtime = engine._require_runtime()
+        llama = runtime.llama
+        runtime.clear()
+        llama.reset()
+        llama.eval(runtime.tokenize("<|im_start|>user\nTell me a long story.<|im_end|>\n", True))
+        started = time.perf_counter()
+        for _ in range(n_tokens):
+            token = int(np.argmax(runtime.last_logits()))
+            llama.eval([token])
+        elapsed = time.perf_counter() - started
+        runtime.clear()
+        llama.reset()
+        return elapsed * 1000.0 / n_tokens
+
+    result = engine.call(loop)
+    engine.reset()
+    return result
+
+
+def abort_while_decoding(engine: Engine, after_tokens: int = 16) -> dict:
+    """Stop a reply after a few tokens; ms from stop() to the final Done event."""
+    engine.reset()
+    session = ChatSession(engine, system=DEFAULT_SYSTEM, sampling=Sampling(temperature=0, max_tokens=400))
+    handle = session.send("Write a long story about a lighthouse keeper and a storm.")
+    seen, stopped_at = 0, None
+    for event in handle:
+        if isinstance(event, Token):
+            seen += 1
+            if seen == after_tokens and stopped_at is None:
+                stopped_at = time.perf_counter()
+                handle.stop()
+        elif isinstance(event, Done):
+            latency = (time.perf_counter() - stopped_at) * 1000.0 if stopped_at else None
+            engine.reset()
+            return {"latency_ms": latency, "tokens_before_stop": after_tokens,
+                    "tokens_total": event.timings.predicted_n, "tpot_ms": event.timings.tpot_ms,
+                    "finish_reason": event.finish_reason}
+    raise UserError("the abort test turn ended without Done")
+
+
+def abort_during_prefill(engine: Engine, prompt_tokens: int = 3000, stop_after_s: float = 0.5) -> dict | None:
+    """Stop in the middle of prefilling a long pasted document; ms from stop() to Done."""
+    n_ctx = engine.n_ctx
+    if n_ctx < prompt_tokens + 64:
+        return None
+    engine.reset()
+    document = " ".join(f"word{i % 97}" for i in range(prompt_tokens))
+    while engine.count_tokens(document) > prompt_tokens:
+        document = document[: int(len(document) * 0.95)]
+    session = ChatSession(engine, sampling=Sampling(temperature=0, max_tokens=8))
+    handle = session.send(document)
+    started, stopped_at, progress = time.perf_counter(), None, (0, 0)
+    for event in handle:
+        if isinstance(event, PrefillProgress):
+            progress = (event.done, event.total)
+            if stopped_at is None and time.perf_counter() - started >= stop_after_s:
+                stopped_at = time.perf_counter()
+                handle.stop()
+        elif isinstance(event, Done):
+            latency = (time.perf_counter() - stopped_at) * 1000.0 if stopped_at else None
+            engine.reset()
+            return {"latency_ms": latency, "prompt_tokens": progress[1],
+                    "prefilled_before_stop": progress[0], "finish_reason": event.finish_reason}
+    return None
+
+
+def summarize(turns: list[Timings]) -> dict:
+    """TTFT and ITL p50/p95, decode tok/s and cache reuse over a run."""
+    from localchat.engine.turn import percentile
+
+    ttfts = [t.ttft_ms for t in turns]
+    itl50 = [t.itl_p50_ms for t in turns if t.predicted_n > 1]
+    itl95 = [t.itl_p95_ms for t in turns if t.predicted_n > 1]
+    tokens = sum(t.predicted_n for t in turns)
+    decode_ms = sum(t.predicted_ms for t in turns)
+    cached = sum(t.cache_n for t in turns)
+    prompt = sum(t.prompt_n for t in turns)
+    return {
+        "turns": len(turns),
+        "ttft_p50_ms": round(percentile(ttfts, 50), 1),
+        "ttft_p95_ms": round(percentile(ttfts, 95), 1),
+        "itl_p50_ms": round(statistics.median(itl50), 2) if itl50 else 0.0,
+        "itl_p95_ms": round(statistics.median(itl95), 2) if itl95 else 0.0,
+        "tpot_ms": round(_mean_tpot(turns), 2),
+        "tokens_per_second": round(1000.0 * tokens / decode_ms, 1) if decode_ms else 0.0,
+        "reuse_pct": round(100.0 * cached / (cached + prompt), 1) if cached + prompt else 0.0,
+        "max_ttft_minus_prompt_ms": round(max(t.ttft_ms - t.prompt_ms for t in turns), 1),
+        "max_n_ctx_used": max(t.n_ctx_used for t in turns),
+        "trims": sum(1 for t in turns if t.trimmed_n),
+    }
+
+
+def _mean_tpot(turns: list[Timings]) -> float:
+    """Token-weighted mean time per output token after the first."""
+    weighted = [(t.tpot_ms, t.predicted_n - 1) for t in turns if t.predicted_n > 1]
+    total = sum(n for _, n in weighted)
+    return sum(tpot * n for tpot, n in weighted) / total if total else 0.0

@@ -1,0 +1,174 @@
+"""``localchat ask``: one turn from the command line, streamed to stdout as tokens arrive."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from typing import TextIO
+
+from localchat.events import Done, Event, Failed, Notice, PrefillProgress, Timings, Token
+
+EXIT_INTERRUPTED = 130
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "ask",
+        help="answer one prompt, streamed to stdout",
+        description="Answer one prompt with the local model, streaming tokens to stdout and a "
+        "timings summary to stderr. Ctrl+C stops the reply (exit status 130).",
+    )
+    p.add_argument("prompt", nargs="?", default=None, help="the prompt; '-' or nothing reads stdin")
+    p.add_argument("--model", "-m", help="registry name, hf:ORG/REPO/FILE.gguf or a .gguf path")
+    p.add_argument("--system", help="system prompt")
+    p.add_argument("--max-tokens", type=int, help="most tokens to generate")
+    p.add_argument("--temperature", type=float, help="0 = greedy")
+    p.add_argument("--seed", type=int, help="sampling seed")
+    p.add_argument("--n-ctx", type=int, help="context size in tokens")
+    p.add_argument("--json", action="store_true", help="JSON Lines events on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from localchat.config import load_config
+    from localchat.engine.factory import open_engine, sampling_options
+    from localchat.errors import UserError
+    from localchat.session.factory import open_chat
+
+    out = JsonEvents(sys.stdout) if args.json else PlainText(sys.stdout, sys.stderr)
+    try:
+        prompt = read_prompt(args.prompt)
+        config = load_config()
+        overrides = {"n_ctx": args.n_ctx} if args.n_ctx else {}
+        engine = open_engine(args.model, config, **overrides)
+        sampling = sampling_options(config, **_sampling_flags(args))
+        engine.load()
+    except UserError as exc:
+        return out.error(str(exc))
+    try:
+        session = open_chat(engine, config, system=args.system, sampling=sampling)
+        handle = session.send(prompt)
+        final = stream(handle, out)
+    finally:
+        engine.close()
+    if isinstance(final, Failed):
+        return 1
+    return EXIT_INTERRUPTED if final.finish_reason == "aborted" else 0
+
+
+def _sampling_flags(args: argparse.Namespace) -> dict:
+    flags = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}
+    return {k: v for k, v in flags.items() if v is not None}
+
+
+def read_prompt(prompt: str | None) -> str:
+    from localchat.errors import UserError
+
+    if prompt is None or prompt == "-":
+        if sys.stdin is None or sys.stdin.isatty():
+            raise UserError("no prompt: give one as an argument, or pipe it on stdin with '-'")
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise UserError("the prompt is empty")
+    return prompt
+
+
+def stream(handle, out: "PlainText | JsonEvents") -> Done | Failed:
+    """Write each event as it arrives; Ctrl+C stops the reply instead of killing the process."""
+    previous = signal.signal(signal.SIGINT, lambda *_: handle.stop())
+    try:
+        final = None
+        for event in handle:
+            out.event(event)
+            if isinstance(event, (Done, Failed)):
+                final = event
+        return final
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class PlainText:
+    """Reply text on stdout (terminal control sequences neutralised on a tty), summary on stderr."""
+
+    def __init__(self, stdout: TextIO, stderr: TextIO) -> None:
+        self.stdout = stdout
+        self.stderr = stderr
+        self.on_terminal = stdout.isatty()
+
+    def event(self, event: Event) -> None:
+        if isinstance(event, Token) and event.text:
+            text = neutralise_controls(event.text) if self.on_terminal else event.text
+            self.stdout.write(text)
+            self.stdout.flush()
+        elif isinstance(event, Done):
+            self.stdout.write("\n")
+            self.stdout.flush()
+            if event.finish_reason == "aborted":
+                self.stderr.write("[stopped]\n")
+            self.stderr.write(summary_line(event.timings) + "\n")
+        elif isinstance(event, Failed):
+            self.stdout.flush()
+            self.stderr.write(f"localchat: error: {event.message}\n")
+        elif isinstance(event, Notice):
+            self.stderr.write(f"localchat: {event.message}\n")
+
+    def error(self, message: str) -> int:
+        self.stderr.write(f"localchat: error: {message}\n")
+        return 1
+
+
+class JsonEvents:
+    """One JSON object per line: token, progress, notice, done, error."""
+
+    def __init__(self, stdout: TextIO) -> None:
+        self.stdout = stdout
+
+    def _write(self, obj: dict) -> None:
+        self.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        self.stdout.flush()
+
+    def event(self, event: Event) -> None:
+        if isinstance(event, Token):
+            self._write({"event": "token", "text": event.text})
+        elif isinstance(event, PrefillProgress):
+            self._write({"event": "prefill", "done": event.done, "total": event.total})
+        elif isinstance(event, Notice):
+            self._write({"event": "notice", "kind": event.kind, "message": event.message})
+        elif isinstance(event, Done):
+            self._write({"event": "done", "finish_reason": event.finish_reason,
+                         "route": event.timings.route, "route_reason": event.timings.route_reason,
+                         "timings": event.timings.to_dict()})
+        elif isinstance(event, Failed):
+            self._write({"event": "error", "message": event.message})
+
+    def error(self, message: str) -> int:
+        self._write({"event": "error", "message": message})
+        return 1
+
+
+def summary_line(t: Timings) -> str:
+    parts = [f"TTFT {t.ttft_ms:.0f} ms", f"TPOT {t.tpot_ms:.1f} ms"]
+    if t.predicted_per_second:
+        parts.append(f"{t.predicted_n} tokens at {t.predicted_per_second:.1f} tok/s")
+    parts.append(f"prompt {t.prompt_n} tok in {t.prompt_ms:.0f} ms, {t.cache_n} cached")
+    parts.append(f"context {t.n_ctx_used}/{t.n_ctx}")
+    if t.route != "local":
+        parts.append(f"route {t.route}" + (f" ({t.route_reason})" if t.route_reason else ""))
+    return " · ".join(parts)
+
+
+def neutralise_controls(text: str) -> str:
+    """Make terminal control characters visible (^[ for ESC, etc.) so model output cannot move
+    the cursor, retitle the window or write to the clipboard. Newline and tab pass."""
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if (code < 32 and ch not in "\n\t") or code == 127:
+            out.append("^" + chr(code ^ 0x40))
+        elif 0x80 <= code < 0xA0:  # C1 controls (CSI, OSC, ...) as 8-bit characters
+            out.append(f"\\x{code:02x}")
+        else:
+            out.append(ch)
+    return "".join(out)

@@ -1,0 +1,164 @@
+"""``localchat bench``: measured TTFT, TPOT, reuse and stop latency, with targets checked."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="replay a conversation and report TTFT, TPOT, cache reuse and stop latency",
+        description="Replays a multi-turn conversation with greedy decoding on one loaded model "
+        "and prints per-turn timings, a summary, and how the numbers compare with a fresh context "
+        "per turn (--baseline) and with llama.cpp's raw decode loop.",
+    )
+    p.add_argument("--model", "-m", help="registry name, hf:ORG/REPO/FILE.gguf or a .gguf path")
+    p.add_argument("--script", type=Path, help='JSONL file of {"role": "system"|"user", "content": ...}')
+    p.add_argument("--turns", type=int, help="number of user turns (cycles the built-in script)")
+    p.add_argument("--n-ctx", type=int, default=4096, help="context size (default 4096)")
+    p.add_argument("--max-tokens", type=int, default=48, help="reply length per turn (default 48)")
+    p.add_argument("--gpu-layers", help="auto, all or a number of layers (default: config)")
+    p.add_argument("--baseline", action="store_true",
+                   help="also replay each turn on a fresh context (a stateless server)")
+    p.add_argument("--no-abort", action="store_true", help="skip the stop-latency measurements")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from localchat import bench
+    from localchat.config import load_config
+    from localchat.engine.factory import open_engine
+    from localchat.engine.options import Sampling
+
+    system, users = bench.load_script(args.script, args.turns)
+    config = load_config()
+    engine = open_engine(args.model, config, n_ctx=args.n_ctx, gpu_layers=_gpu_layers(args))
+    try:
+        info = engine.load()
+        # Greedy and without a repeat penalty, so the engine and the raw loop pick the same tokens.
+        sampling = Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=args.max_tokens)
+        progress = _Progress(enabled=not args.json)
+        turns, session = bench.replay(engine, system, users, sampling, config)
+        history = session.history
+        progress.say(f"replayed {len(turns)} turns")
+        report: dict = {"model": info.model, "n_ctx": info.n_ctx, "backend": info.backend,
+                        "gpu_layers": info.gpu_layers,
+                        "summary_max_tokens": session.keeper.settings.summary_max_tokens,
+                        "turns": [t.to_dict() for t in turns], "summary": bench.summarize(turns)}
+        if args.baseline:
+            fresh = bench.replay_fresh(engine, system, history, sampling)
+            report["baseline"] = {"turns": [t.to_dict() for t in fresh], "summary": bench.summarize(fresh)}
+            progress.say("replayed the baseline")
+        raw_ms = bench.raw_decode_ms_per_token(engine)
+        report["raw_decode"] = {"ms_per_token": round(raw_ms, 2),
+                                "engine_speed_ratio": _ratio(raw_ms, report["summary"]["tpot_ms"])}
+        if not args.no_abort:
+            report["abort"] = {"decoding": bench.abort_while_decoding(engine),
+                               "prefill": bench.abort_during_prefill(engine)}
+        report["targets"] = targets(report)
+    finally:
+        engine.close()
+    if args.json:
+        json.dump(report, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print_report(report)
+    return 0
+
+
+def _gpu_layers(args: argparse.Namespace) -> str | int | None:
+    value = args.gpu_layers
+    return int(value) if value is not None and value.isdigit() else value
+
+
+def _ratio(raw_ms: float, engine_ms: float) -> float:
+    return round(raw_ms / engine_ms, 3) if engine_ms else 0.0
+
+
+def targets(report: dict) -> list[dict]:
+    """The issue's speed targets, evaluated on this run's numbers."""
+    turns = report["turns"]
+    checks = []
+
+    def check(name: str, value, limit, ok: bool) -> None:
+        checks.append({"target": name, "value": value, "limit": limit, "ok": bool(ok)})
+
+    later = turns[1:]
+    if later:
+        # What stayed in context from the previous turn (all of it, unless turns were trimmed).
+        reuse = [t["cache_n"] / max(1, prev["n_ctx_used"] - t["trimmed_n"]) for prev, t in zip(turns, later)]
+        check("turn k>=2: cache_n / tokens kept from the previous turn", round(min(reuse), 4), 0.99,
+              min(reuse) >= 0.99)
+    n_ctx = report["n_ctx"]
+    check("n_ctx_used never exceeds n_ctx", max(t["n_ctx_used"] for t in turns), n_ctx,
+          all(t["n_ctx_used"] <= n_ctx for t in turns))
+    trims = [t for t in turns if t["trimmed_n"]]
+    if trims:
+        median = statistics.median(t["ttft_ms"] for t in turns)
+        worst = max(t["ttft_ms"] for t in trims)
+        check("TTFT of a trimming turn / median TTFT", round(worst / median, 2), 2.0, worst <= 2 * median)
+        cap = report.get("summary_max_tokens")
+        if cap is not None:
+            top = max(t["summary_n"] for t in turns)
+            check("summary tokens never exceed summary_max_tokens", top, cap, top <= cap)
+    gap = report["summary"]["max_ttft_minus_prompt_ms"]
+    check("ttft_ms - prompt_ms per turn (ms)", gap, 25, gap <= 25)
+    ratio = report["raw_decode"]["engine_speed_ratio"]
+    check("engine decode speed / raw loop", ratio, 0.95, ratio >= 0.95)
+    if "baseline" in report and len(turns) >= 10:
+        ttft = turns[9]["ttft_ms"]
+        fresh = report["baseline"]["turns"][9]["ttft_ms"]
+        check("TTFT turn 10 / fresh-context TTFT turn 10", round(ttft / fresh, 3), 0.2, ttft <= 0.2 * fresh)
+    if len(turns) >= 10:
+        report["summary"]["ttft_late_early_ratio"] = round(turns[9]["ttft_ms"] / turns[1]["ttft_ms"], 2)
+    abort = report.get("abort") or {}
+    decoding = abort.get("decoding")
+    if decoding and decoding["latency_ms"] is not None:
+        limit = round(decoding["tpot_ms"] + 30, 1)
+        check("stop while decoding (ms)", round(decoding["latency_ms"], 1), limit,
+              decoding["latency_ms"] <= limit)
+    prefill = abort.get("prefill")
+    if prefill and prefill["latency_ms"] is not None:
+        check("stop during a 3000-token prefill (ms)", round(prefill["latency_ms"], 1), 150,
+              prefill["latency_ms"] <= 150)
+    return checks
+
+
+def print_report(report: dict) -> None:
+    print(f"model {report['model']} · {report['backend']} · n_ctx {report['n_ctx']}")
+    header = f"{'turn':>4} {'cache_n':>7} {'prompt_n':>8} {'prompt_ms':>9} {'TTFT':>7} {'TPOT':>6} " \
+             f"{'itl_p95':>7} {'tokens':>6} {'ctx':>5} {'trim':>5}"
+    baseline = report.get("baseline", {}).get("turns")
+    print(header + ("  fresh-context TTFT" if baseline else ""))
+    for i, t in enumerate(report["turns"]):
+        line = (f"{i + 1:>4} {t['cache_n']:>7} {t['prompt_n']:>8} {t['prompt_ms']:>9.0f} "
+                f"{t['ttft_ms']:>7.0f} {t['tpot_ms']:>6.1f} {t['itl_p95_ms']:>7.1f} "
+                f"{t['predicted_n']:>6} {t['n_ctx_used']:>5} {t['trimmed_n']:>5}")
+        if baseline and i < len(baseline):
+            line += f"  {baseline[i]['ttft_ms']:>8.0f}"
+        print(line)
+    s = report["summary"]
+    print(f"summary: TTFT p50 {s['ttft_p50_ms']} ms, p95 {s['ttft_p95_ms']} ms · ITL p50 "
+          f"{s['itl_p50_ms']} ms, p95 {s['itl_p95_ms']} ms · {s['tokens_per_second']} tok/s · "
+          f"reuse {s['reuse_pct']}%" + (f" · TTFT turn10/turn2 {s['ttft_late_early_ratio']}"
+                                        if "ttft_late_early_ratio" in s else ""))
+    raw = report["raw_decode"]
+    print(f"raw llama.cpp decode loop: {raw['ms_per_token']} ms/token · engine speed ratio "
+          f"{raw['engine_speed_ratio']}")
+    for c in report["targets"]:
+        print(f"  [{'ok' if c['ok'] else 'MISS'}] {c['target']}: {c['value']} (limit {c['limit']})")
+
+
+class _Progress:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def say(self, text: str) -> None:
+        if self.enabled:
+            print(f"… {text}", file=sys.stderr, flush=True)

