@@ -67,8 +67,8 @@ def confident(word: str, n: int) -> list[tuple[str, float]]:
 
 
 def unsure(word: str, n: int) -> list[tuple[str, float]]:
-    """``n`` distinct tokens the model guessed (probability 0.01)."""
-    return [(f"{word}{i}", 0.01) for i in range(n)]
+    """``n`` distinct tokens the model guessed (probability 0.001)."""
+    return [(f"{word}{i}", 0.001) for i in range(n)]
 
 
 def text_of(pieces: list[tuple[str, float | None]]) -> str:
@@ -131,7 +131,8 @@ def _wait_for_models(base_url: str, process: subprocess.Popen, log_path: Path) -
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"llama_cpp.server exited: {log_path.read_text(errors='replace')[-2000:]}")
+            log = log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"llama_cpp.server exited: {log}")
         try:
             if httpx.get(f"{base_url}/models", timeout=1.0).status_code == 200:
                 return

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fault_server import FaultServer, Stall, Status, Stream, chunk, reply
-from localchat.events import Done, Failed, Notice, Token
+from localchat.events import Failed, Notice, Token
 from localchat.remote.escalate import Escalator
 from localchat.remote.settings import RemoteSettings
 from remote_fixtures import LocalFactory, confident, settings_for, text_of, unsure

@@ -27,8 +27,10 @@ def test_simple_prompts_stay_local(prompt):
 
 @pytest.mark.parametrize("prompt, feature", [
     ("Prove by induction that the sum of the first n odd numbers is n^2.", "proof or derivation"),
-    ("Solve step by step: if 3x + 5 = 20 and y = 2x, what is y? Show your work.", "step-by-step reasoning"),
-    ("Implement a thread-safe LRU cache in Python and explain its time complexity.", "code to write or fix"),
+    ("Solve step by step: if 3x + 5 = 20 and y = 2x, what is y? Show your work.",
+     "step-by-step reasoning"),
+    ("Implement a thread-safe LRU cache in Python and explain its time complexity.",
+     "code to write or fix"),
 ])
 def test_hard_task_features_escalate_and_are_named_in_the_reason(prompt, feature):
     decision = decide(prompt)

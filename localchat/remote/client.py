@@ -20,7 +20,8 @@ import logging
 import queue
 import socket
 import threading
-from typing import Any, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 
@@ -73,7 +74,8 @@ class RemoteClient:
         self._http.close()
 
     def __repr__(self) -> str:
-        return f"<RemoteClient {self.settings.base_url} model={self.settings.model or '?'} {self.breaker!r}>"
+        model = self.settings.model or "?"
+        return f"<RemoteClient {self.settings.base_url} model={model} {self.breaker!r}>"
 
     def _request_body(self, messages: list[dict], sampling: Sampling) -> dict[str, Any]:
         # Only parameters the OpenAI API defines: hosted APIs reject unknown ones (top_k, min_p).
@@ -91,9 +93,12 @@ class RemoteClient:
             body["seed"] = sampling.seed
         return body
 
-    def _headers(self) -> dict[str, str]:
+    def _post_stream(self, body: dict[str, Any], trace: Callable[[str, dict], None]):
+        """The streaming POST as a context manager yielding the httpx response."""
         key = self.settings.api_key()  # read now: the key is never stored on an object
-        return {"Authorization": f"Bearer {key}"} if key else {}
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return self._http.stream("POST", self.settings.chat_url, json=body, headers=headers,
+                                 extensions={"trace": trace})
 
 
 class _AttemptFailed(Exception):
@@ -179,10 +184,7 @@ class RemoteTurn:
 
     def _attempt(self) -> Done:
         try:
-            with self._client._http.stream(
-                "POST", self._client.settings.chat_url, json=self._body,
-                headers=self._client._headers(), extensions={"trace": self._trace},
-            ) as response:
+            with self._client._post_stream(self._body, self._trace) as response:
                 if response.status_code != 200:
                     raise self._status_failure(response)
                 return self._read_stream(response)
@@ -257,11 +259,13 @@ class RemoteTurn:
 
 def _shut(sock: socket.socket) -> None:
     # shutdown(), not close(): on Linux closing a descriptor does not wake a thread blocked in
-    # recv() on it, and the peer would see nothing until that read returned.
+    # recv() on it, and the peer would see nothing until that read returned. The plain socket
+    # method also for TLS sockets: SSLSocket.shutdown would drop the SSL object under the feet of
+    # the thread still reading through it.
     try:
-        sock.shutdown(socket.SHUT_RDWR)
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
     except OSError:
-        pass  # already closed by the worker
+        pass  # already closed, or detached when TLS wrapped it (the TLS socket is shut instead)
 
 
 def _timeout_message(exc: httpx.TimeoutException, timeout_s: float) -> str:

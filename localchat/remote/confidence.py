@@ -39,8 +39,8 @@ class ConfidenceMonitor:
     """Feed it each ``Token`` of one local reply, then its ``Done``; it answers with a
     :class:`Trigger` the first time a signal fires (and None otherwise, and after that)."""
 
-    def __init__(self, thresholds: ConfidenceThresholds = ConfidenceThresholds()) -> None:
-        self.thresholds = thresholds
+    def __init__(self, thresholds: ConfidenceThresholds | None = None) -> None:
+        self.thresholds = thresholds or ConfidenceThresholds()
         self._probs: list[float] = []  # kept sorted: the quantile is one index away
         self._text: list[str] = []
         self._length = 0
@@ -73,7 +73,8 @@ class ConfidenceMonitor:
         if self._fired or not self.thresholds.escalate_on_length or done.finish_reason != "length":
             return None
         self._fired = True
-        return Trigger("length", f"local reply cut at the token limit ({done.timings.predicted_n} tokens)")
+        return Trigger("length",
+                       f"local reply cut at the token limit ({done.timings.predicted_n} tokens)")
 
     def _low_confidence(self) -> Trigger | None:
         t = self.thresholds

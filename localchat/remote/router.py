@@ -63,7 +63,8 @@ _FEATURES: tuple[_Feature, ...] = (
                  r"integral|integrate|differentiate|eigen\w*|asymptotic|big[- ]o|recurrence|"
                  r"induction|expected value|probability that)\b"), 2.0),
     _Feature("math notation",
-             _rx(r"\\(?:frac|sum|int|sqrt|lim)|[∑∫√≤≥≠∞]|\b[a-z]\^\d|\b\d+\s*[*/^]\s*\d+\s*[*/^+-]"), 1.0),
+             _rx(r"\\(?:frac|sum|int|sqrt|lim)|[∑∫√≤≥≠∞]|\b[a-z]\^\d|"
+                 r"\b\d+\s*[*/^]\s*\d+\s*[*/^+-]"), 1.0),
     _Feature("code to write or fix",
              _rx(r"\b(?:implement|refactor|debug|optimi[sz]e|write (?:a |an |the )?(?:\w+ ){0,3}"
                  r"(?:function|program|script|class|module|query|parser|server|test|algorithm|"
@@ -95,7 +96,7 @@ _SHORT_WORDS = 10
 
 def decide(
     prompt: str,
-    thresholds: RouterThresholds = RouterThresholds(),
+    thresholds: RouterThresholds | None = None,
     *,
     local_room_tokens: int | None = None,
     prompt_tokens: int | None = None,
@@ -107,6 +108,7 @@ def decide(
     rule. ``prompt_tokens``: the prompt's size from the local tokenizer, if the caller has it
     (otherwise estimated from characters).
     """
+    thresholds = thresholds or RouterThresholds()
     if local_room_tokens is not None:
         size = prompt_tokens if prompt_tokens is not None else estimate_tokens(prompt)
         if size > local_room_tokens * thresholds.local_fit_fraction:
@@ -145,13 +147,14 @@ def _score(prompt: str) -> tuple[float, tuple[str, ...]]:
     return round(total, 2), tuple(named)
 
 
-def evaluate(path: Path | str, thresholds: RouterThresholds = RouterThresholds()) -> dict:
+def evaluate(path: Path | str, thresholds: RouterThresholds | None = None) -> dict:
     """Score the rules on a labelled JSONL file (``{"prompt": ..., "label": "local-ok" |
     "needs-remote"}`` per line), for ``localchat bench --router``.
 
     "Positive" means needs-remote. Returns counts, ``precision``, ``recall``, ``f1``, the added
     latency of a decision (``mean_latency_ms``, ``max_latency_ms``) and the misrouted prompts.
     """
+    thresholds = thresholds or RouterThresholds()
     examples = _read_labelled(Path(path))
     decide("warm-up", thresholds)  # first-call costs are not a per-turn cost
     tp = fp = fn = tn = 0

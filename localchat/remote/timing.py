@@ -28,7 +28,7 @@ class ReplyClock:
         """Timings so far. ``prompt_n``/``predicted_n`` come from the server's usage chunk when it
         sent one; without it the number of text chunks stands in for the token count."""
         arrivals = self.arrivals
-        gaps = [(b - a) * 1000.0 for a, b in zip(arrivals, arrivals[1:])]
+        gaps = [(b - a) * 1000.0 for a, b in zip(arrivals, arrivals[1:], strict=False)]
         ttft = (arrivals[0] - self.submitted) * 1000.0 if arrivals else 0.0
         predicted_ms = (arrivals[-1] - arrivals[0]) * 1000.0 if arrivals else 0.0
         return Timings(

@@ -1,0 +1,102 @@
+"""The remote client and the escalation against a real OpenAI-compatible server: llama_cpp.server
+with the test model, started once per test session on 127.0.0.1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from localchat.engine.options import Sampling
+from localchat.events import Done, Notice, Token
+from localchat.remote.client import RemoteClient
+from localchat.remote.escalate import Escalator
+from remote_fixtures import LocalFactory, llama_server, settings_for, unsure, wait_until  # noqa: F401
+
+pytestmark = pytest.mark.model
+
+SHORT = Sampling(temperature=0.0, max_tokens=12, seed=1)
+HELLO = [{"role": "user", "content": "Say hello in one short sentence."}]
+HARD = [{"role": "user", "content": "Prove by induction that 1 + 2 + ... + n = n(n+1)/2. "
+                                    "Show your work step by step."}]
+
+
+def test_streams_a_reply_with_timings_and_route(llama_server):
+    client = RemoteClient(settings_for(llama_server, model="smollm2"))
+    events = list(client.stream(HELLO, SHORT, route_reason="test"))
+    tokens = [e for e in events if isinstance(e, Token)]
+    done = events[-1]
+    assert tokens and isinstance(done, Done)
+    assert done.reply == "".join(t.text for t in tokens)
+    assert done.finish_reason in ("stop", "length")
+    t = done.timings
+    # llama_cpp.server sends no usage chunk, so the count is the number of text chunks.
+    assert 0 < t.predicted_n <= SHORT.max_tokens
+    assert (t.route, t.route_reason, t.model) == ("remote", "test", "smollm2")
+    assert t.ttft_ms > 0
+
+
+def _open_connections(port: int) -> list[str]:
+    """TCP connections on ``port`` that are established or waiting for our side to close
+    (CLOSE_WAIT), read from /proc/net/tcp; the listening socket is not counted."""
+    states = {"01": "ESTABLISHED", "08": "CLOSE_WAIT"}
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local_port, remote_port = int(fields[1].split(":")[1], 16), int(fields[2].split(":")[1], 16)
+        if port in (local_port, remote_port) and fields[3] in states:
+            found.append(states[fields[3]])
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux socket states")
+def test_stop_closes_the_connection_and_the_server_lets_go(llama_server):
+    port = int(llama_server.rsplit(":", 1)[1].split("/")[0])
+    client = RemoteClient(settings_for(llama_server, timeout_s=60))
+    turn = client.stream([{"role": "user", "content": "Write a very long story about a dragon."}],
+                         Sampling(max_tokens=1500, seed=2))
+    events = iter(turn)
+    first = next(e for e in events if isinstance(e, Token))
+    assert _open_connections(port)  # the stream is running
+    turn.stop()
+    final = next(events)
+    assert isinstance(final, Done) and final.finish_reason == "aborted"
+    assert final.reply.startswith(first.text)
+    wait_until(lambda: not _open_connections(port), what="both ends of the connection to close")
+    # The server is free for the next request at once, not after 1500 tokens.
+    assert list(client.stream(HELLO, SHORT))[-1].finish_reason in ("stop", "length")
+
+
+def test_auto_routing_sends_a_hard_prompt_to_the_real_server(llama_server, tmp_path):
+    local = LocalFactory([])
+    esc = Escalator.from_settings(settings_for(llama_server, max_tokens=12),
+                                  breaker_file=tmp_path / "breaker.json")
+    turn = esc.start_turn(HARD, local, sampling=SHORT)
+    events = list(turn)
+    assert local.turns == []
+    assert any(isinstance(e, Notice) and e.kind == "escalate" for e in events)
+    done = events[-1]
+    assert isinstance(done, Done) and done.reply
+    assert done.timings.route == "remote" and done.timings.route_reason.startswith("auto: rules:")
+
+
+def test_an_unsure_local_reply_is_handed_to_the_real_server(llama_server, tmp_path):
+    local = LocalFactory(unsure(" um", 60))
+    esc = Escalator.from_settings(settings_for(llama_server, max_tokens=12),
+                                  breaker_file=tmp_path / "breaker.json")
+    turn = esc.start_turn(HELLO, local, sampling=SHORT)
+    events = list(turn)
+    assert local.turns[0].stopped.is_set()
+    assert events[-1].timings.route == "remote" and events[-1].reply
+    assert turn.outcome.local_partial is not None and turn.outcome.local_partial.startswith(" um0")
+
+
+def test_the_real_engine_cut_by_length_escalates_to_the_real_server(llama_server, engine, tmp_path):
+    esc = Escalator.from_settings(settings_for(llama_server, max_tokens=12),
+                                  breaker_file=tmp_path / "breaker.json")
+    turn = esc.start_turn(HELLO, lambda: engine.submit(HELLO, Sampling(max_tokens=4, seed=1)),
+                          sampling=SHORT)
+    events = list(turn)
+    done = events[-1]
+    assert done.timings.route == "remote" and "length" in done.timings.route_reason
+    assert turn.outcome.local_partial  # the engine's four tokens, kept
