@@ -62,7 +62,8 @@ def test_stop_closes_the_connection_and_the_server_lets_go(llama_server):
     final = next(events)
     assert isinstance(final, Done) and final.finish_reason == "aborted"
     assert final.reply.startswith(first.text)
-    wait_until(lambda: not _open_connections(port), what="both ends of the connection to close")
+    wait_until(lambda: not _open_connections(port), timeout_s=30,
+               what="both ends of the connection to close")
     # The server is free for the next request at once, not after 1500 tokens.
     assert list(client.stream(HELLO, SHORT))[-1].finish_reason in ("stop", "length")
 
