@@ -1,5 +1,6 @@
 """Pieces of the app that need no screen: status line text, slash command parsing and
-completion, and the conversation's view of the store (export, copy targets, retry)."""
+completion, the conversation's view of the store (export, copy targets, retry), and how a
+streaming reply's tokens reach the screen (merged, at a paced rate)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import pytest
 
 from fake_engine import FakeEngine
 from localchat.errors import UserError
-from localchat.events import Done, Loaded, Timings
+from localchat.events import Done, Loaded, Notice, PrefillProgress, Timings, Token
 from localchat.store import Store
 from localchat.tui import slash
 from localchat.tui.conversation import Conversation
+from localchat.tui.messages import TokenRun, TurnMailbox
+from localchat.tui.pacing import FramePacer
 from localchat.tui.status import StatusInfo, backend_label, render_status
 
 
@@ -117,3 +120,32 @@ def test_retry_takes_back_the_last_prompt_from_store_and_model_history(conversat
     assert conversation.take_back_last_prompt() == "second"
     assert [t.content for t in conversation.turns()] == ["first", "one"]
     assert [m.content for m in conversation.chat.history] == ["first", "one"]
+
+
+def test_tokens_that_arrive_between_two_looks_are_merged_in_order():
+    wakes: list[int] = []
+    mailbox = TurnMailbox(wake=lambda: wakes.append(1))
+    for event in (PrefillProgress(10, 10), Token("Hel"), Token("lo"), Notice("trimmed 3 turns"), Token("!")):
+        mailbox.put(event)
+    assert len(wakes) == 1  # one wake-up while the UI has not looked yet
+    assert mailbox.take() == [PrefillProgress(10, 10), TokenRun("Hello", 2), Notice("trimmed 3 turns"), TokenRun("!", 1)]
+    mailbox.put(Token("again"))
+    assert len(wakes) == 2 and mailbox.take() == [TokenRun("again", 1)]
+
+
+def test_expensive_redraws_are_spaced_out_to_keep_the_ui_within_its_cpu_budget():
+    now, cpu = [100.0], [5.0]
+    pacer = FramePacer(budget=0.1, clock=lambda: now[0], cpu_clock=lambda: cpu[0])
+    pacer.start()
+    assert pacer.wait() == 0  # the first token shows at once
+    cpu[0] += 0.002  # a cheap frame: the minimum interval applies
+    pacer.frame()
+    assert pacer.wait() == pytest.approx(0.04)
+    now[0] += 0.04
+    cpu[0] += 0.02  # 20 ms of UI work since the last redraw: wait 200 ms (10% of a core)
+    pacer.frame()
+    assert pacer.wait() == pytest.approx(0.2)
+    now[0] += 0.2
+    cpu[0] += 0.3  # very expensive: capped so the screen never lags by more than half a second
+    pacer.frame()
+    assert pacer.wait() == pytest.approx(0.5)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,12 +23,13 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from localchat.errors import UserError
-from localchat.events import Done, Failed, Notice, PrefillProgress, Token
+from localchat.events import Done, Event, Failed, Notice, PrefillProgress
 from localchat.store import SessionRecord, Store
 from localchat.tui import slash
 from localchat.tui.chat_log import ChatLog, ReplyView, reply_caption
 from localchat.tui.conversation import Conversation
-from localchat.tui.messages import ModelFailed, ModelLoading, ModelReady, TurnUpdate
+from localchat.tui.messages import ModelFailed, ModelLoading, ModelReady, TokenRun, TurnMailbox, TurnWake
+from localchat.tui.pacing import FramePacer
 from localchat.tui.model_setup import build_engine, default_sampling, model_names
 from localchat.tui.prompt import CommandHints, PromptInput
 from localchat.tui.screens import ConfirmScreen, HelpScreen
@@ -44,6 +46,8 @@ log = logging.getLogger(__name__)
 
 EngineFactory = Callable[[str | None], "Engine"]
 
+GIL_SWITCH_INTERVAL_S = 0.001
+
 
 @dataclass
 class ActiveTurn:
@@ -54,6 +58,7 @@ class ActiveTurn:
     conversation: Conversation
     reply: ReplyView | None  # None once the user switched away from its session
     meter: LiveMeter
+    mailbox: TurnMailbox
     context_before: int = 0  # tokens in context when the turn started (for the live estimate)
     prefill_total: int = 0
     handle: TurnHandle | None = None
@@ -101,10 +106,12 @@ class LocalChatApp(SessionActions, App[int]):
         self.loading_model: str | None = None
         self.model_error = ""
         self.conversation: Conversation | None = None
-        self.turn: ActiveTurn | None = None
+        self._turn: ActiveTurn | None = None
         self._turn_ids = itertools.count(1)
         self._quit_when_idle = False
         self._closed = False
+        self._pacer = FramePacer()
+        self._previous_switch_interval = sys.getswitchinterval()
 
     # --- layout -----------------------------------------------------------------------------
 
@@ -135,6 +142,10 @@ class LocalChatApp(SessionActions, App[int]):
         return self.query_one(SessionSidebar)
 
     async def on_mount(self) -> None:
+        # The engine thread needs the GIL back after every llama_decode; with Python's default 5 ms
+        # switch interval a redrawing UI thread could hold it that long per token.
+        self._previous_switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         saved_theme = self.store.get_setting("theme")
         if saved_theme in self.available_themes:
             self.theme = saved_theme
@@ -155,7 +166,19 @@ class LocalChatApp(SessionActions, App[int]):
     def set_state(self, state: str) -> None:
         self.status.info.state = state
         self.status.refresh()
-        self.refresh_bindings()
+
+    @property
+    def turn(self) -> ActiveTurn | None:
+        """The reply being generated, if any."""
+        return self._turn
+
+    @turn.setter
+    def turn(self, turn: ActiveTurn | None) -> None:
+        # Only here: refreshing bindings re-renders the footer, too costly to do per update.
+        if (turn is None) != (self._turn is None):
+            self._turn = turn
+            self.refresh_bindings()  # the footer's Stop key is live only while a reply runs
+        self._turn = turn
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop_reply":
@@ -241,9 +264,12 @@ class LocalChatApp(SessionActions, App[int]):
         self.prompt.remember(text)
         self.prompt.clear()
         reply = await self.chat_log.add_prompt(text)
-        self.turn = ActiveTurn(next(self._turn_ids), self.conversation, reply, LiveMeter(),
+        turn_id = next(self._turn_ids)
+        mailbox = TurnMailbox(wake=lambda: self.post_message(TurnWake(turn_id)))
+        self.turn = ActiveTurn(turn_id, self.conversation, reply, LiveMeter(), mailbox,
                                context_before=self.status.info.n_ctx_used)
         self.set_state("prefilling")
+        self._pacer.start()
         self._generate(self.turn, text, self.engine.name)
 
     @work(thread=True, group="turn", exit_on_error=False)
@@ -255,20 +281,34 @@ class LocalChatApp(SessionActions, App[int]):
             for event in turn.handle:
                 if isinstance(event, Done):
                     turn.conversation.record_reply(event, model)
-                self.post_message(TurnUpdate(turn.id, event))
+                turn.mailbox.put(event)
         except UserError as exc:
-            self.post_message(TurnUpdate(turn.id, Failed(str(exc))))
+            turn.mailbox.put(Failed(str(exc)))
         except Exception as exc:  # a store or engine bug must still end the turn on screen
             log.exception("turn failed")
-            self.post_message(TurnUpdate(turn.id, Failed(f"{type(exc).__name__}: {exc}")))
+            turn.mailbox.put(Failed(f"{type(exc).__name__}: {exc}"))
 
-    async def on_turn_update(self, message: TurnUpdate) -> None:
-        turn, event = self.turn, message.event
+    async def on_turn_wake(self, message: TurnWake) -> None:
+        turn = self.turn
         if turn is None or message.turn_id != turn.id:
             return
+        wait = self._pacer.wait()
+        if wait > 0:
+            self.set_timer(wait, lambda: self._show_turn_events(turn))
+        else:
+            await self._show_turn_events(turn)
+
+    async def _show_turn_events(self, turn: ActiveTurn) -> None:
+        if turn is not self.turn:
+            return
+        self._pacer.frame()
+        for event in turn.mailbox.take():
+            await self._show_turn_event(turn, event)
+
+    async def _show_turn_event(self, turn: ActiveTurn, event: Event | TokenRun) -> None:
         info = self.status.info
-        if isinstance(event, Token):
-            turn.meter.token()
+        if isinstance(event, TokenRun):
+            turn.meter.token(event.count)
             if info.state != "generating":
                 self.set_state("generating")
             turn.meter.apply(info)
@@ -344,6 +384,7 @@ class LocalChatApp(SessionActions, App[int]):
 
     def on_unmount(self) -> None:
         self._closed = True
+        sys.setswitchinterval(self._previous_switch_interval)
         if self.engine is not None:
             self.engine.close()
 

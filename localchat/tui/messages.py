@@ -6,11 +6,14 @@ own thread, in order.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from textual.message import Message
 
-from localchat.events import Event, Loaded
+from localchat.events import Event, Loaded, Token
 
 if TYPE_CHECKING:
     from localchat.engine.engine import Engine
@@ -45,13 +48,65 @@ class ModelFailed(Message):
         self.message = message
 
 
-class TurnUpdate(Message):
-    """One engine event of turn ``turn_id`` (PrefillProgress, Token, Notice, Done, Failed).
+class TurnWake(Message):
+    """Turn ``turn_id`` has new events in its ``TurnMailbox``."""
 
-    A ``Done`` is posted only after its reply is committed to the store.
-    """
-
-    def __init__(self, turn_id: int, event: Event) -> None:
+    def __init__(self, turn_id: int) -> None:
         super().__init__()
         self.turn_id = turn_id
-        self.event = event
+
+
+class TurnMailbox:
+    """A turn's events, handed from the generation thread to the UI thread.
+
+    The worker ``put``s every event; a wake-up message is posted only when none is pending, and
+    the UI ``take``s everything that arrived since its last look. So tokens that come while the
+    UI is busy (or waiting for its next frame) are merged into one update instead of queueing up
+    one message each: per-token messages made the UI thread wake and take the GIL per token,
+    which slowed decoding, since the engine thread needs the GIL after every llama_decode.
+    """
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._events: list[Event] = []
+        self._wake_pending = False
+
+    def put(self, event: Event) -> None:
+        """Worker thread: add an event; wake the UI unless a wake-up is already on its way."""
+        with self._lock:
+            self._events.append(event)
+            if self._wake_pending:
+                return
+            self._wake_pending = True
+        self._wake()
+
+    def take(self) -> list[Event | TokenRun]:
+        """UI thread: everything since the last ``take``, in order, runs of tokens merged."""
+        with self._lock:
+            events, self._events = self._events, []
+            self._wake_pending = False
+        return merge_tokens(events)
+
+
+@dataclass(frozen=True)
+class TokenRun:
+    """Consecutive ``Token`` events merged: their text, and how many there were."""
+
+    text: str
+    count: int
+
+
+def merge_tokens(events: list[Event]) -> list[Event | TokenRun]:
+    merged: list[Event | TokenRun] = []
+    run: list[str] = []
+    for event in [*events, None]:
+        if isinstance(event, Token):
+            run.append(event.text)
+            continue
+        if run:
+            merged.append(TokenRun("".join(run), len(run)))
+            run = []
+        if event is not None:
+            merged.append(event)
+    return merged

@@ -95,12 +95,13 @@ class LiveMeter:
     last_token_at: float | None = None
     tokens: int = 0
 
-    def token(self) -> None:
+    def token(self, count: int = 1) -> None:
+        """``count`` tokens just arrived (merged updates carry several)."""
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
         self.last_token_at = now
-        self.tokens += 1
+        self.tokens += count
 
     def apply(self, info: StatusInfo) -> None:
         if self.first_token_at is None or self.last_token_at is None:
