@@ -345,11 +345,18 @@ class Engine:
         timings.cache_n = reused
         pending = target[reused:]
         timings.prompt_n += len(pending)
+        # If this turn only appends, a stopped prefill can put the cache back exactly as it was.
+        before, before_n = self._cache, sum(len(m.tokens) for m in self._cache)
+        only_appends = layout.shift is None and reused >= before_n
         self._cache = layout.messages
         try:
             self._prefill(handle, pending, reused)
         except DecodeAborted:
-            self._keep_whole_messages(runtime.max_position() + 1)
+            if only_appends:
+                runtime.remove(before_n, -1)
+                self._cache = before
+            else:
+                self._keep_whole_messages(runtime.max_position() + 1)
             clock.prefill_end()
             handle.emit(Done("", "aborted", self._timings(clock.fill(timings))))
             return
@@ -364,11 +371,21 @@ class Engine:
         shift = layout.shift
         if shift is None:
             return current
+        end = len(current)
         runtime.remove(shift.start, shift.end)
-        if shift.delta:
+        if shift.insert:
+            # llama.cpp only accepts a batch that continues a sequence (Y = X + 1), so the new
+            # summary is evaluated at the end and then rotated into the gap: park it far out,
+            # move the kept turns, bring it back. Each move is a RoPE shift of cached keys.
+            size = len(shift.insert)
+            for i in range(0, size, runtime.n_batch):
+                runtime.decode(shift.insert[i:i + runtime.n_batch], end + i)
+            parked = end + size + runtime.n_ctx
+            runtime.move(end, end + size, parked - end)
+            runtime.move(shift.end, end, shift.delta)
+            runtime.move(parked, parked + size, shift.start - parked)
+        elif shift.delta:
             runtime.move(shift.end, -1, shift.delta)
-        for i in range(0, len(shift.insert), runtime.n_batch):
-            runtime.decode(shift.insert[i:i + runtime.n_batch], shift.start + i)
         timings.trimmed_n = shift.end - shift.start
         timings.context_shift = True
         timings.prompt_n += len(shift.insert)

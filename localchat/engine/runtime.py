@@ -165,6 +165,10 @@ class LlamaRuntime:
     def clear(self) -> None:
         self._lib.llama_memory_clear(self._memory, True)
 
+    def min_position(self) -> int:
+        """Lowest position held for the conversation (-1 when empty)."""
+        return int(self._lib.llama_memory_seq_pos_min(self._memory, 0))
+
     def max_position(self) -> int:
         """Highest position held for the conversation (-1 when empty)."""
         return int(self._lib.llama_memory_seq_pos_max(self._memory, 0))

@@ -1,0 +1,114 @@
+"""Context that never overflows, on the real model at a small n_ctx: trim by KV shift, capped
+summaries built in the background, over-long messages, and the user's turn winning."""
+
+from __future__ import annotations
+
+import pytest
+
+from localchat.config import Config
+from localchat.engine.engine import Engine
+from localchat.engine.options import EngineOptions, Sampling
+from localchat.events import Done, Failed, Token
+from localchat.session.factory import open_chat
+
+N_CTX = 512
+
+
+@pytest.fixture(scope="module")
+def small_engine(test_model_path):
+    engine = Engine(test_model_path, EngineOptions(n_ctx=N_CTX, gpu_layers=0), name="smollm2-135m")
+    engine.load()
+    yield engine
+    engine.close()
+
+
+def make_chat(engine, **context):
+    engine.reset()
+    config = Config()
+    config.context.update({"summary_max_tokens": 48, **context})
+    return open_chat(engine, config, system="You are brief.",
+                     sampling=Sampling(temperature=0, repeat_penalty=1.0, max_tokens=24))
+
+
+def kv_span(engine):
+    return engine.call(lambda: (engine._runtime.min_position(), engine._runtime.max_position()))
+
+
+def finish(handle):
+    final = None
+    for event in handle:
+        final = event
+    return final
+
+
+QUESTION = "Tell me one more fact about the number {n}, in a single sentence please."
+
+
+def test_forty_turns_never_overflow_trim_by_shifting_and_fold_capped_summaries(small_engine):
+    chat = make_chat(small_engine)
+    trims, summaries = [], []
+    for n in range(40):
+        small_engine.wait_idle(timeout=60)  # a user takes time to type: summaries get built
+        done = finish(chat.send(QUESTION.format(n=n)))
+        assert isinstance(done, Done), done
+        t = done.timings
+        assert t.n_ctx_used <= N_CTX
+        assert kv_span(small_engine) == (0, small_engine.tokens_in_context - 1)  # contiguous
+        if t.trimmed_n:
+            trims.append(t)
+            assert t.context_shift
+            # Kept turns are not prefilled again: only the new message and the summary are.
+            assert t.prompt_n <= 60 + t.summary_n + 8
+        if t.summary_n:
+            summaries.append(t.summary_n)
+    assert len(trims) >= 2
+    assert len(chat.history) == 80  # trimming changes what the model sees, not the history
+    assert chat.first_visible > 0
+    assert chat.summary and summaries and max(summaries) <= 48
+    assert small_engine.count_tokens(chat.summary) <= 48
+    assert chat.model_messages()[1]["content"].startswith("Summary of our earlier conversation")
+
+
+def test_without_summaries_trimming_just_drops_turns(small_engine):
+    chat = make_chat(small_engine, summarize=False)
+    for n in range(22):
+        done = finish(chat.send(QUESTION.format(n=n)))
+        assert isinstance(done, Done)
+    assert chat.summary == "" and chat.first_visible > 0
+
+
+def test_overlong_message_is_refused_with_the_numbers(small_engine):
+    chat = make_chat(small_engine)
+    final = finish(chat.send("lorem ipsum " * 400))
+    assert isinstance(final, Failed)
+    assert "Message too long" in final.message and f"{N_CTX}" in final.message
+    assert chat.history == []
+
+
+def test_overlong_message_keeps_head_and_tail_with_a_visible_marker(small_engine):
+    chat = make_chat(small_engine, overlong="head_tail")
+    text = "START " + "lorem ipsum " * 400 + " END?"
+    done = finish(chat.send(text))
+    assert isinstance(done, Done)
+    sent = chat.history[0].content
+    assert sent.startswith("START") and sent.rstrip().endswith("END?")
+    assert "tokens cut" in sent
+    assert done.timings.n_ctx_used <= N_CTX
+
+
+def test_a_user_message_during_summarization_is_answered_first(small_engine):
+    chat = make_chat(small_engine, summarize_threshold=0.3)
+    while True:  # fill the context until a background summary starts
+        done = finish(chat.send(QUESTION.format(n=len(chat.history))))
+        assert isinstance(done, Done)
+        if chat.keeper.in_flight is not None:
+            break
+        assert len(chat.history) < 60
+    handle = chat.send("What is 2 + 2?")
+    first_token = next(e for e in handle if isinstance(e, Token))
+    assert first_token is not None
+    done = finish(handle)
+    assert isinstance(done, Done) and done.reply
+    small_engine.wait_idle(timeout=60)
+    assert chat.keeper.in_flight is None  # the summary was stopped and can be asked for again
+    assert kv_span(small_engine) == (0, small_engine.tokens_in_context - 1)
