@@ -151,6 +151,10 @@ class Engine:
 
     def close(self) -> None:
         if self._thread.is_alive():
+            with self._lock:
+                pending, self._background_jobs = self._background_jobs, []
+            for handle in pending:
+                handle.stop()
             self.stop()
             self._jobs.put(None)
             self._thread.join(timeout=30)

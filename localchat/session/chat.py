@@ -53,6 +53,9 @@ class ChatSession:
         self.summary_in_context = True
         # Applies the context budget (trimming, summaries) when the engine supports it.
         self.keeper = None
+        # Time spent restoring a saved KV cache before this session's next turn: it is part of
+        # what the user waits for, so it is added to that turn's TTFT (and shown as restore_ms).
+        self.pending_restore_ms: float | None = None
         # Index into history of the first message the model still sees (earlier ones were trimmed).
         self.first_visible = 0
         self._lock = threading.Lock()
@@ -74,23 +77,42 @@ class ChatSession:
 
     # -- turns ---------------------------------------------------------------------------------
 
-    def send(self, text: str, sampling: Sampling | None = None) -> TurnHandle:
-        """Add the user's message and start the reply. The reply (also a stopped one) is added to
-        the history before the final event reaches whoever reads the handle."""
+    def send(self, text: str, sampling: Sampling | None = None, *, escalator=None,
+             route: str = "auto"):
+        """Add the user's message and start the reply; returns a TurnHandle (or, with an
+        ``escalator``, a RoutedTurn that may hand the turn to the remote model). The reply, also
+        a stopped one, is added to the history before the final event reaches the reader."""
+        sampling = sampling or self.sampling
+        remote_ready = escalator is not None and escalator.client is not None and route != "local"
         with self._lock:
             if self._current is not None and not self._current.finished:
                 raise RuntimeError("a reply is still running; stop it first")
+            refusal = None
             if self.keeper is not None:
                 text, refusal = self.keeper.make_room(self, text)
-                if refusal is not None:
+                if refusal is not None and not remote_ready:
                     return refused(refusal)
             self.history.append(Message("user", text))
-            handle = self.engine.submit(self.model_messages(), sampling or self.sampling)
+            messages = self.model_messages()
+            if escalator is None:
+                handle = self.engine.submit(messages, sampling)
+                handle.on_finish(self._record_reply)
+            else:
+                from localchat.session.routed import RoutedTurn
+
+                # A message the local context cannot hold goes to the remote, if there is one.
+                how = "remote" if refusal is not None else route
+                turn = escalator.start_turn(messages, lambda: self.engine.submit(messages, sampling),
+                                            route=how, sampling=sampling)
+                handle = RoutedTurn(turn, self._record_reply)
             self._current = handle
-        handle.on_finish(self._record_reply)
         return handle
 
     def _record_reply(self, event: Done | Failed) -> None:
+        if isinstance(event, Done) and self.pending_restore_ms is not None:
+            event.timings.restore_ms = self.pending_restore_ms
+            event.timings.ttft_ms += self.pending_restore_ms
+            self.pending_restore_ms = None
         if isinstance(event, Done):
             self.history.append(Message("assistant", event.reply, stopped=event.finish_reason == "aborted"))
             if self.keeper is not None:

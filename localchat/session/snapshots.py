@@ -1,0 +1,114 @@
+"""Reopen a stored session ready to answer: save its KV cache after each turn, restore it when
+the session is opened again (from RAM when it was used recently, else from disk), and rebuild
+by prefilling when there is nothing usable (with a notice, never a failure)."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from localchat.engine.engine import Engine, KVSnapshot
+from localchat.errors import EngineError
+from localchat.session.chat import ChatSession
+from localchat.store.snapshots import SnapshotStore, SnapshotUnusable
+
+
+@dataclass
+class Restored:
+    restore_ms: float | None  # None: nothing was restored (a rebuild by prefill follows)
+    notice: str | None = None  # why a saved context was not used, for the user
+
+
+class SessionSnapshots:
+    """Per-session KV snapshots: a few recent ones in RAM (instant switching), all on disk."""
+
+    def __init__(self, store: SnapshotStore, ram_entries: int = 3) -> None:
+        self.store = store
+        self.ram_entries = ram_entries
+        self._ram: OrderedDict[str, tuple[dict, KVSnapshot, dict]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._writers: list[threading.Thread] = []
+
+    @staticmethod
+    def key(session_id: int) -> str:
+        return f"session-{session_id}"
+
+    def save(self, session_id: int, engine: Engine, chat: ChatSession, wait: bool = False) -> None:
+        """Snapshot the engine's cache for this session. The copy out of llama.cpp is quick and
+        runs on the engine thread; the disk write happens on a thread of its own."""
+        key = self.key(session_id)
+        snapshot = engine.export_snapshot()
+        fingerprint = engine.fingerprint()
+        meta = context_window(chat)
+        with self._lock:
+            self._ram[key] = (fingerprint, snapshot, meta)
+            self._ram.move_to_end(key)
+            while len(self._ram) > self.ram_entries:
+                self._ram.popitem(last=False)
+        writer = threading.Thread(target=self.store.save, args=(key, fingerprint, snapshot, meta),
+                                  name="localchat-snapshot", daemon=True)
+        writer.start()
+        self._writers = [w for w in self._writers if w.is_alive()] + [writer]
+        if wait:
+            self.flush()
+
+    def flush(self) -> None:
+        """Wait for snapshot writes in progress (before the process exits)."""
+        for writer in self._writers:
+            writer.join()
+        self._writers = []
+
+    def restore(self, session_id: int, engine: Engine, chat: ChatSession) -> Restored:
+        """Load this session's snapshot into the engine and the chat's context window."""
+        key = self.key(session_id)
+        fingerprint = engine.fingerprint()
+        with self._lock:
+            cached = self._ram.get(key)
+        try:
+            if cached is not None and cached[0] == fingerprint:
+                snapshot, meta = cached[1], cached[2]
+            else:
+                saved = self.store.load(key, fingerprint)
+                if saved is None:
+                    engine.reset()
+                    return Restored(None)
+                snapshot, meta = saved.snapshot, saved.meta
+            elapsed = engine.import_snapshot(snapshot)
+        except (SnapshotUnusable, EngineError) as exc:
+            self.store.discard(key)
+            engine.reset()
+            return Restored(None, f"{exc}; rebuilding the context from the conversation")
+        apply_context_window(chat, meta)
+        chat.pending_restore_ms = elapsed
+        return Restored(elapsed)
+
+    def forget(self, session_id: int) -> None:
+        key = self.key(session_id)
+        with self._lock:
+            self._ram.pop(key, None)
+        self.store.discard(key)
+
+
+def context_window(chat: ChatSession) -> dict:
+    """What the model was shown of the conversation (restored with the KV cache)."""
+    keeper = chat.keeper
+    return {
+        "history_len": len(chat.history),
+        "first_visible": chat.first_visible,
+        "summary": chat.summary,
+        "summary_in_context": chat.summary_in_context,
+        "summary_through": keeper.summary_through if keeper else -1,
+        "summary_text_tokens": keeper.summary_text_tokens if keeper else 0,
+    }
+
+
+def apply_context_window(chat: ChatSession, meta: dict) -> None:
+    if not meta or meta.get("history_len", 0) > len(chat.history):
+        return  # saved for a longer conversation than the store has: let the policy decide
+    chat.first_visible = min(int(meta.get("first_visible", 0)), len(chat.history))
+    chat.summary = meta.get("summary", "")
+    chat.summary_in_context = bool(meta.get("summary_in_context", True))
+    if chat.keeper is not None:
+        chat.keeper.summary_through = int(meta.get("summary_through", -1))
+        chat.keeper.summary_text_tokens = int(meta.get("summary_text_tokens", 0))

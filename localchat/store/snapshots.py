@@ -1,0 +1,168 @@
+"""KV snapshots on disk: a session's KV cache saved after each turn, so reopening it restores
+the cache in milliseconds instead of prefilling the whole conversation again.
+
+One file per session in the cache dir. A file holds a JSON header (the engine fingerprint the
+state belongs to, the exact per-message token records, the session's context window) and
+llama.cpp's sequence state, followed by a sha256 of both. Files are written to a temp name and
+renamed, so a crash mid-write never leaves a file that loads wrong data; a damaged, stale or
+foreign file is refused with a reason and the caller rebuilds by prefilling. The folder is kept
+under a byte cap by evicting the least recently used files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from localchat.engine.engine import KVSnapshot
+from localchat.engine.layout import CachedMessage
+
+MAGIC = b"LCKVSNP1"
+SUFFIX = ".kvsnap"
+_LENGTH = struct.Struct("<Q")
+DEFAULT_CAP_BYTES = 2 * 1024**3
+
+
+class SnapshotUnusable(Exception):
+    """The snapshot exists but must not be restored (the message says why, for a notice)."""
+
+
+@dataclass
+class SavedSnapshot:
+    snapshot: KVSnapshot
+    meta: dict[str, Any]  # the session's context window when it was saved (first_visible, summary...)
+
+
+class SnapshotStore:
+    def __init__(self, directory: Path, cap_bytes: int = DEFAULT_CAP_BYTES) -> None:
+        self.directory = Path(directory)
+        self.cap_bytes = cap_bytes
+
+    def path_for(self, key: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in key)
+        return self.directory / f"{safe}{SUFFIX}"
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def save(self, key: str, fingerprint: dict, snapshot: KVSnapshot, meta: dict | None = None) -> Path:
+        """Write the snapshot for ``key`` atomically, then evict old files beyond the cap."""
+        header = json.dumps({
+            "key": key,
+            "fingerprint": fingerprint,
+            "meta": meta or {},
+            "records": [asdict(r) for r in snapshot.records],
+            "state_bytes": len(snapshot.state),
+        }).encode("utf-8")
+        digest = hashlib.sha256(header)
+        digest.update(snapshot.state)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        target = self.path_for(key)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=self.directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(MAGIC + _LENGTH.pack(len(header)) + header)
+                f.write(snapshot.state)
+                f.write(digest.digest())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self.evict(keep=target)
+        return target
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def load(self, key: str, fingerprint: dict) -> SavedSnapshot | None:
+        """The snapshot for ``key``; None if there is none. Raises SnapshotUnusable when the
+        file is damaged or was taken with another model or settings."""
+        path = self.path_for(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise SnapshotUnusable(f"cannot read the saved context ({exc.strerror})") from None
+        header, state = _parse(data)
+        if header.get("key") != key:
+            raise SnapshotUnusable("the saved context belongs to another session")
+        if header.get("fingerprint") != fingerprint:
+            raise SnapshotUnusable("the saved context was made with another model or settings")
+        try:
+            records = [CachedMessage(**r) for r in header["records"]]
+        except (KeyError, TypeError):
+            raise SnapshotUnusable("the saved context is damaged") from None
+        os.utime(path)  # recently used: last to be evicted
+        return SavedSnapshot(KVSnapshot(records, state), header.get("meta", {}))
+
+    def discard(self, key: str) -> None:
+        self.path_for(key).unlink(missing_ok=True)
+
+    # -- housekeeping --------------------------------------------------------------------------
+
+    def files(self) -> list[Path]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(self.directory.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime)
+
+    def total_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.files())
+
+    def evict(self, keep: Path | None = None) -> list[Path]:
+        """Delete least recently used snapshots until the folder is under the cap."""
+        removed = []
+        files = self.files()
+        total = sum(p.stat().st_size for p in files)
+        for path in files:
+            if total <= self.cap_bytes:
+                break
+            if path == keep:
+                continue
+            total -= path.stat().st_size
+            path.unlink(missing_ok=True)
+            removed.append(path)
+        return removed
+
+    def prune(self, keep_keys: set[str] | None = None) -> tuple[int, int]:
+        """Delete every snapshot (or every one not in ``keep_keys``) and stray temp files;
+        returns (files removed, bytes freed)."""
+        count = freed = 0
+        keep = {self.path_for(k) for k in keep_keys or ()}
+        if not self.directory.is_dir():
+            return 0, 0
+        for path in list(self.directory.glob(f"*{SUFFIX}")) + list(self.directory.glob(".*.tmp")):
+            if path in keep:
+                continue
+            freed += path.stat().st_size
+            path.unlink(missing_ok=True)
+            count += 1
+        return count, freed
+
+
+def _parse(data: bytes) -> tuple[dict, bytes]:
+    if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _LENGTH.size + 32:
+        raise SnapshotUnusable("the saved context is not a localchat snapshot or is truncated")
+    offset = len(MAGIC)
+    (header_len,) = _LENGTH.unpack_from(data, offset)
+    offset += _LENGTH.size
+    header_bytes = data[offset:offset + header_len]
+    body_end = len(data) - 32
+    state = data[offset + header_len:body_end]
+    digest = hashlib.sha256(header_bytes)
+    digest.update(state)
+    if len(header_bytes) != header_len or digest.digest() != data[body_end:]:
+        raise SnapshotUnusable("the saved context is damaged (checksum mismatch)")
+    try:
+        header = json.loads(header_bytes)
+    except ValueError:
+        raise SnapshotUnusable("the saved context is damaged") from None
+    if header.get("state_bytes") != len(state):
+        raise SnapshotUnusable("the saved context is truncated")
+    return header, state
