@@ -53,18 +53,25 @@ SECTION_DEFAULTS: dict[str, dict[str, Any]] = {
         "max_tokens": 1024,
         "seed": -1,  # -1 = random
     },
-    "context": {
-        "system_prompt": "",
-    },
     "remote": {
-        "enabled": False,
+        "mode": "off",  # off | ask | auto: nothing is ever sent anywhere while it is off
         "base_url": "",
         "model": "",
+        "timeout_s": 30.0,
         # The key itself never lives in the config file, only the name of the variable holding it.
         "api_key_env": "LOCALCHAT_REMOTE_API_KEY",
     },
     "snapshots": {
         "enabled": True,
+        "max_bytes": 2 * 1024**3,  # disk cap for saved KV caches; least recently used go first
+    },
+    "context": {
+        "system_prompt": "",
+        "trim_fraction": 0.25,
+        "summary_max_tokens": 256,
+        "summarize": True,
+        "overlong": "refuse",  # or "head_tail"
+        "summarize_threshold": 0.75,
     },
 }
 

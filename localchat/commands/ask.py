@@ -28,6 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="sampling seed")
     p.add_argument("--n-ctx", type=int, help="context size in tokens")
     p.add_argument("--json", action="store_true", help="JSON Lines events on stdout")
+    p.add_argument("--session", "-s", help="continue (or start) the stored session with this name")
+    p.add_argument("--route", choices=("local", "remote", "auto"),
+                   help="who answers: the local model, the configured remote, or decide by rules "
+                   "and confidence (default: auto when [remote] is on, else local)")
     p.set_defaults(func=run)
 
 
@@ -35,12 +39,15 @@ def run(args: argparse.Namespace) -> int:
     from localchat.config import load_config
     from localchat.engine.factory import open_engine, sampling_options
     from localchat.errors import UserError
-    from localchat.session.factory import open_chat
+    from localchat.remote.escalate import Escalator
+    from localchat.remote.settings import RemoteSettings
 
     out = JsonEvents(sys.stdout) if args.json else PlainText(sys.stdout, sys.stderr)
     try:
         prompt = read_prompt(args.prompt)
         config = load_config()
+        escalator = Escalator.from_settings(RemoteSettings.from_config(config.remote))
+        route = args.route or ("auto" if escalator.client is not None else "local")
         overrides = {"n_ctx": args.n_ctx} if args.n_ctx else {}
         engine = open_engine(args.model, config, **overrides)
         sampling = sampling_options(config, **_sampling_flags(args))
@@ -48,14 +55,80 @@ def run(args: argparse.Namespace) -> int:
     except UserError as exc:
         return out.error(str(exc))
     try:
-        session = open_chat(engine, config, system=args.system, sampling=sampling)
-        handle = session.send(prompt)
-        final = stream(handle, out)
+        with _StoredSession.open(args.session, engine, config, args.system, sampling, out) as stored:
+            chat = stored.chat
+            handle = chat.send(prompt, escalator=None if route == "local" else escalator, route=route)
+            stored.prompt_sent(handle)
+            final = stream(handle, out)
+            stored.reply_finished(final)
+    except UserError as exc:
+        return out.error(str(exc))
     finally:
         engine.close()
+        escalator.close()
     if isinstance(final, Failed):
         return 1
     return EXIT_INTERRUPTED if final.finish_reason == "aborted" else 0
+
+
+class _StoredSession:
+    """``--session NAME``: the conversation comes from (and goes back to) the store the app uses,
+    and its KV cache is restored from the last snapshot instead of being prefilled again."""
+
+    def __init__(self, name, engine, chat, store=None, record=None, snapshots=None) -> None:
+        self.name, self.engine, self.chat = name, engine, chat
+        self.store, self.record, self.snapshots = store, record, snapshots
+
+    @classmethod
+    def open(cls, name, engine, config, system, sampling, out) -> "_StoredSession":
+        from localchat.session.factory import open_chat
+
+        if not name:
+            return cls(None, engine, open_chat(engine, config, system=system, sampling=sampling))
+        from localchat import paths
+        from localchat.session.chat import Message
+        from localchat.session.snapshots import SessionSnapshots
+        from localchat.store import Store
+        from localchat.store.snapshots import SnapshotStore
+
+        store = Store.open()
+        record = store.open_named_session(name)
+        if system is not None and system != record.system:
+            store.set_system(record.id, system)
+        history = [Message(t.role, t.content, t.stopped) for t in store.turns(record.id)]
+        chat = open_chat(engine, config, system=system if system is not None else record.system,
+                         history=history, sampling=sampling)
+        cap = int(config.snapshots.get("max_bytes", 2 * 1024**3))
+        snapshots = SessionSnapshots(SnapshotStore(paths.snapshots_dir(), cap))
+        if config.snapshots.get("enabled", True):
+            restored = snapshots.restore(record.id, engine, chat)
+            if restored.notice:
+                out.event(Notice(restored.notice, kind="snapshot"))
+        return cls(name, engine, chat, store, record, snapshots)
+
+    def __enter__(self) -> "_StoredSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    def prompt_sent(self, handle) -> None:
+        """Commit the user's message before the reply streams (a crash then loses only the reply)."""
+        if self.store is not None and self.chat.history and self.chat.history[-1].role == "user":
+            self.store.add_user_turn(self.record.id, self.chat.history[-1].content)
+
+    def reply_finished(self, final) -> None:
+        if self.store is None or not isinstance(final, Done):
+            return
+        t = final.timings
+        self.store.add_reply(self.record.id, final.reply, model=t.model or self.engine.name,
+                             timings=t, finish_reason=final.finish_reason,
+                             stopped=final.finish_reason == "aborted", route=t.route,
+                             route_reason=t.route_reason)
+        self.store.set_summary(self.record.id, self.chat.summary)
+        if self.snapshots is not None:
+            self.snapshots.save(self.record.id, self.engine, self.chat, wait=True)
 
 
 def _sampling_flags(args: argparse.Namespace) -> dict:
@@ -154,6 +227,10 @@ def summary_line(t: Timings) -> str:
         parts.append(f"{t.predicted_n} tokens at {t.predicted_per_second:.1f} tok/s")
     parts.append(f"prompt {t.prompt_n} tok in {t.prompt_ms:.0f} ms, {t.cache_n} cached")
     parts.append(f"context {t.n_ctx_used}/{t.n_ctx}")
+    if t.restore_ms:
+        parts.append(f"restored in {t.restore_ms:.0f} ms")
+    if t.trimmed_n:
+        parts.append(f"trimmed {t.trimmed_n} tok")
     if t.route != "local":
         parts.append(f"route {t.route}" + (f" ({t.route_reason})" if t.route_reason else ""))
     return " · ".join(parts)

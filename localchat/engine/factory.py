@@ -25,6 +25,8 @@ def engine_options(spec: ModelSpec, config: Config, **overrides: Any) -> EngineO
         "gpu_layers": spec.gpu_layers,
         "chat_format": spec.chat_format,
         "chat_template": spec.chat_template,
+        # Token probabilities feed the escalation router; they cost a softmax per token.
+        "track_confidence": config.remote.get("mode", "off") != "off",
     }
     return merged(EngineOptions, settings, from_spec, overrides)
 

@@ -12,19 +12,13 @@ from localchat.session.budget import ContextSettings
 from localchat.session.chat import ChatSession, Message
 from localchat.session.keeper import ContextKeeper
 
-# config.toml [context] keys and their defaults.
-CONTEXT_DEFAULTS: dict[str, Any] = {
-    "trim_fraction": 0.25,  # free this much of n_ctx beyond the turn's needs when trimming
-    "summary_max_tokens": 256,
-    "summarize": True,
-    "overlong": "refuse",  # or "head_tail"
-    "summarize_threshold": 0.75,
-}
+# config.toml [context] keys that ContextSettings takes (their defaults live in config.py).
+CONTEXT_KEYS = ("trim_fraction", "summary_max_tokens", "summarize", "overlong", "summarize_threshold")
 
 
 def context_settings(section: dict[str, Any], n_ctx: int, max_tokens: int) -> ContextSettings:
     """ContextSettings from config.toml's [context] section; bad values are a ConfigError."""
-    values = {key: section.get(key, default) for key, default in CONTEXT_DEFAULTS.items()}
+    values = {key: section[key] for key in CONTEXT_KEYS if key in section}
     try:
         return ContextSettings.for_reply(n_ctx, max_tokens, **values)
     except (ValueError, TypeError) as exc:
