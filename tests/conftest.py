@@ -67,3 +67,7 @@ def greedy():
     from localchat.engine.options import Sampling
 
     return Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=24)
+
+
+# One real OpenAI-compatible server (llama_cpp.server on loopback) for the whole session.
+from remote_fixtures import llama_server  # noqa: E402,F401

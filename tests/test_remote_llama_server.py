@@ -11,7 +11,7 @@ from localchat.engine.options import Sampling
 from localchat.events import Done, Notice, Token
 from localchat.remote.client import RemoteClient
 from localchat.remote.escalate import Escalator
-from remote_fixtures import LocalFactory, llama_server, settings_for, unsure, wait_until  # noqa: F401
+from remote_fixtures import LocalFactory, settings_for, unsure, wait_until
 
 pytestmark = pytest.mark.model
 
