@@ -16,6 +16,7 @@ Knobs for tests:
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
@@ -188,12 +189,15 @@ def make_app(store: object, engine: FakeEngine | None = None, **options: object)
 
 
 async def wait_until(pilot, condition: Callable[[], bool], what: str = "condition", timeout: float = 10.0) -> None:
-    """Let the app run until ``condition()`` holds; fail with ``what`` after ``timeout`` seconds."""
+    """Let the app run until ``condition()`` holds; fail with ``what`` after ``timeout`` seconds.
+
+    Polls with a plain sleep, not ``pilot.pause``: that forces a screen refresh each time, and a
+    busy UI thread slows the real engine's prefill (its abort callback needs the GIL)."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause(0.01)
+        await asyncio.sleep(0.02)
 
 
 def notices(app) -> list[str]:

@@ -1,0 +1,59 @@
+"""The app over the real engine and the test model (SmolLM2-135M): a reply streams and Esc
+stops it mid-stream; the partial reply is kept, and the next turn reuses the KV cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from fake_engine import SIZE, send, wait_until
+from localchat.engine.engine import Engine
+from localchat.engine.options import EngineOptions, Sampling
+from localchat.store import Store
+from localchat.tui.app import LocalChatApp
+from localchat.tui.status import render_status
+
+pytestmark = pytest.mark.model
+
+SLOW = 120.0  # seconds; a shared 2-core machine can be slow, the test never waits for a fixed time
+MAX_TOKENS = 400  # greedy SmolLM2 writes the dragon story to this limit: it is running at Esc
+
+
+def finished(app: LocalChatApp) -> bool:
+    reply = app.chat_log.last_reply()
+    return app.turn is None and reply is not None and reply.finished
+
+
+async def test_the_real_model_streams_stops_on_esc_and_the_next_turn_reuses_the_cache(test_model_path):
+    with Store.open() as store:
+        app = LocalChatApp(
+            store=store,
+            engine_factory=lambda ref: Engine(test_model_path, EngineOptions(n_ctx=1024), name="smollm2-135m"),
+            sampling_factory=lambda: Sampling(temperature=0.0, max_tokens=MAX_TOKENS, seed=0),
+            list_models=list,
+        )
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.engine is not None, "the model to load", timeout=SLOW)
+            assert render_status(app.status.info)[0].startswith("smollm2-135m · CPU │ idle │ ctx ")
+
+            await send(pilot, "Write a long story about a dragon who learns to cook.")
+            await wait_until(pilot, lambda: app.chat_log.last_reply().text, "the story to start", timeout=SLOW)
+            await pilot.press("escape")
+            await wait_until(pilot, lambda: finished(app), "the stop", timeout=SLOW)
+            story = app.chat_log.last_reply()
+            assert story.has_class("-stopped") and story.text
+            assert app.status.info.state == "stopped"
+
+            await send(pilot, "What is the capital of France? Answer in one word.")
+            await wait_until(pilot, lambda: finished(app), "the answer", timeout=SLOW)
+            assert app.chat_log.last_reply().text.strip()
+            assert "TTFT – ms" not in render_status(app.status.info)[1]
+
+        turns = store.turns(store.last_session().id)
+    assert [t.role for t in turns] == ["user", "assistant", "user", "assistant"]
+    stopped, answer = turns[1], turns[3]
+    assert stopped.stopped and stopped.finish_reason == "aborted" and stopped.content == story.text
+    assert 0 < stopped.timings.predicted_n < MAX_TOKENS
+    assert answer.model == "smollm2-135m" and not answer.stopped
+    # The story, stopped or not, was still in the KV cache: only the new question was prefilled.
+    assert answer.timings.cache_n > 0
+    assert answer.timings.prompt_n < answer.timings.cache_n
