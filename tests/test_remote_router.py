@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from localchat.errors import UserError
-from localchat.remote.router import LABEL_LOCAL, LABEL_REMOTE, decide, evaluate
+from localchat.remote.router import LABEL_LOCAL, LABEL_REMOTE, LABELLED_PROMPTS, decide, evaluate
 from localchat.remote.settings import RouterThresholds
 
-PROMPTS = Path(__file__).parent / "data" / "router_prompts.jsonl"
+PROMPTS = LABELLED_PROMPTS
 
 
 @pytest.mark.parametrize("prompt", [

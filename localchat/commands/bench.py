@@ -26,11 +26,90 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", action="store_true",
                    help="also replay each turn on a fresh context (a stateless server)")
     p.add_argument("--no-abort", action="store_true", help="skip the stop-latency measurements")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--restore", action="store_true",
+                      help="measure reopening a ~2,000-token session in a new process (KV snapshot) "
+                      "against the same turn in a process that never closed it")
+    mode.add_argument("--tui", nargs="?", const=1000, type=int, metavar="N_TOKENS",
+                      help="measure what streaming N tokens through the running app costs against "
+                      "the engine alone, and keypress latency during streaming")
+    mode.add_argument("--router", nargs="?", const="", metavar="PROMPTS.jsonl",
+                      help="score the escalation rules on a labelled prompt set (default: the shipped one)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.router is not None:
+        return _print(args, _router_report(args.router))
+    if args.restore or args.tui:
+        return _print(args, _model_report(args))
+    return _conversation(args)
+
+
+def _print(args: argparse.Namespace, report: dict) -> int:
+    if args.json:
+        json.dump(report, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        for line in _lines(report):
+            print(line)
+    return 0
+
+
+# Timing fields worth a line of their own in a text report (--json has them all).
+_KEY_TIMINGS = ("ttft_ms", "prompt_n", "cache_n", "prompt_ms", "restore_ms", "tpot_ms")
+
+
+def _lines(report: dict, indent: str = "") -> list[str]:
+    lines = []
+    for key, value in report.items():
+        if key == "targets":
+            lines += [f"  [{'ok' if c['ok'] else 'MISS'}] {c['target']}: {c['value']} (limit {c['limit']})"
+                      for c in value]
+        elif isinstance(value, dict) and "ttft_ms" in value:
+            lines.append(f"{indent}{key}: " + ", ".join(f"{k} {value[k]}" for k in _KEY_TIMINGS))
+        elif isinstance(value, dict):
+            lines.append(f"{indent}{key}:")
+            lines += _lines(value, indent + "  ")
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            lines.append(f"{indent}{key}: {len(value)} entries (see --json)")
+        else:
+            lines.append(f"{indent}{key}: {value}")
+    return lines
+
+
+def _router_report(path: str) -> dict:
+    from localchat.remote.router import LABELLED_PROMPTS, evaluate
+
+    return evaluate(Path(path) if path else LABELLED_PROMPTS)
+
+
+def _model_report(args: argparse.Namespace) -> dict:
+    from localchat.config import Config, load_config
+    from localchat.models.registry import require_local, resolve_model
+
+    config = load_config()
+    path = require_local(resolve_model(args.model or config.default_model))
+    if args.restore:
+        from localchat.bench_restore import measure_restore
+
+        # Default settings on both sides, so the new process computes the same fingerprint.
+        report = measure_restore(path, Config(), n_ctx=args.n_ctx, max_tokens=args.max_tokens)
+        report["targets"] = [
+            {"target": "restored prompt_n <= new tokens + a few (warm prompt_n + 4)",
+             "value": report["restored"]["prompt_n"], "limit": report["warm"]["prompt_n"] + 4,
+             "ok": report["restored"]["prompt_n"] <= report["warm"]["prompt_n"] + 4},
+            {"target": "restored TTFT (restore included) / warm TTFT", "limit": 2.0,
+             "value": report["restored_ttft_over_warm"], "ok": report["restored_ttft_over_warm"] <= 2.0},
+        ]
+        return report
+    from localchat.tui.bench import measure_streaming_overhead
+
+    return measure_streaming_overhead(path, args.tui)
+
+
+def _conversation(args: argparse.Namespace) -> int:
     from localchat import bench
     from localchat.config import load_config
     from localchat.engine.factory import open_engine

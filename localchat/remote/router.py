@@ -50,6 +50,10 @@ class _Feature:
     cap: float = 0.0
 
 
+# The labelled calibration set (local-ok / needs-remote) that `localchat bench --router` scores.
+LABELLED_PROMPTS = Path(__file__).parent / "data" / "router_prompts.jsonl"
+
+
 def _rx(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern, re.IGNORECASE | re.MULTILINE)
 
