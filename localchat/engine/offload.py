@@ -102,11 +102,15 @@ def gpu_backend() -> tuple[str, str]:
 
 
 def free_vram_bytes() -> int | None:
-    """Free memory of the first GPU as nvidia-smi reports it, or None when unknown."""
-    from localchat.engine.gpu import detect_gpus
+    """Free memory of the first GPU: nvidia-smi's figure, else what llama.cpp's GPU device
+    reports (Vulkan, Metal); None when unknown."""
+    from localchat.engine.gpu import backend_info, detect_gpus
 
     gpus = detect_gpus()
-    return gpus[0].free_mib * MiB if gpus else None
+    if gpus:
+        return gpus[0].free_mib * MiB
+    devices = [d for d in backend_info().devices if d.kind in ("gpu", "igpu") and d.free_mib > 0]
+    return devices[0].free_mib * MiB if devices else None
 
 
 def _vocab_size(gguf: GGUFInfo) -> int:
