@@ -288,3 +288,14 @@ async def test_help_opens_with_f1_and_lists_every_command(store):
 def test_fake_tokens_rebuild_the_reply_exactly():
     text = "Hello,  world!\n\n```py\nx = 1\n```"
     assert "".join(split_tokens(text)) == text
+
+
+async def test_after_a_failed_load_another_model_can_be_chosen_and_the_old_notice_goes(store):
+    engines = {"broken": FakeEngine("broken", load_error="unsupported file"), "fake-model": FakeEngine()}
+    app = make_app(store, engine_factory=lambda ref: engines[ref or "broken"])
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.status.info.state == "no model", "the load to fail")
+        await send(pilot, "/model fake-model")
+        await ready(pilot)
+        assert not app.chat_log.query(".notice")
+        assert status_text(app).startswith("fake-model · CPU │ idle")

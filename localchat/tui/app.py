@@ -220,7 +220,8 @@ class LocalChatApp(SessionActions, App[int]):
         self.status.info.model = message.model
         self.set_state(f"loading {message.fraction:.0%}")
 
-    def on_model_ready(self, message: ModelReady) -> None:
+    async def on_model_ready(self, message: ModelReady) -> None:
+        await self.chat_log.clear_notices()  # an earlier "model not loaded" no longer applies
         self.engine, self.loading_model, self.model_error = message.engine, None, ""
         self.sampling = message.sampling
         self.status.info.show_loaded(message.loaded)

@@ -123,3 +123,6 @@ class ChatLog(VerticalScroll):
     async def add_notice(self, text: str) -> None:
         """A line for the user that is not part of the conversation (not saved)."""
         await self.mount(Static(text, classes="notice", markup=False))
+
+    async def clear_notices(self) -> None:
+        await self.query(".notice").remove()

@@ -41,7 +41,7 @@ class StatusInfo:
 
     def show_timings(self, timings: Timings) -> None:
         """The finished turn's numbers, as the engine measured them."""
-        self.ttft_ms = timings.ttft_ms
+        self.ttft_ms = timings.ttft_ms if timings.predicted_n else None  # stopped before any token
         self.tpot_ms = timings.tpot_ms if timings.predicted_n > 1 else None
         self.tokens_per_s = timings.predicted_per_second or None
         self.cache_n, self.prompt_n = timings.cache_n, timings.prompt_n
