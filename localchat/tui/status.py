@@ -64,16 +64,22 @@ def _context_bar(used: int, total: int, cells: int = 8) -> str:
     return "▮" * filled + "▯" * (cells - filled)
 
 
-def render_status(info: StatusInfo) -> tuple[str, str]:
-    """The two status lines as plain text (the widget adds styling)."""
-    model = info.model if len(info.model) <= 28 else info.model[:27] + "…"
-    head = " · ".join(part for part in (model or "no model", info.backend) if part)
+def _fit(line: str, width: int) -> str:
+    return line if len(line) <= width else line[: max(0, width - 1)] + "…"
+
+
+def render_status(info: StatusInfo, width: int = 200) -> tuple[str, str]:
+    """The two status lines as plain text, each at most ``width`` characters: a long model name
+    is shortened first, so that the state and the numbers stay visible."""
     if info.n_ctx:
         percent = 100 * info.n_ctx_used // info.n_ctx
         context = f"ctx {info.n_ctx_used}/{info.n_ctx} {_context_bar(info.n_ctx_used, info.n_ctx)} {percent}%"
     else:
         context = f"ctx {DASH}"
-    first = " │ ".join((head, info.state, context, info.route))
+    tail = " │ " + " │ ".join((info.state, context, info.route))
+    backend = f" · {info.backend}" if info.backend else ""
+    model = _fit(info.model or "no model", max(12, width - len(backend) - len(tail)))
+    first = model + backend + tail
     reuse = DASH if info.cache_n is None else f"{info.cache_n} · new {info.prompt_n}"
     second = " │ ".join(
         (
@@ -83,7 +89,7 @@ def render_status(info: StatusInfo) -> tuple[str, str]:
             f"reused {reuse}",
         )
     )
-    return first, second
+    return _fit(first, width), _fit(second, width)
 
 
 @dataclass
@@ -125,7 +131,7 @@ class StatusBar(Widget):
         self.info = StatusInfo()
 
     def render(self) -> Text:
-        first, second = render_status(self.info)
+        first, second = render_status(self.info, self.content_size.width or 200)
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(first, style="bold" if self.info.state in ("generating", "stopped") else "")
         text.append("\n" + second)
