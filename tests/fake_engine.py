@@ -20,7 +20,7 @@ import asyncio
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from localchat.errors import EngineError

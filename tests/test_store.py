@@ -111,7 +111,7 @@ def test_two_sessions_cannot_share_a_name(store: Store):
 
 def test_sessions_are_listed_by_last_use(store: Store):
     first = store.create_session("first")
-    second = store.create_session("second")
+    store.create_session("second")
     store.add_user_turn(first.id, "hello again")
     assert [s.name for s in store.list_sessions()] == ["first", "second"]
     assert store.list_sessions()[0].turn_count == 1

@@ -8,7 +8,7 @@ import pytest
 
 from fake_engine import FakeEngine
 from localchat.errors import UserError
-from localchat.events import Done, Loaded, Notice, PrefillProgress, Timings, Token
+from localchat.events import Loaded, Notice, PrefillProgress, Timings, Token
 from localchat.store import Store
 from localchat.tui import slash
 from localchat.tui.conversation import Conversation

@@ -52,7 +52,7 @@ async def test_session_name_opens_that_session_or_creates_it(store):
     store.add_user_turn(notes.id, "kept in notes")
     store.create_session("newer")
     app = make_app(store, FakeEngine(), session="notes")
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=SIZE):
         assert app.conversation.session_id == notes.id
         assert shown_prompts(app) == ["kept in notes"]
         assert app.prompt.border_title == "notes"
@@ -166,3 +166,18 @@ def test_sessions_command_lists_sessions_by_last_use(store, capsys):
 def test_sessions_command_with_no_sessions_says_how_to_start(capsys):
     assert main(["sessions"]) == 0
     assert "No sessions yet" in capsys.readouterr().out
+
+
+async def test_the_first_prompt_titles_the_session_while_the_reply_streams(store):
+    app = make_app(store, FakeEngine(reply="a b c", hold_after=1))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+b")
+        assert sidebar_labels(app) == ["New chat"]
+        await pilot.press("escape")  # from the sidebar back to the prompt
+        assert app.focused is app.prompt
+        await send(pilot, "Plan a trip to Lisbon")
+        await wait_until(pilot, lambda: sidebar_labels(app) == ["Plan a trip to Lisbon"], "the title")
+        assert app.prompt.border_title == "Plan a trip to Lisbon"
+        await pilot.press("escape")
+        await reply_finished(pilot)

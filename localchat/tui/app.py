@@ -11,63 +11,48 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from textual import work
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Footer
 
 from localchat.errors import UserError
 from localchat.events import Done, Event, Failed, Notice, PrefillProgress
 from localchat.store import SessionRecord, Store
 from localchat.tui import slash
-from localchat.tui.chat_log import ChatLog, ReplyView, reply_caption
+from localchat.tui.chat_log import ChatLog, reply_caption
 from localchat.tui.conversation import Conversation
-from localchat.tui.messages import ModelFailed, ModelLoading, ModelReady, TokenRun, TurnMailbox, TurnWake
-from localchat.tui.pacing import FramePacer
+from localchat.tui.messages import (
+    ModelFailed,
+    ModelLoading,
+    ModelReady,
+    SessionChanged,
+    TokenRun,
+    TurnMailbox,
+    TurnWake,
+)
 from localchat.tui.model_setup import build_engine, default_sampling, model_names
+from localchat.tui.pacing import FramePacer
 from localchat.tui.prompt import CommandHints, PromptInput
 from localchat.tui.screens import ConfirmScreen, HelpScreen
 from localchat.tui.session_actions import SessionActions
 from localchat.tui.sidebar import SessionSidebar
 from localchat.tui.status import LiveMeter, StatusBar
+from localchat.tui.turn import ActiveTurn
 
 if TYPE_CHECKING:
     from localchat.engine.engine import Engine
     from localchat.engine.options import Sampling
-    from localchat.engine.turn import TurnHandle
 
 log = logging.getLogger(__name__)
 
 EngineFactory = Callable[[str | None], "Engine"]
 
 GIL_SWITCH_INTERVAL_S = 0.001
-
-
-@dataclass
-class ActiveTurn:
-    """The reply being generated. Shared with its worker thread: the worker sets ``handle``, the
-    UI sets ``stop_requested``; each checks the other's field, so a stop is never lost."""
-
-    id: int
-    conversation: Conversation
-    reply: ReplyView | None  # None once the user switched away from its session
-    meter: LiveMeter
-    mailbox: TurnMailbox
-    context_before: int = 0  # tokens in context when the turn started (for the live estimate)
-    prefill_total: int = 0
-    handle: TurnHandle | None = None
-    stop_requested: bool = False
-
-    def stop(self) -> None:
-        self.stop_requested = True
-        if self.handle is not None:
-            self.handle.stop()
 
 
 class LocalChatApp(SessionActions, App[int]):
@@ -267,7 +252,7 @@ class LocalChatApp(SessionActions, App[int]):
         reply = await self.chat_log.add_prompt(text)
         turn_id = next(self._turn_ids)
         mailbox = TurnMailbox(wake=lambda: self.post_message(TurnWake(turn_id)))
-        self.turn = ActiveTurn(turn_id, self.conversation, reply, LiveMeter(), mailbox,
+        self.turn = ActiveTurn(turn_id, self.conversation, reply, mailbox, LiveMeter(),
                                context_before=self.status.info.n_ctx_used)
         self.set_state("prefilling")
         self._pacer.start()
@@ -279,6 +264,7 @@ class LocalChatApp(SessionActions, App[int]):
             turn.handle = turn.conversation.send(text)
             if turn.stop_requested:
                 turn.handle.stop()
+            self.post_message(SessionChanged())  # the first prompt gives the session its title
             for event in turn.handle:
                 if isinstance(event, Done):
                     turn.conversation.record_reply(event, model)
@@ -288,6 +274,9 @@ class LocalChatApp(SessionActions, App[int]):
         except Exception as exc:  # a store or engine bug must still end the turn on screen
             log.exception("turn failed")
             turn.mailbox.put(Failed(f"{type(exc).__name__}: {exc}"))
+
+    def on_session_changed(self, message: SessionChanged) -> None:
+        self.refresh_sidebar()
 
     async def on_turn_wake(self, message: TurnWake) -> None:
         turn = self.turn
@@ -307,20 +296,9 @@ class LocalChatApp(SessionActions, App[int]):
             await self._show_turn_event(turn, event)
 
     async def _show_turn_event(self, turn: ActiveTurn, event: Event | TokenRun) -> None:
-        info = self.status.info
-        if isinstance(event, TokenRun):
-            turn.meter.token(event.count)
-            if info.state != "generating":
-                self.set_state("generating")
-            turn.meter.apply(info)
-            # An estimate until Done brings the engine's count (trimming may lower it).
-            info.n_ctx_used = turn.context_before + turn.prefill_total + turn.meter.tokens
+        if isinstance(event, TokenRun | PrefillProgress):
+            await turn.show_progress(event, self.status.info)
             self.status.refresh()
-            if event.text and turn.reply is not None:
-                await turn.reply.append(event.text)
-        elif isinstance(event, PrefillProgress):
-            turn.prefill_total = event.total
-            self.set_state(f"prefilling {event.done}/{event.total}")
         elif isinstance(event, Notice):
             self.notify(event.message, severity="warning" if event.kind == "warning" else "information")
         elif isinstance(event, Done):
@@ -389,26 +367,11 @@ class LocalChatApp(SessionActions, App[int]):
         if self.engine is not None:
             self.engine.close()
 
-    # --- screens and palette ----------------------------------------------------------------
+    # --- help and autocomplete --------------------------------------------------------------
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
-
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        for command in slash.COMMANDS:
-            if command.argument_required:
-                # Needs an argument: put the command in the input for the user to finish.
-                callback = lambda c=command: self._prefill_prompt(f"/{c.name} ")  # noqa: E731
-            else:
-                callback = lambda c=command: self.run_worker(self.run_slash_command(f"/{c.name}"))  # noqa: E731
-            yield SystemCommand(f"/{command.name}", command.help, callback)
-
-    def _prefill_prompt(self, text: str) -> None:
-        self.prompt.text = text
-        self.prompt.move_cursor(self.prompt.document.end)
-        self.prompt.focus()
 
     def _completions(self, text: str) -> list[slash.Completion]:
         return slash.completions(text, self._model_names)

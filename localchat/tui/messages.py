@@ -48,6 +48,10 @@ class ModelFailed(Message):
         self.message = message
 
 
+class SessionChanged(Message):
+    """The store's record of the open session changed (a prompt titled it): refresh labels."""
+
+
 class TurnWake(Message):
     """Turn ``turn_id`` has new events in its ``TurnMailbox``."""
 

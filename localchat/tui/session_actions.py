@@ -1,5 +1,5 @@
 """What the user can do to sessions and to the conversation: slash commands, sidebar requests,
-the palette's actions. Mixed into ``LocalChatApp``; kept apart so the app module stays about
+and the same actions in the command palette. Mixed into ``LocalChatApp``; kept apart so the app module stays about
 layout, model loading and streaming.
 
 Every handler lets ``UserError`` escape to ``run_slash_command`` or ``@shows_user_errors``,
@@ -11,9 +11,12 @@ from __future__ import annotations
 import functools
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from textual.app import SystemCommand
+from textual.screen import Screen
 
 from localchat.atomic import write_text_atomic
 from localchat.errors import UserError
@@ -216,6 +219,23 @@ class SessionActions:
 
     async def slash_help(self: LocalChatApp, argument: str) -> None:
         self.push_screen(HelpScreen())
+
+    # --- command palette --------------------------------------------------------------------
+
+    def get_system_commands(self: LocalChatApp, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)  # type: ignore[misc]  (App, next in the MRO)
+        for command in slash.COMMANDS:
+            if command.argument_required:
+                # Needs an argument: put the command in the input for the user to finish.
+                callback = lambda c=command: self._prefill_prompt(f"/{c.name} ")  # noqa: E731
+            else:
+                callback = lambda c=command: self.run_worker(self.run_slash_command(f"/{c.name}"))  # noqa: E731
+            yield SystemCommand(f"/{command.name}", command.help, callback)
+
+    def _prefill_prompt(self: LocalChatApp, text: str) -> None:
+        self.prompt.text = text
+        self.prompt.move_cursor(self.prompt.document.end)
+        self.prompt.focus()
 
     def _require_conversation(self: LocalChatApp) -> Conversation:
         if self.conversation is None:

@@ -61,8 +61,7 @@ class SessionSidebar(Vertical):
         keep = options.highlighted_session_id
         options.clear_options()
         options.add_options(
-            Option(Text(("● " if s.id == current_id else "  ") + s.label, no_wrap=True, overflow="ellipsis"),
-                   id=str(s.id))
+            Option(Text(("● " if s.id == current_id else "  ") + s.label), id=str(s.id))
             for s in sessions
         )
         ids = [s.id for s in sessions]
