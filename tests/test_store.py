@@ -12,7 +12,7 @@ import pytest
 
 from localchat.errors import UserError
 from localchat.events import Timings
-from localchat.store import NameTaken, SessionNotFound, Store
+from localchat.store import NameTaken, SessionNotFound, Store, StoreError
 from localchat.store import schema
 
 
@@ -205,3 +205,10 @@ def test_two_connections_writing_one_session_at_once_keep_every_turn(tmp_path: P
         turns = store.turns(session_id)
     assert len(turns) == 50
     assert [t.seq for t in turns] == list(range(1, 51))
+
+
+def test_a_file_that_is_not_a_database_is_a_readable_error(tmp_path: Path):
+    path = tmp_path / "sessions.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match=r"could not be used: file is not a database"):
+        Store.open(path)

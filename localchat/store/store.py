@@ -43,6 +43,10 @@ class NameTaken(UserError):
     """A session was renamed to a name another session already has."""
 
 
+class StoreError(UserError):
+    """The database file could not be read or written (locked too long, disk full, corrupt)."""
+
+
 _SESSION_COLUMNS = (
     "s.id, s.name, s.title, s.system, s.summary, s.model, s.created_at, s.updated_at, "
     "(SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id)"
@@ -71,12 +75,13 @@ class Store:
         # Autocommit mode: we issue BEGIN ourselves so each write is exactly one transaction.
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._lock = threading.RLock()
-        self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA synchronous = NORMAL")
-        self._db.execute("PRAGMA foreign_keys = ON")
         try:
-            self.schema_version = upgrade(self._db)
+            with self._readable_errors():
+                self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                self._db.execute("PRAGMA journal_mode = WAL")
+                self._db.execute("PRAGMA synchronous = NORMAL")
+                self._db.execute("PRAGMA foreign_keys = ON")
+                self.schema_version = upgrade(self._db)
         except BaseException:
             self._db.close()
             raise
@@ -101,7 +106,7 @@ class Store:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
+        with self._lock, self._readable_errors():
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
@@ -111,8 +116,17 @@ class Store:
                 raise
 
     def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
-        with self._lock:
+        with self._lock, self._readable_errors():
             return self._db.execute(sql, params).fetchall()
+
+    @contextmanager
+    def _readable_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.IntegrityError:
+            raise  # a constraint: the caller turns it into its own error
+        except sqlite3.DatabaseError as exc:  # locked past busy_timeout, disk full, not a database
+            raise StoreError(f"The session database {self.path} could not be used: {exc}.") from None
 
     # --- sessions -------------------------------------------------------------------------
 

@@ -78,11 +78,15 @@ class SessionActions:
             self.store.delete_session(record.id)
 
     def refresh_sidebar(self: LocalChatApp) -> None:
+        """Show the store's current session list and title (after any change to either)."""
         current = self.conversation.session_id if self.conversation else None
-        if self.sidebar.display:
-            self.sidebar.show(self.store.list_sessions(), current)
-        if self.conversation is not None:
-            self.prompt.border_title = self.conversation.record.label
+        try:
+            if self.sidebar.display:
+                self.sidebar.show(self.store.list_sessions(), current)
+            if self.conversation is not None:
+                self.prompt.border_title = self.conversation.record.label
+        except UserError as exc:  # the database is locked by another process or unreadable
+            self.notify(str(exc), severity="error")
 
     def action_toggle_sidebar(self: LocalChatApp) -> None:
         self.sidebar.display = not self.sidebar.display
@@ -92,6 +96,7 @@ class SessionActions:
         else:
             self.prompt.focus()
 
+    @shows_user_errors
     async def action_new_session(self: LocalChatApp) -> None:
         await self.open_session(self.store.create_session())
 
