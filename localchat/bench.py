@@ -125,8 +125,28 @@ def replay_fresh(engine: Engine, system: str, history: list[Message], sampling: 
     return timings
 
 
-def raw_decode_ms_per_token(engine: Engine, n_tokens: int = 128) -> float:
-    """A greedy loop of ``Llama.eval([token])`` + argmax over the last logits, no engine around it."""
+STORY_PROMPT = "Tell me a long story about a lighthouse keeper."
+
+
+def decode_speed(engine: Engine, n_tokens: int = 128, rounds: int = 3) -> dict:
+    """Engine decode speed against llama.cpp with no engine around it, measured alternately in
+    the same window (a shared machine drifts): the raw loop is ``Llama.eval([token])`` + argmax
+    over the last logits; the engine is a greedy turn on the same prompt. Medians of ``rounds``."""
+    raw, engine_ms = [], []
+    for _ in range(rounds):
+        raw.append(_raw_loop_ms_per_token(engine, n_tokens))
+        engine.reset()
+        session = ChatSession(engine, sampling=Sampling(temperature=0, repeat_penalty=1.0,
+                                                        max_tokens=n_tokens))
+        done, _ = run_turn(session.send(STORY_PROMPT))
+        engine_ms.append(done.timings.tpot_ms)
+    engine.reset()
+    raw_ms, eng_ms = statistics.median(raw), statistics.median(engine_ms)
+    return {"raw_ms_per_token": round(raw_ms, 2), "engine_ms_per_token": round(eng_ms, 2),
+            "engine_speed_ratio": round(raw_ms / eng_ms, 3) if eng_ms else 0.0}
+
+
+def _raw_loop_ms_per_token(engine: Engine, n_tokens: int) -> float:
     import numpy as np
 
     def loop() -> float:
@@ -134,7 +154,8 @@ def raw_decode_ms_per_token(engine: Engine, n_tokens: int = 128) -> float:
         llama = runtime.llama
         runtime.clear()
         llama.reset()
-        llama.eval(runtime.tokenize("<|im_start|>user\nTell me a long story.<|im_end|>\n", True))
+        prompt = engine._render([{"role": "user", "content": STORY_PROMPT}], True)
+        llama.eval(runtime.tokenize(prompt, True))
         started = time.perf_counter()
         for _ in range(n_tokens):
             token = int(np.argmax(runtime.last_logits()))
