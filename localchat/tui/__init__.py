@@ -1,0 +1,1 @@
+"""The terminal app: chat log, prompt, status bar, sessions (run with `localchat`)."""

@@ -35,7 +35,7 @@ COMMANDS: tuple[SlashCommand, ...] = (
     SlashCommand("copy", "Copy the last reply, or its last code block with /copy code", "code"),
     SlashCommand("sessions", "Show or hide the sessions sidebar"),
     SlashCommand("rename", "Rename this session", "NAME", argument_required=True),
-    SlashCommand("export", "Save this session as a Markdown file", "PATH"),
+    SlashCommand("export", "Save this session as Markdown (default: a new file in the current folder)", "PATH"),
     SlashCommand("summary", "Show the summary of turns trimmed from the context"),
     SlashCommand("help", "Show keys and commands"),
 )
