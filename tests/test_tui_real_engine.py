@@ -57,3 +57,46 @@ async def test_the_real_model_streams_stops_on_esc_and_the_next_turn_reuses_the_
     # The story, stopped or not, was still in the KV cache: only the new question was prefilled.
     assert answer.timings.cache_n > 0
     assert answer.timings.prompt_n < answer.timings.cache_n
+
+
+def real_app(store, test_model_path, **kwargs) -> LocalChatApp:
+    return LocalChatApp(
+        store=store,
+        engine_factory=lambda ref: Engine(test_model_path, EngineOptions(n_ctx=1024), name="smollm2-135m"),
+        sampling_factory=lambda: Sampling(temperature=0.0, max_tokens=16, seed=0),
+        list_models=list,
+        **kwargs,
+    )
+
+
+async def test_reopened_session_restores_its_kv_cache_instead_of_prefilling(test_model_path):
+    with Store.open() as store:
+        app = real_app(store, test_model_path)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.engine is not None, "the model to load", timeout=SLOW)
+            await send(pilot, "My name is Ada and I live in Lisbon.")
+            await wait_until(pilot, lambda: finished(app), "the reply", timeout=SLOW)
+        app = real_app(store, test_model_path, continue_last=True)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.engine is not None, "the model to load", timeout=SLOW)
+            await send(pilot, "Where do I live?")
+            await wait_until(pilot, lambda: finished(app), "the reply", timeout=SLOW)
+        turns = store.turns(store.last_session().id)
+    first, reopened = turns[1].timings, turns[3].timings
+    assert reopened.restore_ms > 0
+    assert reopened.cache_n >= first.n_ctx_used  # everything before was restored, not prefilled
+    assert reopened.prompt_n < 25
+
+
+async def test_big_sends_the_message_to_the_remote_model(test_model_path, llama_server, isolated_home):
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    (isolated_home / "config.toml").write_text(f'[remote]\nmode = "ask"\nbase_url = "{llama_server}"\n')
+    with Store.open() as store:
+        app = real_app(store, test_model_path)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.engine is not None, "the model to load", timeout=SLOW)
+            await send(pilot, "/big Say hello in French.")
+            await wait_until(pilot, lambda: finished(app), "the remote reply", timeout=SLOW)
+            assert app.status.info.route == "remote"
+        (_, reply) = store.turns(store.last_session().id)
+    assert reply.route == "remote" and reply.route_reason == "user: remote" and reply.content

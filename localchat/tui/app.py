@@ -35,7 +35,7 @@ from localchat.tui.messages import (
     TurnMailbox,
     TurnWake,
 )
-from localchat.tui.model_setup import build_engine, default_sampling, model_names
+from localchat.tui.model_setup import ChatServices, build_engine, build_services, default_sampling, model_names
 from localchat.tui.pacing import FramePacer
 from localchat.tui.prompt import CommandHints, PromptInput
 from localchat.tui.screens import ConfirmScreen, HelpScreen
@@ -77,8 +77,11 @@ class LocalChatApp(SessionActions, App[int]):
         engine_factory: EngineFactory = build_engine,
         sampling_factory: Callable[[], Sampling | None] = default_sampling,
         list_models: Callable[[], list[str]] = model_names,
+        services_factory: Callable[..., ChatServices | None] = build_services,
     ) -> None:
         super().__init__()
+        self._services_factory = services_factory
+        self.services: ChatServices | None = None
         self.store = store
         self.model_ref = model
         self._start = (continue_last, session)
@@ -136,6 +139,10 @@ class LocalChatApp(SessionActions, App[int]):
             self.theme = saved_theme
         self.theme_changed_signal.subscribe(self, lambda theme: self.store.set_setting("theme", theme.name))
         self.prompt.border_subtitle = "Enter send · Ctrl+J newline · F1 help"
+        try:
+            self.services = self._services_factory(ask_user=self._ask_user)
+        except UserError as exc:  # a malformed config.toml: chat still works, without extras
+            self.notify(str(exc), title="Settings not loaded", severity="error", timeout=15)
         await self.open_session(self._initial_session())
         self.prompt.focus()
         self._fetch_model_names()
@@ -244,7 +251,23 @@ class LocalChatApp(SessionActions, App[int]):
         else:
             await self.send_prompt(text[1:] if text.startswith("//") else text)
 
-    async def send_prompt(self, text: str) -> None:
+    def _ask_user(self, question: str) -> bool:
+        """Mode "ask": offer the remote model (one key to accept). Runs on the turn's worker
+        thread and waits for the answer while the UI stays live."""
+        import threading
+
+        answered, answer = threading.Event(), []
+
+        def record(choice: bool | None) -> None:
+            answer.append(bool(choice))
+            answered.set()
+
+        self.call_from_thread(self.push_screen,
+                              ConfirmScreen(question, yes="Ask the remote model", no="Stay local"), record)
+        answered.wait()
+        return answer[0]
+
+    async def send_prompt(self, text: str, route: str = "auto") -> None:
         if not self._ready_for_a_turn() or self.conversation is None:
             return
         self.prompt.remember(text)
@@ -256,12 +279,14 @@ class LocalChatApp(SessionActions, App[int]):
                                context_before=self.status.info.n_ctx_used)
         self.set_state("prefilling")
         self._pacer.start()
-        self._generate(self.turn, text, self.engine.name)
+        self._generate(self.turn, text, self.engine.name, route)
 
     @work(thread=True, group="turn", exit_on_error=False)
-    def _generate(self, turn: ActiveTurn, text: str, model: str) -> None:
+    def _generate(self, turn: ActiveTurn, text: str, model: str, route: str = "auto") -> None:
         try:
-            turn.handle = turn.conversation.send(text)
+            turn.handle = turn.conversation.send(text, route)
+            for notice in turn.conversation.take_notices():
+                turn.mailbox.put(notice)
             if turn.stop_requested:
                 turn.handle.stop()
             self.post_message(SessionChanged())  # the first prompt gives the session its title
@@ -363,6 +388,8 @@ class LocalChatApp(SessionActions, App[int]):
 
     def on_unmount(self) -> None:
         self._closed = True
+        if self.services is not None:
+            self.services.close()
         sys.setswitchinterval(self._previous_switch_interval)
         if self.engine is not None:
             self.engine.close()

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from localchat.errors import UserError
-from localchat.events import Done
+from localchat.events import Done, Notice
 from localchat.session.chat import ChatSession, Message
 from localchat.store import SessionRecord, Store, TurnRecord
 
@@ -22,15 +22,19 @@ if TYPE_CHECKING:
     from localchat.engine.engine import Engine
     from localchat.engine.options import Sampling
     from localchat.engine.turn import TurnHandle
+    from localchat.tui.model_setup import ChatServices
 
 _CODE_BLOCK = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
 class Conversation:
-    def __init__(self, store: Store, session: SessionRecord) -> None:
+    def __init__(self, store: Store, session: SessionRecord, services: ChatServices | None = None) -> None:
         self.store = store
         self.session_id = session.id
+        self.services = services
         self.chat: ChatSession | None = None
+        self._restore_pending = False
+        self._notices: list[Notice] = []
 
     def __repr__(self) -> str:
         return f"Conversation(session_id={self.session_id}, attached={self.chat is not None})"
@@ -43,17 +47,42 @@ class Conversation:
         return self.store.turns(self.session_id)
 
     def attach(self, engine: Engine, sampling: Sampling | None = None) -> None:
-        """Give the conversation a loaded model: the chat session starts from the stored turns."""
+        """Give the conversation a loaded model: the chat session starts from the stored turns.
+        With a real engine the context budget applies, and the session's saved KV cache is
+        restored just before its first turn (so that turn's TTFT shows what reopening costs)."""
         record = self.record
         history = [Message(t.role, t.content, stopped=t.stopped) for t in self.turns()]
-        self.chat = ChatSession(engine, system=record.system, history=history, sampling=sampling)
-        self.chat.summary = record.summary
+        if self.services is not None and hasattr(engine, "export_snapshot"):
+            from localchat.session.factory import open_chat
 
-    def send(self, text: str) -> TurnHandle:
-        """Commit the prompt, then start the model's turn. Requires ``attach``."""
+            self.chat = open_chat(engine, self.services.config, system=record.system,
+                                  history=history, sampling=sampling)
+            self._restore_pending = bool(history)
+        else:
+            self.chat = ChatSession(engine, system=record.system, history=history, sampling=sampling)
+            self.chat.summary = record.summary
+
+    def send(self, text: str, route: str = "auto") -> TurnHandle:
+        """Start the model's turn and commit the prompt as sent (the context policy may have cut
+        an over-long one; a refused one is not stored). Requires ``attach``."""
         chat = self._require_chat()
-        self.store.add_user_turn(self.session_id, text)
-        return chat.send(text)
+        if self._restore_pending:
+            self._restore_pending = False
+            restored = self.services.snapshots.restore(self.session_id, chat.engine, chat)
+            if restored.notice:
+                self._notices.append(Notice(restored.notice, kind="snapshot"))
+        escalator = self.services.escalator if self.services is not None else None
+        routed = escalator is not None and (escalator.client is not None or route == "remote")
+        before = len(chat.history)
+        handle = chat.send(text, escalator=escalator if routed else None, route=route)
+        if len(chat.history) > before:
+            self.store.add_user_turn(self.session_id, chat.history[before].content)
+        return handle
+
+    def take_notices(self) -> list[Notice]:
+        """Notices about the last send (e.g. a saved context that had to be rebuilt)."""
+        notices, self._notices = self._notices, []
+        return notices
 
     def record_reply(self, done: Done, model: str) -> TurnRecord:
         """Commit a finished turn's reply; an aborted one is stored as stopped."""
@@ -68,9 +97,12 @@ class Conversation:
             route=timings.route,
             route_reason=timings.route_reason,
         )
-        # Trimming (issue 4) may have refreshed the running summary during the turn.
+        # Trimming may have swapped in a new running summary during the turn.
         if self.chat is not None and self.chat.summary != self.record.summary:
             self.store.set_summary(self.session_id, self.chat.summary)
+        if self.services is not None and self.chat is not None and hasattr(self.chat.engine, "export_snapshot"):
+            # Off the UI thread (this runs on the turn's worker); the file is written by a thread.
+            self.services.snapshots.save(self.session_id, self.chat.engine, self.chat)
         return turn
 
     def take_back_last_prompt(self) -> str:

@@ -94,17 +94,18 @@ class ConfirmScreen(ModalScreen[bool]):
         Binding("n,escape", "answer(False)", "No", priority=True),
     ]
 
-    def __init__(self, question: str, yes: str = "Yes") -> None:
+    def __init__(self, question: str, yes: str = "Yes", no: str = "Cancel") -> None:
         super().__init__()
         self._question = question
         self._yes = yes
+        self._no = no
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(self._question, markup=False)
             with Horizontal(classes="buttons"):
                 yield Button(f"{self._yes} (y)", variant="error", id="yes")
-                yield Button("Cancel (n)", id="no")
+                yield Button(f"{self._no} (n)", id="no")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "yes")

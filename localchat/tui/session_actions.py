@@ -59,7 +59,7 @@ class SessionActions:
         previous = self.conversation
         if previous is not None and previous.session_id != record.id:
             self._discard_if_empty(previous)
-        self.conversation = Conversation(self.store, record)
+        self.conversation = Conversation(self.store, record, self.services)
         self.store.touch(record.id)
         await self.chat_log.show_turns(self.conversation.turns())
         if self.engine is not None:
@@ -134,6 +134,8 @@ class SessionActions:
         if self.turn is not None and self.turn.conversation.session_id == session_id:
             raise UserError("That session's reply is still streaming. Press Esc first.")
         self.store.delete_session(session_id)
+        if self.services is not None:
+            self.services.snapshots.forget(session_id)
         if self.conversation is not None and self.conversation.session_id == session_id:
             self.conversation = None
             await self.open_session(self.store.last_session() or self.store.create_session())
@@ -221,6 +223,10 @@ class SessionActions:
             "# Context summary\n\n" + (summary or "_No summary yet: every turn of this session still "
                                                  "fits in the model's context._")
         ))
+
+    async def slash_big(self: LocalChatApp, text: str) -> None:
+        """Send this message to the remote (large) model, whatever the routing mode."""
+        await self.send_prompt(text, route="remote")
 
     async def slash_help(self: LocalChatApp, argument: str) -> None:
         self.push_screen(HelpScreen())
