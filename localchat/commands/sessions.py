@@ -1,7 +1,6 @@
 """``localchat sessions``: list the stored conversations (``--json`` for scripts).
 
-Maintenance options for what belongs to sessions (such as ``--prune`` for their KV snapshots)
-are added as further flags of this sub-command, each handled by its own function in ``_run``.
+``--prune`` deletes the sessions' saved KV caches (they are rebuilt by prefilling when reopened).
 """
 
 from __future__ import annotations
@@ -23,16 +22,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Open one with `localchat --session NAME` or the last one with `localchat --continue`.",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object per session")
+    parser.add_argument("--prune", action="store_true",
+                        help="delete the saved KV caches (sessions reopen by prefilling once); "
+                        "snapshots of deleted sessions and half-written files go first")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.prune:
+        return _prune()
     with Store.open() as store:
         sessions = store.list_sessions()
     if args.json:
         print_json(sessions, sys.stdout)
     else:
         print_table(sessions, sys.stdout)
+    return 0
+
+
+def _prune() -> int:
+    from localchat import paths
+    from localchat.store.snapshots import SnapshotStore
+
+    count, freed = SnapshotStore(paths.snapshots_dir()).prune()
+    print(f"removed {count} saved context{'s' if count != 1 else ''} ({freed / 1e6:.1f} MB)")
     return 0
 
 
