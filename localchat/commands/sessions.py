@@ -23,8 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object per session")
     parser.add_argument("--prune", action="store_true",
-                        help="delete the saved KV caches (sessions reopen by prefilling once); "
-                        "snapshots of deleted sessions and half-written files go first")
+                        help="delete every saved KV cache and half-written snapshot file "
+                        "(sessions then reopen by prefilling once)")
     parser.set_defaults(func=_run)
 
 
