@@ -72,7 +72,7 @@ def _measure(model_path: Path, config: Config, n_ctx: int, target_tokens: int, m
         context_tokens = engine.tokens_in_context
         snapshots.save(warm_session.id, engine, chat, wait=True)
         restored_session = _copy_session(store, warm_session.id, "restore-new-process")
-        rebuilt_session = _copy_session(store, warm_session.id, "restore-rebuild")
+        _copy_session(store, warm_session.id, "restore-rebuild")  # no snapshot: must prefill
         saved = snapshots.store.load(snapshots.key(warm_session.id), engine.fingerprint())
         snapshots.store.save(snapshots.key(restored_session.id), engine.fingerprint(),
                              saved.snapshot, saved.meta)

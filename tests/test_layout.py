@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localchat.engine.layout import CachedMessage, plan_layout
+from localchat.engine.layout import plan_layout
 from localchat.engine.templates import NAMED_FORMATS, make_renderer
 
 render = make_renderer(NAMED_FORMATS["chatml"], bos_token="", eos_token="<|im_end|>")

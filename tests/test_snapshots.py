@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from localchat.engine.engine import KVSnapshot
+from localchat.engine.kv import KVSnapshot
 from localchat.engine.layout import CachedMessage
 from localchat.store import Store
 from localchat.store.snapshots import SnapshotStore, SnapshotUnusable

@@ -9,34 +9,23 @@ of evaluating them again.
 
 from __future__ import annotations
 
-import codecs
 import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, plan_layout
 from localchat.engine.options import EngineOptions, Sampling
-from localchat.engine.runtime import DecodeAborted, LlamaRuntime, token_probability
+from localchat.engine.runtime import DecodeAborted, LlamaRuntime
 from localchat.engine.templates import choose_template, make_renderer
 from localchat.engine.turn import TurnClock, TurnHandle
 from localchat.errors import EngineError, UserError
 from localchat.events import Done, Failed, Loaded, PrefillProgress, Timings, Token
 
-@dataclass
-class KVSnapshot:
-    """A conversation's KV cache: the per-message token records and llama.cpp's sequence state."""
-
-    records: list[CachedMessage]
-    state: bytes
-
-    @property
-    def n_tokens(self) -> int:
-        return sum(len(m.tokens) for m in self.records)
-
+__all__ = ["Engine", "KVSnapshot"]
 
 # Prompt tokens evaluated per llama_decode call on the CPU: small enough for steady progress
 # events, large enough to keep prefill throughput (measured: 128 vs 512 within noise here).
@@ -55,7 +44,7 @@ class Engine:
         self._render = None
         self._template = ""
         self._overhead: int | None = None
-        self._cache: list[CachedMessage] = []
+        self._kv: ConversationCache | None = None
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._current: TurnHandle | None = None
         self._background: TurnHandle | None = None
@@ -121,11 +110,7 @@ class Engine:
 
     def reset(self) -> None:
         """Empty the KV cache (the next turn prefills everything, as a stateless server would)."""
-        def clear() -> None:
-            self._require_runtime().clear()
-            self._cache = []
-
-        self.call(clear)
+        self.call(lambda: self._require_kv().forget())
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenize(text))
@@ -170,11 +155,11 @@ class Engine:
 
     @property
     def tokens_in_context(self) -> int:
-        return sum(len(m.tokens) for m in self._cache)
+        return self._kv.n_tokens if self._kv is not None else 0
 
     def cached_messages(self) -> list[CachedMessage]:
         """What the KV cache holds, one record per message (a copy)."""
-        return [CachedMessage(m.role, m.content, m.text, list(m.tokens), m.open) for m in self._cache]
+        return self._kv.copy_records() if self._kv is not None else []
 
     def render_tokens(self, messages: list[dict[str, str]]) -> int:
         """Tokens the prompt for ``messages`` (with the assistant header) takes."""
@@ -205,28 +190,13 @@ class Engine:
 
     def export_snapshot(self) -> KVSnapshot:
         """The KV cells and exact token records of the conversation (engine thread; fast: a copy)."""
-        def export() -> KVSnapshot:
-            runtime = self._require_runtime()
-            return KVSnapshot(self.cached_messages(), runtime.export_sequence())
-
-        return self.call(export)
+        return self.call(lambda: self._require_kv().export())
 
     def import_snapshot(self, snapshot: KVSnapshot) -> float:
         """Restore a snapshot taken with the same fingerprint; returns the ms it took.
         Raises EngineError (and leaves an empty cache) if llama.cpp rejects the data or it does
         not hold the tokens its records say."""
-        def restore() -> float:
-            started = time.perf_counter()
-            runtime = self._require_runtime()
-            expected = sum(len(m.tokens) for m in snapshot.records)
-            if not runtime.import_sequence(snapshot.state) or runtime.max_position() + 1 != expected:
-                self._forget_cache()
-                raise EngineError("the saved context does not match this model; it will be rebuilt")
-            self._cache = [CachedMessage(m.role, m.content, m.text, list(m.tokens), m.open)
-                           for m in snapshot.records]
-            return (time.perf_counter() - started) * 1000.0
-
-        return self.call(restore)
+        return self.call(lambda: self._require_kv().restore(snapshot))
 
     # -- engine thread -------------------------------------------------------------------------
 
@@ -241,6 +211,11 @@ class Engine:
         if self._runtime is None:
             raise EngineError("no model is loaded")
         return self._runtime
+
+    def _require_kv(self) -> ConversationCache:
+        if self._kv is None:
+            raise EngineError("no model is loaded")
+        return self._kv
 
     def _load(self, on_progress: Callable[[float], None] | None) -> Loaded:
         from localchat.engine.offload import resolve_gpu_layers
@@ -262,7 +237,7 @@ class Engine:
         self._runtime = LlamaRuntime(self.model_path, self.options, fit.n_gpu_layers)
         self._render = make_renderer(template, self._runtime.bos_text, self._runtime.eos_text)
         self._template = template
-        self._cache = []
+        self._kv = ConversationCache(self._runtime)
         if on_progress:
             on_progress(1.0)
         self.info = Loaded(
@@ -296,12 +271,12 @@ class Engine:
             else:
                 self._turn(handle, messages, sampling)
         except UserError as exc:
-            if not background:  # a background turn has already put the cache back
-                self._forget_cache()
+            if not background and self._kv is not None:  # a background turn put the cache back
+                self._kv.forget()
             handle.emit(Failed(str(exc)))
         except Exception as exc:  # an engine bug must still end the turn for the UI
-            if not background:
-                self._forget_cache()
+            if not background and self._kv is not None:
+                self._kv.forget()
             handle.emit(Failed(f"engine error: {type(exc).__name__}: {exc}"))
         finally:
             with self._lock:
@@ -314,24 +289,25 @@ class Engine:
 
     def _background_turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling) -> None:
         """Run a turn on top of the conversation, then put the cache back exactly as it was."""
-        runtime = self._require_runtime()
-        saved, saved_n = self._cache, self.tokens_in_context
-        layout = plan_layout(self._cache, messages, self._render, runtime.tokenize, allow_shift=False)
-        if layout.prefix_fallback or layout.tokens[:saved_n] != [t for m in saved for t in m.tokens]:
+        kv = self._require_kv()
+        saved, saved_tokens = kv.records, kv.tokens()
+        layout = plan_layout(saved, messages, self._render, kv.runtime.tokenize, allow_shift=False)
+        if layout.prefix_fallback or layout.tokens[:len(saved_tokens)] != saved_tokens:
             raise EngineError("a background turn may only add to the conversation")
         try:
             self._turn(handle, messages, sampling, layout)
         finally:
-            runtime.remove(saved_n, -1)
-            self._cache = saved
+            kv.truncate(len(saved_tokens))
+            kv.records = saved
 
     def _turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling,
               layout: Layout | None = None) -> None:
-        runtime = self._require_runtime()
+        kv = self._require_kv()
+        runtime = kv.runtime
         clock = TurnClock(handle.submitted_at)
         timings = Timings(model=self.name)
         if layout is None:
-            layout = plan_layout(self._cache, messages, self._render, runtime.tokenize,
+            layout = plan_layout(kv.records, messages, self._render, runtime.tokenize,
                                  allow_shift=runtime.can_shift)
         timings.prefix_fallback = layout.prefix_fallback
         target = layout.tokens
@@ -341,129 +317,46 @@ class Engine:
                 "start a new chat or raise n_ctx"
             )
         clock.prefill_start()
-        current = self._apply_shift(layout, timings)
+        if layout.shift is not None:
+            current = kv.shift(layout.shift)
+            timings.trimmed_n = layout.shift.end - layout.shift.start
+            timings.context_shift = True
+            timings.prompt_n += len(layout.shift.insert)
+        else:
+            current = kv.tokens()
         reused = _common_prefix(current, target)
         if reused == len(target):
             reused -= 1  # the last prompt token must be evaluated to get logits to sample from
-        runtime.remove(reused, -1)
+        kv.truncate(reused)
         timings.cache_n = reused
         pending = target[reused:]
         timings.prompt_n += len(pending)
         # If this turn only appends, a stopped prefill can put the cache back exactly as it was.
-        before, before_n = self._cache, sum(len(m.tokens) for m in self._cache)
+        before, before_n = kv.records, kv.n_tokens
         only_appends = layout.shift is None and reused >= before_n
-        self._cache = layout.messages
+        kv.records = layout.messages
+        chunk = runtime.n_batch if self.info and self.info.gpu_layers else CPU_PREFILL_CHUNK
         try:
-            self._prefill(handle, pending, reused)
+            kv.prefill(pending, reused, min(chunk, runtime.n_batch), lambda: handle.stop_requested,
+                       lambda done, total: handle.emit(PrefillProgress(done, total)))
         except DecodeAborted:
             if only_appends:
-                runtime.remove(before_n, -1)
-                self._cache = before
+                kv.truncate(before_n)
+                kv.records = before
             else:
-                self._keep_whole_messages(runtime.max_position() + 1)
+                kv.keep_whole_messages()
             clock.prefill_end()
             handle.emit(Done("", "aborted", self._timings(clock.fill(timings))))
             return
         clock.prefill_end()
-        reply, finish = self._generate(handle, sampling, clock)
+
+        def on_token(text: str, token: int, prob: float | None) -> None:
+            clock.token(bool(text))
+            handle.emit(Token(text, token, prob))
+
+        reply, finish = kv.generate(sampling, self.options.track_confidence,
+                                    lambda: handle.stop_requested, on_token)
         handle.emit(Done(reply, finish, self._timings(clock.fill(timings))))
-
-    def _apply_shift(self, layout: Layout, timings: Timings) -> list[int]:
-        """Drop trimmed turns by moving later cache cells down; return the tokens now cached."""
-        runtime = self._require_runtime()
-        current = [t for m in self._cache for t in m.tokens]
-        shift = layout.shift
-        if shift is None:
-            return current
-        end = len(current)
-        runtime.remove(shift.start, shift.end)
-        if shift.insert:
-            # llama.cpp only accepts a batch that continues a sequence (Y = X + 1), so the new
-            # summary is evaluated at the end and then rotated into the gap: park it far out,
-            # move the kept turns, bring it back. Each move is a RoPE shift of cached keys.
-            size = len(shift.insert)
-            for i in range(0, size, runtime.n_batch):
-                runtime.decode(shift.insert[i:i + runtime.n_batch], end + i)
-            parked = end + size + runtime.n_ctx
-            runtime.move(end, end + size, parked - end)
-            runtime.move(shift.end, end, shift.delta)
-            runtime.move(parked, parked + size, shift.start - parked)
-        elif shift.delta:
-            runtime.move(shift.end, -1, shift.delta)
-        timings.trimmed_n = shift.end - shift.start
-        timings.context_shift = True
-        timings.prompt_n += len(shift.insert)
-        return current[:shift.start] + shift.insert + current[shift.end:]
-
-    def _prefill(self, handle: TurnHandle, tokens: list[int], start: int) -> None:
-        runtime = self._require_runtime()
-        chunk = runtime.n_batch if self.info and self.info.gpu_layers else CPU_PREFILL_CHUNK
-        chunk = min(chunk, runtime.n_batch)
-        for i in range(0, len(tokens), chunk):
-            if handle.stop_requested:
-                raise DecodeAborted
-            runtime.decode(tokens[i:i + chunk], start + i, abortable=True)
-            handle.emit(PrefillProgress(min(i + chunk, len(tokens)), len(tokens)))
-
-    def _generate(self, handle: TurnHandle, sampling: Sampling, clock: TurnClock) -> tuple[str, str]:
-        runtime = self._require_runtime()
-        reply_record = self._cache[-1]
-        position = self.tokens_in_context
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        sampled: list[bytes] = []
-        evaluated_bytes = 0
-        track = self.options.track_confidence
-        sampler = runtime.new_sampler(sampling)
-        finish = "length"
-        try:
-            while True:
-                token = sampler.sample(runtime.ctx)
-                if runtime.is_end_of_generation(token):
-                    finish = "stop"
-                    break
-                prob = token_probability(runtime.last_logits(), token) if track else None
-                piece = runtime.piece(token)
-                sampled.append(piece)
-                text = decoder.decode(piece)
-                clock.token(bool(text))
-                handle.emit(Token(text, token, prob))
-                if len(sampled) >= sampling.max_tokens or position + 1 >= runtime.n_ctx:
-                    break  # the last sampled token is not evaluated; the next turn adds it
-                if handle.stop_requested:
-                    finish = "aborted"
-                    break
-                try:
-                    runtime.decode([token], position)
-                except DecodeAborted:  # defensive: the callback is not armed while decoding
-                    finish = "aborted"
-                    break
-                reply_record.tokens.append(token)
-                evaluated_bytes += len(piece)
-                position += 1
-        finally:
-            sampler.close()
-        reply_bytes = b"".join(sampled)
-        reply = reply_bytes.decode("utf-8", errors="replace")
-        reply_record.content = reply
-        reply_record.text += reply_bytes[:evaluated_bytes].decode("utf-8", errors="replace")
-        return reply, finish
-
-    def _forget_cache(self) -> None:
-        """After a failed turn the record may not match the KV cache: start clean, never wrong."""
-        self._cache = []
-        if self._runtime is not None:
-            self._runtime.clear()
-
-    def _keep_whole_messages(self, n_cached: int) -> None:
-        """After an aborted prefill keep only messages whose tokens all made it into the cache."""
-        kept, total = [], 0
-        for record in self._cache:
-            if total + len(record.tokens) > n_cached or record.open:
-                break
-            kept.append(record)
-            total += len(record.tokens)
-        self._require_runtime().remove(total, -1)
-        self._cache = kept
 
     def _timings(self, timings: Timings) -> Timings:
         runtime = self._runtime

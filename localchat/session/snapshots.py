@@ -8,7 +8,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from localchat.engine.engine import Engine, KVSnapshot
+from localchat.engine.engine import Engine
+from localchat.engine.kv import KVSnapshot
 from localchat.errors import EngineError
 from localchat.session.chat import ChatSession
 from localchat.store.snapshots import SnapshotStore, SnapshotUnusable

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from localchat.engine.engine import KVSnapshot
+from localchat.engine.kv import KVSnapshot
 from localchat.engine.layout import CachedMessage
 
 MAGIC = b"LCKVSNP1"
