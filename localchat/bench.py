@@ -191,8 +191,11 @@ def abort_while_decoding(engine: Engine, after_tokens: int = 16) -> dict:
     raise UserError("the abort test turn ended without Done")
 
 
-def abort_during_prefill(engine: Engine, prompt_tokens: int = 3000, stop_after_s: float = 0.5) -> dict | None:
-    """Stop in the middle of prefilling a long pasted document; ms from stop() to Done."""
+def abort_during_prefill(engine: Engine, prompt_tokens: int = 3000, stop_after_s: float = 1.5) -> dict | None:
+    """Stop in the middle of prefilling a long pasted document: a timer thread calls stop() at
+    an arbitrary moment (mid-batch, not at a chunk boundary); ms from stop() to Done."""
+    import threading
+
     n_ctx = engine.n_ctx
     if n_ctx < prompt_tokens + 64:
         return None
@@ -202,16 +205,23 @@ def abort_during_prefill(engine: Engine, prompt_tokens: int = 3000, stop_after_s
         document = document[: int(len(document) * 0.95)]
     session = ChatSession(engine, sampling=Sampling(temperature=0, max_tokens=8))
     handle = session.send(document)
-    started, stopped_at, progress = time.perf_counter(), None, (0, 0)
+    stopped_at: list[float] = []
+
+    def stop() -> None:
+        stopped_at.append(time.perf_counter())
+        handle.stop()
+
+    timer = threading.Timer(stop_after_s, stop)
+    timer.start()
+    progress = (0, 0)
     for event in handle:
         if isinstance(event, PrefillProgress):
             progress = (event.done, event.total)
-            if stopped_at is None and time.perf_counter() - started >= stop_after_s:
-                stopped_at = time.perf_counter()
-                handle.stop()
         elif isinstance(event, Done):
-            latency = (time.perf_counter() - stopped_at) * 1000.0 if stopped_at else None
+            ended = time.perf_counter()
+            timer.cancel()
             engine.reset()
+            latency = (ended - stopped_at[0]) * 1000.0 if stopped_at else None
             return {"latency_ms": latency, "prompt_tokens": progress[1],
                     "prefilled_before_stop": progress[0], "finish_reason": event.finish_reason}
     return None

@@ -84,6 +84,19 @@ class Engine:
         self._jobs.put(lambda: self._run_turn(handle, snapshot, sampling or Sampling(), background))
         return handle
 
+    def rearrange(self, messages: list[dict[str, str]]) -> TurnHandle:
+        """In the background, bring the KV cache to ``messages``: the cached conversation with
+        whole old turns dropped and a few messages (a summary) inserted after the pinned part.
+        Done(finish_reason="stop") when applied; "aborted" (cache unchanged) when a user turn
+        came first; Failed when it would need a re-prefill (then the next turn does it)."""
+        handle = TurnHandle(on_stop=self._stop_handle)
+        snapshot = [dict(m) for m in messages]
+        with self._lock:
+            self._background_jobs.append(handle)
+            self._idle.clear()
+        self._jobs.put(lambda: self._run_job(handle, lambda: self._rearrange(handle, snapshot), True))
+        return handle
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no background turn (e.g. a summary) is queued or running."""
         return self._idle.wait(timeout)
@@ -257,6 +270,13 @@ class Engine:
 
     def _run_turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling,
                   background: bool = False) -> None:
+        if background:
+            self._run_job(handle, lambda: self._background_turn(handle, messages, sampling), True)
+        else:
+            self._run_job(handle, lambda: self._turn(handle, messages, sampling), False)
+
+    def _run_job(self, handle: TurnHandle, body: Callable[[], None], background: bool) -> None:
+        """Run one turn-like job; it always ends its handle with Done or Failed."""
         with self._lock:
             self._current = handle
             self._background = handle if background else None
@@ -266,12 +286,9 @@ class Engine:
             if handle.stop_requested:
                 handle.emit(Done("", "aborted", self._timings(Timings())))
                 return
-            if background:
-                self._background_turn(handle, messages, sampling)
-            else:
-                self._turn(handle, messages, sampling)
+            body()
         except UserError as exc:
-            if not background and self._kv is not None:  # a background turn put the cache back
+            if not background and self._kv is not None:  # a background job put the cache back
                 self._kv.forget()
             handle.emit(Failed(str(exc)))
         except Exception as exc:  # an engine bug must still end the turn for the UI
@@ -286,6 +303,37 @@ class Engine:
                     self._background_jobs.remove(handle)
                 if not self._background_jobs:
                     self._idle.set()
+
+    def _rearrange(self, handle: TurnHandle, messages: list[dict]) -> None:
+        """Bring the cache to ``messages`` (the same conversation with old turns dropped and a
+        summary in their place) by shifting alone: no generation, no re-prefill."""
+        kv = self._require_kv()
+        runtime = kv.runtime
+        timings = Timings(model=self.name)
+        layout = plan_layout(kv.records, messages, self._render, runtime.tokenize,
+                             allow_shift=runtime.can_shift, add_generation_prompt=False)
+        if layout.prefix_fallback or layout.shift is None:
+            raise EngineError("this change to the context needs a re-prefill; it waits for the next turn")
+        records = layout.messages
+        last = kv.records[-1] if kv.records else None
+        if last is not None and last.open and records and records[-1].matches(
+                {"role": last.role, "content": last.content}):
+            records[-1] = last  # the reply's end marker stays for the next turn to add
+        started = time.perf_counter()
+        try:
+            current = kv.shift(layout.shift, should_stop=lambda: handle.stop_requested)
+        except DecodeAborted:
+            handle.emit(Done("", "aborted", self._timings(timings)))
+            return
+        if current != [t for r in records for t in r.tokens]:
+            kv.forget()
+            raise EngineError("the rearranged context did not match its record; it was cleared")
+        kv.records = records
+        timings.trimmed_n = layout.shift.end - layout.shift.start
+        timings.context_shift = True
+        timings.prompt_n = len(layout.shift.insert)
+        timings.prompt_ms = (time.perf_counter() - started) * 1000.0
+        handle.emit(Done("", "stop", self._timings(timings)))
 
     def _background_turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling) -> None:
         """Run a turn on top of the conversation, then put the cache back exactly as it was."""

@@ -47,20 +47,34 @@ class ConversationCache:
 
     # -- changing what is cached ---------------------------------------------------------------
 
-    def shift(self, shift: Shift) -> list[int]:
+    def shift(self, shift: Shift, should_stop: Callable[[], bool] | None = None) -> list[int]:
         """Drop cells [start, end) and put ``shift.insert`` in their place, moving later cells
-        (their keys are re-rotated, not recomputed). Returns the tokens now cached, in order."""
+        (their keys are re-rotated, not recomputed). Returns the tokens now cached, in order.
+
+        With ``should_stop`` the only slow part, evaluating the inserted tokens, can be stopped
+        (DecodeAborted) and leaves the cache exactly as it was."""
         runtime = self.runtime
         current = self.tokens()
         end = len(current)
-        runtime.remove(shift.start, shift.end)
-        if shift.insert:
-            # llama.cpp only accepts a batch that continues a sequence (Y = X + 1), so the new
-            # summary is evaluated at the end and then rotated into the gap: park it far out,
-            # move the kept turns, bring it back. Each move is a RoPE shift of cached keys.
-            size = len(shift.insert)
+        size = len(shift.insert)
+        # llama.cpp only accepts a batch that continues a sequence (Y = X + 1), so inserted
+        # tokens (a summary) are evaluated at the end and then rotated into the gap: park them
+        # far out, move the kept turns, bring them back. Each move is a RoPE shift of cached keys.
+        room_first = end + size < runtime.n_ctx
+        if not room_first:
+            runtime.remove(shift.start, shift.end)  # free the cells before evaluating
+        try:
             for i in range(0, size, runtime.n_batch):
-                runtime.decode(shift.insert[i:i + runtime.n_batch], end + i)
+                if should_stop is not None and room_first and should_stop():
+                    raise DecodeAborted
+                runtime.decode(shift.insert[i:i + runtime.n_batch], end + i,
+                               abortable=should_stop is not None and room_first)
+        except DecodeAborted:
+            runtime.remove(end, -1)
+            raise
+        if room_first:
+            runtime.remove(shift.start, shift.end)
+        if size:
             parked = end + size + runtime.n_ctx
             runtime.move(end, end + size, parked - end)
             runtime.move(shift.end, end, shift.delta)

@@ -83,9 +83,11 @@ def plan_layout(
     render: Render,
     tokenize: Tokenize,
     allow_shift: bool = True,
+    add_generation_prompt: bool = True,
 ) -> Layout:
-    """Lay out ``messages`` (plus the generation prompt) over what ``cache`` holds."""
-    prompt = render(messages, True)
+    """Lay out ``messages`` over what ``cache`` holds, followed by the assistant header (an open
+    record for the reply) unless ``add_generation_prompt`` is False (a rearrangement only)."""
+    prompt = render(messages, add_generation_prompt)
     boundary = _Boundaries(messages, render, prompt)
     sources, shift_span = _match(cache, messages, allow_shift)
     try:
@@ -93,7 +95,11 @@ def plan_layout(
     except _Mismatch:
         records = _walk(prompt, messages, _aligned_sources(cache, messages), boundary, tokenize,
                         reuse_exact_text_only=True)
+        if not add_generation_prompt:
+            records.pop()
         return Layout(records, None, prefix_fallback=True)
+    if not add_generation_prompt:
+        records.pop()  # the empty header record: there is no reply to come
     shift = None
     if shift_span is not None:
         start, end, first_inserted, n_inserted = shift_span

@@ -58,21 +58,27 @@ class ChatSession:
         self.pending_restore_ms: float | None = None
         # Index into history of the first message the model still sees (earlier ones were trimmed).
         self.first_visible = 0
-        self._lock = threading.Lock()
+        # Guards the window (history, first_visible, summary) against the background summary swap.
+        self.state_lock = threading.Lock()
         self._current: TurnHandle | None = None
 
     # -- what the model sees -------------------------------------------------------------------
 
-    def model_messages(self) -> list[dict[str, str]]:
+    def model_messages(self, *, summary: str | None = None, first_visible: int | None = None
+                       ) -> list[dict[str, str]]:
         """System prompt, summary (as a user/assistant pair, which every template accepts),
-        then the turns still in context, oldest first."""
+        then the turns still in context, oldest first. ``summary``/``first_visible`` give the
+        window as it would be with another summary and another first turn."""
+        if summary is None:
+            summary = self.summary if self.summary_in_context else ""
+        first = self.first_visible if first_visible is None else first_visible
         messages: list[dict[str, str]] = []
         if self.system:
             messages.append({"role": "system", "content": self.system})
-        if self.summary and self.summary_in_context:
-            messages.append({"role": "user", "content": summary_request(self.summary)})
+        if summary:
+            messages.append({"role": "user", "content": summary_request(summary)})
             messages.append({"role": "assistant", "content": SUMMARY_ACK})
-        messages.extend(m.as_dict() for m in self.history[self.first_visible:])
+        messages.extend(m.as_dict() for m in self.history[first:])
         return messages
 
     # -- turns ---------------------------------------------------------------------------------
@@ -84,7 +90,7 @@ class ChatSession:
         a stopped one, is added to the history before the final event reaches the reader."""
         sampling = sampling or self.sampling
         remote_ready = escalator is not None and escalator.client is not None and route != "local"
-        with self._lock:
+        with self.state_lock:
             if self._current is not None and not self._current.finished:
                 raise RuntimeError("a reply is still running; stop it first")
             refusal = None
@@ -118,6 +124,10 @@ class ChatSession:
             if self.keeper is not None:
                 in_context = self.summary and self.summary_in_context
                 event.timings.summary_n = self.keeper.summary_text_tokens if in_context else 0
+                moved = self.keeper.take_trimmed_in_background()
+                if moved:  # turns folded into the summary since the last turn
+                    event.timings.trimmed_n += moved
+                    event.timings.context_shift = True
                 self.keeper.after_reply(self)
 
     def stop(self) -> None:

@@ -49,6 +49,7 @@ class ContextKeeper:
         self.in_flight: SummaryRequest | None = None
         self.last_plan: TurnPlan | None = None
         self._generation = 0  # bumped by reset(): a summary started before it is discarded
+        self._trimmed_in_background = 0
         self._lock = threading.Lock()
 
     def reset(self) -> None:
@@ -67,8 +68,9 @@ class ContextKeeper:
         may carry a visible cut marker; a refusal message or None)."""
         overhead = self.engine.template_overhead()
         new_tokens = self.engine.count_tokens(text) + overhead
-        with self._lock:
-            prepared = self.prepared
+        # A prepared summary is swapped in by the background (see after_reply), never here: the
+        # user would wait for its prefill. A trim now only drops turns, which costs no prefill.
+        prepared = None
         layout = self.layout(session)
         plan = plan_turn(self.settings, layout, new_tokens, prepared=prepared,
                          new_overhead_tokens=overhead, marker_tokens=self._marker_tokens(new_tokens))
@@ -145,9 +147,12 @@ class ContextKeeper:
     # -- after a turn ----------------------------------------------------------------------------
 
     def after_reply(self, session: "ChatSession") -> None:
-        """Start the next summary in the background when the policy says it is time."""
+        """After a reply: swap in a summary that is ready, or start writing the next one."""
         with self._lock:
             prepared, in_flight = self.prepared, self.in_flight
+        if prepared is not None:
+            self._install(session)
+            return
         request = should_prepare_summary(self.settings, self.layout(session),
                                          prepared=prepared, in_flight=in_flight)
         if request is None:
@@ -159,9 +164,10 @@ class ContextKeeper:
         messages = session.model_messages() + [{"role": "user", "content": instruction}]
         sampling = Sampling(temperature=0.2, max_tokens=request.max_tokens, repeat_penalty=1.1)
         handle = self.engine.submit(messages, sampling, background=True)
-        handle.on_finish(lambda event: self._summary_finished(request, event, generation))
+        handle.on_finish(lambda event: self._summary_finished(session, request, event, generation))
 
-    def _summary_finished(self, request: SummaryRequest, event: Done | Failed, generation: int) -> None:
+    def _summary_finished(self, session: "ChatSession", request: SummaryRequest,
+                          event: Done | Failed, generation: int) -> None:
         text = event.reply.strip() if isinstance(event, Done) and event.finish_reason != "aborted" else ""
         if text:
             ids = self.engine.tokenize(text)[: self.settings.summary_max_tokens]
@@ -170,10 +176,45 @@ class ContextKeeper:
             if generation != self._generation:
                 return
             self.in_flight = None
-            if text:
-                wrapper = 2 * self.engine.template_overhead()
-                self.prepared = PreparedSummary(request.through, self.engine.count_tokens(text), wrapper)
-                self.prepared_text = text
+            if not text:
+                return
+            wrapper = 2 * self.engine.template_overhead()
+            self.prepared = PreparedSummary(request.through, self.engine.count_tokens(text), wrapper)
+            self.prepared_text = text
+        self._install(session)
+
+    def _install(self, session: "ChatSession") -> None:
+        """Swap the prepared summary in, in the background: the turns it covers leave the cache
+        and the summary takes their place (a KV shift). Stopped by any user message; retried
+        after the next reply."""
+        with self._lock:
+            prepared, text, generation = self.prepared, self.prepared_text, self._generation
+        if prepared is None:
+            return
+        first = max(session.first_visible, _position_of_exchange(session, prepared.through + 1))
+        messages = session.model_messages(summary=text, first_visible=first)
+        handle = self.engine.rearrange(messages)
+        handle.on_finish(lambda event: self._installed(session, prepared, text, first, generation, event))
+
+    def _installed(self, session: "ChatSession", prepared: PreparedSummary, text: str, first: int,
+                   generation: int, event: Done | Failed) -> None:
+        if not isinstance(event, Done) or event.finish_reason != "stop":
+            return  # stopped by the user's turn, or needs a re-prefill: try after the next reply
+        with session.state_lock, self._lock:
+            if generation != self._generation or self.prepared is not prepared:
+                return
+            session.summary, session.summary_in_context = text, True
+            session.first_visible = first
+            self.summary_through = prepared.through
+            self.summary_text_tokens = min(prepared.tokens, self.settings.summary_max_tokens)
+            self.prepared, self.prepared_text = None, ""
+            self._trimmed_in_background += event.timings.trimmed_n
+
+    def take_trimmed_in_background(self) -> int:
+        """Tokens removed by summary swaps since the last call (reported with the next turn)."""
+        with self._lock:
+            moved, self._trimmed_in_background = self._trimmed_in_background, 0
+        return moved
 
 
 def _position_of_exchange(session: "ChatSession", exchange: int) -> int:
