@@ -112,3 +112,42 @@ def test_a_user_message_during_summarization_is_answered_first(small_engine):
     small_engine.wait_idle(timeout=60)
     assert chat.keeper.in_flight is None  # the summary was stopped and can be asked for again
     assert kv_span(small_engine) == (0, small_engine.tokens_in_context - 1)
+
+
+def build_turns(engine, n):
+    chat = make_chat(engine, summarize=False)
+    for i in range(n):
+        finish(chat.send(QUESTION.format(n=i)))
+    return chat
+
+
+def test_background_rearrange_swaps_a_summary_in_without_prefilling_kept_turns(small_engine):
+    chat = build_turns(small_engine, 4)
+    before = small_engine.tokens_in_context
+    messages = chat.model_messages(summary="They asked about numbers 0 and 1.", first_visible=4)
+    done = finish(small_engine.rearrange(messages))
+    assert isinstance(done, Done) and done.finish_reason == "stop"
+    assert done.timings.trimmed_n > 0 and done.timings.context_shift
+    assert kv_span(small_engine) == (0, small_engine.tokens_in_context - 1)
+    rearranged = small_engine.tokens_in_context
+    assert rearranged < before
+    # The next turn over the rearranged window reuses all of it.
+    chat.summary, chat.first_visible = "They asked about numbers 0 and 1.", 4
+    after = finish(chat.send("And the number 9?"))
+    assert after.timings.cache_n == rearranged and after.timings.prompt_n < 40
+
+
+def test_a_user_turn_preempts_a_rearrange_and_the_cache_is_unchanged(small_engine):
+    import threading
+
+    chat = build_turns(small_engine, 4)
+    before = small_engine.cached_messages()
+    gate = threading.Event()
+    small_engine._jobs.put(gate.wait)  # keep the rearrange queued behind this
+    pending = small_engine.rearrange(chat.model_messages(summary="short", first_visible=4))
+    turn = chat.send("Next question?")  # a user turn stops pending background work
+    gate.set()
+    assert finish(pending).finish_reason == "aborted"
+    done = finish(turn)
+    assert done.timings.cache_n >= sum(len(m.tokens) for m in before) - 1
+    assert kv_span(small_engine) == (0, small_engine.tokens_in_context - 1)
