@@ -15,11 +15,11 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from localchat.atomic import atomic_writer
 from localchat.engine.kv import KVSnapshot
 from localchat.engine.layout import CachedMessage
 
@@ -61,20 +61,11 @@ class SnapshotStore:
         }).encode("utf-8")
         digest = hashlib.sha256(header)
         digest.update(snapshot.state)
-        self.directory.mkdir(parents=True, exist_ok=True)
         target = self.path_for(key)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=self.directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(MAGIC + _LENGTH.pack(len(header)) + header)
-                f.write(snapshot.state)
-                f.write(digest.digest())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_writer(target) as f:
+            f.write(MAGIC + _LENGTH.pack(len(header)) + header)
+            f.write(snapshot.state)
+            f.write(digest.digest())
         self.evict(keep=target)
         return target
 
