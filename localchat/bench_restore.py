@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from localchat.bench import DEFAULT_QUESTIONS, DEFAULT_SYSTEM, run_turn
@@ -70,7 +71,11 @@ def _measure(model_path: Path, config: Config, n_ctx: int, target_tokens: int, m
             store.add_reply(warm_session.id, done.reply, model=spec.name, timings=done.timings)
             turn += 1
         context_tokens = engine.tokens_in_context
-        snapshots.save(warm_session.id, engine, chat, wait=True)
+        started = time.perf_counter()
+        snapshots.save(warm_session.id, engine, chat)  # what blocks the engine: the copy out
+        export_ms = (time.perf_counter() - started) * 1000.0
+        snapshots.flush()
+        write_ms = (time.perf_counter() - started) * 1000.0 - export_ms
         restored_session = _copy_session(store, warm_session.id, "restore-new-process")
         _copy_session(store, warm_session.id, "restore-rebuild")  # no snapshot: must prefill
         saved = snapshots.store.load(snapshots.key(warm_session.id), engine.fingerprint())
@@ -86,6 +91,9 @@ def _measure(model_path: Path, config: Config, n_ctx: int, target_tokens: int, m
     return {
         "context_tokens": context_tokens,
         "turns": turn,
+        "snapshot_bytes": len(saved.snapshot.state),
+        "snapshot_export_ms": round(export_ms, 1),  # engine thread busy (delays a turn sent now)
+        "snapshot_write_ms": round(write_ms, 1),  # on a writer thread
         "warm": warm_t,
         "restored": restored,
         "rebuilt": rebuilt,
