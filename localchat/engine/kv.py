@@ -123,11 +123,13 @@ class ConversationCache:
                 if should_stop():
                     finish = "aborted"
                     break
+                started = time.perf_counter()
                 try:
                     runtime.decode([token], position)
                 except DecodeAborted:  # defensive: the callback is not armed while decoding
                     finish = "aborted"
                     break
+                runtime.governor.observe((time.perf_counter() - started) * 1000.0)
                 reply_record.tokens.append(token)
                 evaluated_bytes += len(piece)
                 position += 1

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from localchat.engine.options import EngineOptions, Sampling
+from localchat.engine.threads import ThreadGovernor
 from localchat.errors import EngineError
 
 _KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # GGML_TYPE_* values
@@ -101,6 +102,7 @@ class LlamaRuntime:
         self.n_vocab = self.model.n_vocab()
         self.n_batch = options.n_batch
         self._memory = llama_cpp.llama_get_memory(self.ctx)
+        self.governor = ThreadGovernor(threads, self.set_threads)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._abort_requested = threading.Event()
         # Kept as an attribute: ctypes must not garbage-collect a callback llama.cpp holds.
@@ -171,6 +173,10 @@ class LlamaRuntime:
             if status == 1:
                 raise EngineError("the context is full (no KV cache slot for the batch)")
             raise EngineError(f"llama_decode failed with status {status}")
+
+    def set_threads(self, threads: int) -> None:
+        """Threads for decoding and prefill from now on (llama_set_n_threads)."""
+        self._lib.llama_set_n_threads(self.ctx, threads, threads)
 
     def request_abort(self) -> None:
         self._abort_requested.set()

@@ -1,0 +1,53 @@
+"""The thread governor: whichever thread count decodes faster, re-checked now and then."""
+
+from localchat.engine.threads import FIRST_PROBE, PROBE_EVERY, PROBE_TOKENS, ThreadGovernor
+
+
+class FakeCPU:
+    """Per-token decode time for each thread count, changeable mid-run."""
+
+    def __init__(self, two: float, one: float) -> None:
+        self.ms = {2: two, 1: one}
+        self.switches: list[int] = []
+        self.governor = ThreadGovernor(2, self.switches.append)
+
+    def decode(self, tokens: int) -> None:
+        for _ in range(tokens):
+            self.governor.observe(self.ms[self.governor.threads])
+
+
+def test_an_idle_machine_keeps_all_threads_after_a_short_try():
+    cpu = FakeCPU(two=12, one=20)
+    cpu.decode(500)
+    assert cpu.governor.threads == 2
+    assert cpu.switches[:2] == [1, 2]
+
+
+def test_a_competing_process_moves_decoding_to_one_thread_within_a_few_tokens():
+    cpu = FakeCPU(two=3000, one=40)
+    cpu.decode(FIRST_PROBE + PROBE_TOKENS)
+    assert cpu.governor.threads == 1
+
+
+def test_all_threads_come_back_when_the_competitor_leaves():
+    cpu = FakeCPU(two=3000, one=40)
+    cpu.decode(10)
+    cpu.ms = {2: 12, 1: 20}
+    cpu.decode(PROBE_EVERY + PROBE_TOKENS + 2)
+    assert cpu.governor.threads == 2
+
+
+def test_disastrous_tries_back_off():
+    cpu = FakeCPU(two=3000, one=40)
+    cpu.decode(2000)
+    slow_tries = sum(1 for t in cpu.switches if t == 2)
+    assert cpu.governor.threads == 1
+    assert slow_tries <= 6  # 64, 128, 256, 512, 1024 tokens apart
+
+
+def test_single_core_machines_are_left_alone():
+    switches = []
+    governor = ThreadGovernor(1, switches.append)
+    for ms in [10, 5000, 10]:
+        governor.observe(ms)
+    assert switches == []
