@@ -23,7 +23,7 @@ class KVSnapshot:
     """A conversation's KV cache: the per-message token records and llama.cpp's sequence state."""
 
     records: list[CachedMessage]
-    state: bytes
+    state: bytes | memoryview  # llama.cpp's sequence state, as exported or read from disk
 
     @property
     def n_tokens(self) -> int:

@@ -216,14 +216,15 @@ class LlamaRuntime:
         """Highest position held for the conversation (-1 when empty)."""
         return int(self._lib.llama_memory_seq_pos_max(self._memory, 0))
 
-    def export_sequence(self) -> bytes:
-        """The conversation's KV cells (llama_state_seq_get_data), to restore them later."""
+    def export_sequence(self) -> memoryview:
+        """The conversation's KV cells (llama_state_seq_get_data), to restore them later. A view
+        of the buffer llama.cpp wrote (no second copy of tens of MB on the engine thread)."""
         size = self._lib.llama_state_seq_get_size(self.ctx, 0)
         buf = (ctypes.c_uint8 * size)()
         written = self._lib.llama_state_seq_get_data(self.ctx, buf, size, 0)
-        return ctypes.string_at(buf, written)
+        return memoryview(buf).cast("B")[:written]
 
-    def import_sequence(self, data: bytes) -> bool:
+    def import_sequence(self, data: bytes | memoryview) -> bool:
         """Replace the conversation's KV cells with ``data``; False if llama.cpp rejects it."""
         self.clear()
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
