@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 
 # The UI thread may use this fraction of one core while a reply streams.
-UI_CPU_BUDGET = 0.10
-MIN_FRAME_S = 0.04  # 25 redraws a second at most: smooth to read
+UI_CPU_BUDGET = 0.05
+MIN_FRAME_S = 0.05  # 20 redraws a second at most: smooth to read
 MAX_FRAME_S = 0.5  # the screen never lags the model by more than this
 
 
