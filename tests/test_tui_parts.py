@@ -13,7 +13,7 @@ from localchat.store import Store
 from localchat.tui import slash
 from localchat.tui.conversation import Conversation
 from localchat.tui.messages import TokenRun, TurnMailbox
-from localchat.tui.pacing import FramePacer
+from localchat.tui.pacing import MIN_FRAME_S, FramePacer
 from localchat.tui.status import StatusInfo, backend_label, render_status
 
 
@@ -135,8 +135,8 @@ def test_expensive_redraws_are_spaced_out_to_keep_the_ui_within_its_cpu_budget()
     assert pacer.wait() == 0  # the first token shows at once
     cpu[0] += 0.002  # a cheap frame: the minimum interval applies
     pacer.frame()
-    assert pacer.wait() == pytest.approx(0.04)
-    now[0] += 0.04
+    assert pacer.wait() == pytest.approx(MIN_FRAME_S)
+    now[0] += MIN_FRAME_S
     cpu[0] += 0.02  # 20 ms of UI work since the last redraw: wait 200 ms (10% of a core)
     pacer.frame()
     assert pacer.wait() == pytest.approx(0.2)
