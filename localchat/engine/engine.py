@@ -174,12 +174,6 @@ class Engine:
         """What the KV cache holds, one record per message (a copy)."""
         return self._kv.copy_records() if self._kv is not None else []
 
-    def render_tokens(self, messages: list[dict[str, str]]) -> int:
-        """Tokens the prompt for ``messages`` (with the assistant header) takes."""
-        render = self._render
-        runtime = self._require_runtime()
-        return len(runtime.tokenize(render(messages, True), True))
-
     # -- KV snapshots (reopen a long session without prefilling it again) ---------------------
 
     def fingerprint(self) -> dict[str, Any]:
