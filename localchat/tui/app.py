@@ -155,6 +155,12 @@ class LocalChatApp(SessionActions, App[int]):
         last = self.store.last_session() if continue_last else None
         return last or self.store.create_session()
 
+    def notify(self, message: str, *, title: str = "", severity: str = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Toasts show plain text: error messages and names carry brackets such as [remote]
+        that Textual would otherwise read as markup."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
+
     def set_state(self, state: str) -> None:
         self.status.info.state = state
         self.status.refresh()
