@@ -394,6 +394,8 @@ class LocalChatApp(SessionActions, App[int]):
 
     def on_unmount(self) -> None:
         self._closed = True
+        if self.conversation is not None:
+            self.conversation.close()
         if self.services is not None:
             self.services.close()
         sys.setswitchinterval(self._previous_switch_interval)

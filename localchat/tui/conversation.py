@@ -35,6 +35,7 @@ class Conversation:
         self.chat: ChatSession | None = None
         self._restore_pending = False
         self._notices: list[Notice] = []
+        self._escalator = None  # made on the first turn; lives as long as the session is open
 
     def __repr__(self) -> str:
         return f"Conversation(session_id={self.session_id}, attached={self.chat is not None})"
@@ -71,13 +72,21 @@ class Conversation:
             restored = self.services.snapshots.restore(self.session_id, chat.engine, chat)
             if restored.notice:
                 self._notices.append(Notice(restored.notice, kind="snapshot"))
-        escalator = self.services.escalator if self.services is not None else None
+        if self._escalator is None and self.services is not None:
+            self._escalator = self.services.new_escalator()
+        escalator = self._escalator
         routed = escalator is not None and (escalator.client is not None or route == "remote")
         before = len(chat.history)
         handle = chat.send(text, escalator=escalator if routed else None, route=route)
         if len(chat.history) > before:
             self.store.add_user_turn(self.session_id, chat.history[before].content)
         return handle
+
+    def close(self) -> None:
+        """The session is left: release its connection to the remote, if it made one."""
+        if self._escalator is not None:
+            self._escalator.close()
+            self._escalator = None
 
     def take_notices(self) -> list[Notice]:
         """Notices about the last send (e.g. a saved context that had to be rebuilt)."""

@@ -21,15 +21,15 @@ if TYPE_CHECKING:
 @dataclass
 class ChatServices:
     """What a conversation with a real engine uses besides the engine: the user's settings (the
-    context budget), KV snapshots of sessions, and the escalator (inert while [remote] is off)."""
+    context budget), KV snapshots of sessions, and an escalator per session (inert while
+    [remote] is off; in mode "ask" it remembers the user's answer for that session)."""
 
     config: Config
     snapshots: SessionSnapshots
-    escalator: Escalator
+    new_escalator: Callable[[], Escalator]
 
     def close(self) -> None:
         self.snapshots.flush()
-        self.escalator.close()
 
 
 def build_services(ask_user: Callable[[str], bool] | None = None) -> ChatServices:
@@ -44,8 +44,8 @@ def build_services(ask_user: Callable[[str], bool] | None = None) -> ChatService
     config = load_config()
     cap = int(config.snapshots.get("max_bytes", 2 * 1024**3))
     snapshots = SessionSnapshots(SnapshotStore(paths.snapshots_dir(), cap))
-    escalator = Escalator.from_settings(RemoteSettings.from_config(config.remote), ask_user=ask_user)
-    return ChatServices(config, snapshots, escalator)
+    remote = RemoteSettings.from_config(config.remote)
+    return ChatServices(config, snapshots, lambda: Escalator.from_settings(remote, ask_user=ask_user))
 
 
 def build_engine(model_ref: str | None) -> Engine:

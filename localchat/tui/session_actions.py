@@ -57,6 +57,8 @@ class SessionActions:
             self.turn.stop()
             self.turn.reply = None
         previous = self.conversation
+        if previous is not None:
+            previous.close()
         if previous is not None and previous.session_id != record.id:
             self._discard_if_empty(previous)
         self.conversation = Conversation(self.store, record, self.services)
