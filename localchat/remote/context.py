@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import math
 
+from localchat.session.budget import TurnSpan
+from localchat.session.remote_budget import select_for_remote
+
 CHARS_PER_TOKEN = 4.0
 MESSAGE_OVERHEAD_TOKENS = 4  # role markers and separators of a typical chat template
 
@@ -35,21 +38,18 @@ def trim_to_budget(messages: list[dict], max_context_tokens: int, reserve_tokens
     """
     if not messages:
         return []
-    budget = max_context_tokens - reserve_tokens
     system = [m for m in messages[:-1] if m.get("role") == "system"]
     turns = _group_turns([m for m in messages[:-1] if m.get("role") != "system"])
     last = messages[-1]
-    fixed = estimate_message_tokens(system) + estimate_message_tokens([last])
-    kept: list[list[dict]] = []
-    used = fixed
-    for turn in reversed(turns):
-        cost = estimate_message_tokens(turn)
-        if used + cost > budget:
-            break  # older turns than this one would not fit either: keep the history contiguous
-        kept.append(turn)
-        used += cost
-    history = [m for turn in reversed(kept) for m in turn]
-    # Keep the original order of system messages relative to each other, first in the list.
+    # The choice itself (newest whole turns, contiguous) is the session's remote budget policy.
+    selection = select_for_remote(
+        max_context_tokens,
+        estimate_message_tokens(system),
+        [TurnSpan(i, estimate_message_tokens(turn)) for i, turn in enumerate(turns)],
+        estimate_message_tokens([last]),
+        reply_reserve=reserve_tokens,
+    )
+    history = [m for i in selection.turns for m in turns[i]] if selection.fits else []
     return [*system, *history, last]
 
 
