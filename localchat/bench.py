@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from localchat.config import Config
@@ -18,7 +19,7 @@ from localchat.engine.engine import Engine
 from localchat.engine.options import Sampling
 from localchat.errors import UserError
 from localchat.events import Done, Failed, PrefillProgress, Timings, Token
-from localchat.session.chat import ChatSession, Message
+from localchat.session.chat import ChatSession
 from localchat.session.factory import open_chat
 
 DEFAULT_SYSTEM = "You are a concise, helpful assistant."
@@ -93,36 +94,56 @@ def run_turn(handle) -> tuple[Done, float | None]:
     return final, None
 
 
+@dataclass
+class Replayed:
+    """One turn of a replay: its timings, its reply, and the messages the model was shown."""
+
+    timings: Timings
+    reply: str
+    sent: list[dict[str, str]]
+
+
 def replay(engine: Engine, system: str, users: list[str], sampling: Sampling,
-           config: Config) -> tuple[list[Timings], ChatSession]:
-    """Play the script through one ChatSession (with the context policy); per-turn timings.
+           config: Config) -> tuple[list[Replayed], ChatSession]:
+    """Play the script through one ChatSession (with the context policy), turn by turn.
 
     Between turns it waits until background work (a summary) is done, as a user who reads the
     reply and types the next message gives it time to; TTFT is measured from each submit.
     """
     session = open_chat(engine, config, system=system, sampling=sampling)
-    timings = []
+    turns = []
     for text in users:
         engine.wait_idle(timeout=120)
         done, _ = run_turn(session.send(text))
-        timings.append(done.timings)
+        turns.append(Replayed(done.timings, done.reply, session.last_sent))
     engine.wait_idle(timeout=120)
-    return timings, session
+    return turns, session
 
 
-def replay_fresh(engine: Engine, system: str, history: list[Message], sampling: Sampling) -> list[Timings]:
-    """The same turns, each on an empty KV cache (the stateless-server baseline)."""
-    timings = []
-    prior: list[Message] = []
-    for message in history:
-        if message.role == "user":
-            engine.reset()
-            session = ChatSession(engine, system=system, history=list(prior), sampling=sampling)
-            done, _ = run_turn(session.send(message.content))
-            timings.append(done.timings)
-        prior.append(message)
+def replay_fresh(engine: Engine, turns: list[Replayed], sampling: Sampling) -> list[Replayed]:
+    """Each turn again on an empty KV cache, shown exactly what the cached turn was shown: the
+    stateless-server baseline, and the oracle for KV reuse (greedy replies must be equal)."""
+    fresh = []
+    for turn in turns:
+        engine.reset()
+        done, _ = run_turn(engine.submit(turn.sent, sampling))
+        fresh.append(Replayed(done.timings, done.reply, turn.sent))
     engine.reset()
-    return timings
+    return fresh
+
+
+def exactness(cached: list[Replayed], fresh: list[Replayed]) -> dict:
+    """How many cached turns replied exactly as a fresh prefill did; turns that ran on cells a
+    context shift made approximate are counted apart (they are allowed to differ)."""
+    same = [c.reply == f.reply for c, f in zip(cached, fresh)]
+    approx = [c.timings.approx_n > 0 for c in cached]
+    return {
+        "turns": len(same),
+        "exact_turns": sum(same),
+        "approx_turns": sum(approx),
+        "exact_turns_without_approx": sum(s for s, a in zip(same, approx) if not a),
+        "differing_turns": [i + 1 for i, s in enumerate(same) if not s],
+    }
 
 
 STORY_PROMPT = "Tell me a long story about a lighthouse keeper."

@@ -38,6 +38,8 @@ class Timings:
     trimmed_n: int = 0  # tokens removed from the KV cache this turn
     summary_n: int = 0  # tokens of running summary in context
     context_shift: bool = False  # trimmed by shifting KV positions (no re-prefill)
+    # Cells in use that a context shift made approximate (they serve this conversation only).
+    approx_n: int = 0
     restore_ms: float = 0.0  # time to restore a saved KV snapshot before this turn
     route: str = "local"  # "local" or "remote"
     route_reason: str = ""

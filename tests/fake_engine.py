@@ -69,6 +69,7 @@ class FakeEngine:
         self.info: Loaded | None = None
         # What tests inspect afterwards.
         self.submitted: list[list[dict[str, str]]] = []
+        self.prepared: list[list[dict[str, str]]] = []
         self.closed = False
         self._current: TurnHandle | None = None
         self._one_turn_at_a_time = threading.Lock()
@@ -99,6 +100,13 @@ class FakeEngine:
         stopped = threading.Event()
         handle = TurnHandle(on_stop=lambda _handle: stopped.set())
         threading.Thread(target=self._run_turn, args=(messages, handle, stopped), daemon=True).start()
+        return handle
+
+    def prepare(self, messages: list[dict[str, str]]) -> TurnHandle:
+        """Nothing to precompute without a KV cache: records the request and ends at once."""
+        self.prepared.append([dict(m) for m in messages])
+        handle = TurnHandle()
+        handle.emit(Done("", "stop", Timings()))
         return handle
 
     def stop(self) -> None:

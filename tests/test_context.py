@@ -8,7 +8,7 @@ import pytest
 from localchat.config import Config
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
-from localchat.events import Done, Failed, Token
+from localchat.events import Done, Failed, PrefillProgress, Token
 from localchat.session.factory import open_chat
 
 N_CTX = 512
@@ -31,7 +31,15 @@ def make_chat(engine, **context):
 
 
 def kv_span(engine):
-    return engine.call(lambda: (engine._runtime.min_position(), engine._runtime.max_position()))
+    """(first, last position in llama.cpp's cache, tokens the engine's record holds), read
+    together on the engine thread: background work (a summary going in) may run right after."""
+    return engine.call(lambda: (engine._runtime.min_position(), engine._runtime.max_position(),
+                                engine._kv.n_tokens))
+
+
+def assert_cache_matches_record(engine) -> None:
+    first, last, recorded = kv_span(engine)
+    assert (first, last) == (0, recorded - 1)  # contiguous, and exactly what the record says
 
 
 def finish(handle):
@@ -53,12 +61,13 @@ def test_forty_turns_never_overflow_trim_by_shifting_and_fold_capped_summaries(s
         assert isinstance(done, Done), done
         t = done.timings
         assert t.n_ctx_used <= N_CTX
-        assert kv_span(small_engine) == (0, small_engine.tokens_in_context - 1)  # contiguous
+        assert_cache_matches_record(small_engine)
         if t.trimmed_n:
             trims.append(t)
-            assert t.context_shift
-            # Kept turns are not prefilled again: only the new message and the summary are.
-            assert t.prompt_n <= 60 + t.summary_n + 8
+            # By shifting in this turn, or by a summary that went in (and was prefilled) in the
+            # background while the user typed: either way the turn prefills only its message.
+            assert t.context_shift or t.summary_n
+            assert t.prompt_n <= 60 + 8
         if t.summary_n:
             summaries.append(t.summary_n)
     assert len(trims) >= 2
@@ -111,7 +120,7 @@ def test_a_user_message_during_summarization_is_answered_first(small_engine):
     assert isinstance(done, Done) and done.reply
     small_engine.wait_idle(timeout=60)
     assert chat.keeper.in_flight is None  # the summary was stopped and can be asked for again
-    assert kv_span(small_engine) == (0, small_engine.tokens_in_context - 1)
+    assert_cache_matches_record(small_engine)
 
 
 def build_turns(engine, n):
@@ -121,33 +130,50 @@ def build_turns(engine, n):
     return chat
 
 
-def test_background_rearrange_swaps_a_summary_in_without_prefilling_kept_turns(small_engine):
+def test_background_prepare_puts_a_summary_in_by_prefilling_after_the_system_prompt(small_engine):
     chat = build_turns(small_engine, 4)
-    before = small_engine.tokens_in_context
+    system_tokens = len(small_engine.cached_messages()[0].tokens)
     messages = chat.model_messages(summary="They asked about numbers 0 and 1.", first_visible=4)
-    done = finish(small_engine.rearrange(messages))
+    done = finish(small_engine.prepare(messages))
     assert isinstance(done, Done) and done.finish_reason == "stop"
-    assert done.timings.trimmed_n > 0 and done.timings.context_shift
-    assert kv_span(small_engine) == (0, small_engine.tokens_in_context - 1)
-    rearranged = small_engine.tokens_in_context
-    assert rearranged < before
-    # The next turn over the rearranged window reuses all of it.
+    # Nothing was inserted before cached cells: all after the system prompt was prefilled again.
+    # (the next message's header tokens, equal and exact, are reused too).
+    assert system_tokens <= done.timings.cache_n < system_tokens + 8
+    assert done.timings.approx_n == 0
+    assert_cache_matches_record(small_engine)
+    prepared = small_engine.tokens_in_context
+    # The next turn over the new window reuses all of it.
     chat.summary, chat.first_visible = "They asked about numbers 0 and 1.", 4
     after = finish(chat.send("And the number 9?"))
-    assert after.timings.cache_n == rearranged and after.timings.prompt_n < 40
+    assert after.timings.cache_n >= prepared - 1 and after.timings.prompt_n < 40
 
 
-def test_a_user_turn_preempts_a_rearrange_and_the_cache_is_unchanged(small_engine):
+def test_a_user_turn_preempts_a_prepare_and_the_cache_is_unchanged(small_engine):
     import threading
 
     chat = build_turns(small_engine, 4)
     before = small_engine.cached_messages()
     gate = threading.Event()
-    small_engine._jobs.put(gate.wait)  # keep the rearrange queued behind this
-    pending = small_engine.rearrange(chat.model_messages(summary="short", first_visible=4))
+    small_engine._jobs.put(gate.wait)  # keep the prepare queued behind this
+    pending = small_engine.prepare(chat.model_messages(summary="short", first_visible=4))
     turn = chat.send("Next question?")  # a user turn stops pending background work
     gate.set()
     assert finish(pending).finish_reason == "aborted"
     done = finish(turn)
     assert done.timings.cache_n >= sum(len(m.tokens) for m in before) - 1
-    assert kv_span(small_engine) == (0, small_engine.tokens_in_context - 1)
+    assert_cache_matches_record(small_engine)
+
+
+def test_a_prepare_stopped_mid_way_keeps_what_it_prefilled_for_the_turn(small_engine):
+    chat = build_turns(small_engine, 4)
+    chat.summary, chat.first_visible = "They asked about numbers 0 and 1. " * 6, 4
+    handle = small_engine.prepare(chat.model_messages())
+    for event in handle:
+        if isinstance(event, PrefillProgress):
+            handle.stop()
+    done = handle.result
+    assert done.finish_reason == "aborted"
+    kept = small_engine.tokens_in_context
+    assert kv_span(small_engine) == (0, kept - 1, kept)
+    after = finish(chat.send("And the number 9?"))
+    assert after.timings.cache_n >= kept - 1 and after.timings.approx_n == 0

@@ -80,12 +80,13 @@ def test_trimmed_turns_are_removed_by_shift_and_kept_turns_are_not_retokenized()
     trimmed = [m[0]] + m[3:]
     layout = plan_layout(cache, trimmed, render, tokenize)
     assert layout.shift is not None
-    assert (layout.shift.start, layout.shift.end, layout.shift.insert) == (sys_len, sys_len + dropped, [])
+    assert (layout.shift.start, layout.shift.end) == (sys_len, sys_len + dropped)
     assert layout.messages[1] is cache[3]  # the kept user turn, same tokens object
+    assert layout.continues
     assert "".join(x.text for x in layout.messages) == render(trimmed, True)
 
 
-def test_summary_pair_is_inserted_where_turns_were_dropped():
+def test_a_summary_before_kept_turns_is_never_inserted_it_is_prefilled_from_there():
     m = [sys_msg(), user("one")]
     cache = run_turn([], m, "1").messages
     m += [assistant("1"), user("two")]
@@ -94,9 +95,34 @@ def test_summary_pair_is_inserted_where_turns_were_dropped():
     summary = [user("Summary: counted to one"), assistant("OK")]
     trimmed = [m[0]] + summary + m[3:]
     layout = plan_layout(cache, trimmed, render, tokenize)
-    inserted = "".join(chr(t) for t in layout.shift.insert)
-    assert inserted == render([m[0]] + summary, False)[len(render([m[0]], False)):]
+    assert layout.shift is None and not layout.continues
+    # The system prompt is reused; everything from the summary on is tokenized anew.
+    assert layout.messages[0] is cache[0]
+    assert all(x is not c for x in layout.messages[1:] for c in cache)
     assert "".join(x.text for x in layout.messages) == render(trimmed, True)
+
+
+def test_dropping_a_summary_pair_and_old_turns_is_a_plain_shift():
+    summary = [user("Summary: earlier"), assistant("OK")]
+    m = [sys_msg()] + summary + [user("one")]
+    cache = run_turn([], m, "1").messages
+    m += [assistant("1"), user("two")]
+    cache = run_turn(cache, m, "2").messages
+    later = [m[0], m[5], assistant("2"), user("three")]  # summary pair and turn one dropped
+    layout = plan_layout(cache, later, render, tokenize)
+    assert layout.shift is not None and layout.continues
+    assert layout.shift.start == len(cache[0].tokens)
+
+
+def test_another_conversation_or_a_retry_does_not_continue_the_cache():
+    m = [sys_msg(), user("one")]
+    cache = run_turn([], m, "1").messages
+    m += [assistant("1"), user("two")]
+    cache = run_turn(cache, m, "2").messages
+    retry = m[:4]  # the last reply taken back: same messages minus the reply
+    assert not plan_layout(cache, retry, render, tokenize).continues
+    assert not plan_layout(cache, [sys_msg(), user("fruits?")], render, tokenize).continues
+    assert plan_layout(cache, m + [assistant("2"), user("3")], render, tokenize).continues
 
 
 def test_no_shift_when_the_memory_cannot_shift():
@@ -114,8 +140,16 @@ def test_changed_system_prompt_is_not_shifted_but_reprefilled():
     cache = run_turn([], m, "1").messages
     changed = [sys_msg("B"), user("one"), assistant("1"), user("two")]
     layout = plan_layout(cache, changed, render, tokenize)
-    assert layout.shift is None
+    assert layout.shift is None and not layout.continues
     assert layout.tokens[: len(cache[0].tokens)] != cache[0].tokens
+
+
+def test_a_system_prompt_added_before_cached_turns_is_not_rotated_in():
+    m = [user("one")]
+    cache = run_turn([], m, "1").messages
+    added = [sys_msg("Pirate."), user("one"), assistant("1"), user("two")]
+    layout = plan_layout(cache, added, render, tokenize)
+    assert layout.shift is None and not layout.continues
 
 
 def test_template_that_rewrites_earlier_turns_falls_back_and_says_so():

@@ -33,6 +33,22 @@ def test_snapshot_round_trips_records_state_and_meta(tmp_path):
     assert saved.meta == {"first_visible": 2}
 
 
+def test_snapshot_keeps_which_cells_are_exact(tmp_path):
+    store = SnapshotStore(tmp_path)
+    original = snapshot(tokens=range(10))
+    original.exact_n = 4  # cells 4.. were moved by a trim shift
+    store.save("s1", FINGERPRINT, original)
+    assert store.load("s1", FINGERPRINT).snapshot.exact_n == 4
+
+
+def test_snapshot_from_before_the_exactness_record_is_refused(tmp_path):
+    store = SnapshotStore(tmp_path)
+    path = store.save("s1", FINGERPRINT, snapshot())
+    path.write_bytes(b"LCKVSNP1" + path.read_bytes()[8:])  # may hold cells rotated into place
+    with pytest.raises(SnapshotUnusable, match="older localchat"):
+        store.load("s1", FINGERPRINT)
+
+
 def test_missing_snapshot_is_none(tmp_path):
     assert SnapshotStore(tmp_path).load("nope", FINGERPRINT) is None
 

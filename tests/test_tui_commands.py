@@ -43,6 +43,21 @@ async def test_system_sets_the_prompt_the_model_sees_and_is_saved(store):
     assert store.last_session().system == "Answer in French."
 
 
+async def test_system_mid_session_starts_the_reprefill_in_the_background(store):
+    engine = FakeEngine(reply="ok")
+    app = make_app(store, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "hello")
+        await reply_finished(pilot)
+        assert engine.prepared == []
+        await command(pilot, "/system Answer in French.")
+    # At once, not when the next message waits for it: the whole conversation under the new prompt.
+    assert engine.prepared == [[{"role": "system", "content": "Answer in French."},
+                                {"role": "user", "content": "hello"},
+                                {"role": "assistant", "content": "ok"}]]
+
+
 async def test_new_starts_an_empty_session_and_rename_names_it(store):
     app = make_app(store, FakeEngine(reply="ok"))
     async with app.run_test(size=SIZE) as pilot:

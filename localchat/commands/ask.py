@@ -204,7 +204,7 @@ class JsonEvents:
 
     def event(self, event: Event) -> None:
         if isinstance(event, Token):
-            self._write({"event": "token", "text": event.text})
+            self._write({"event": "token", "text": event.text, "id": event.token_id})
         elif isinstance(event, PrefillProgress):
             self._write({"event": "prefill", "done": event.done, "total": event.total})
         elif isinstance(event, Notice):

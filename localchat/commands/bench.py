@@ -123,16 +123,18 @@ def _conversation(args: argparse.Namespace) -> int:
         # Greedy and without a repeat penalty, so the engine and the raw loop pick the same tokens.
         sampling = Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=args.max_tokens)
         progress = _Progress(enabled=not args.json)
-        turns, session = bench.replay(engine, system, users, sampling, config)
-        history = session.history
+        replayed, session = bench.replay(engine, system, users, sampling, config)
+        turns = [r.timings for r in replayed]
         progress.say(f"replayed {len(turns)} turns")
         report: dict = {"model": info.model, "n_ctx": info.n_ctx, "backend": info.backend,
                         "gpu_layers": info.gpu_layers,
                         "summary_max_tokens": session.keeper.settings.summary_max_tokens,
                         "turns": [t.to_dict() for t in turns], "summary": bench.summarize(turns)}
         if args.baseline:
-            fresh = bench.replay_fresh(engine, system, history, sampling)
-            report["baseline"] = {"turns": [t.to_dict() for t in fresh], "summary": bench.summarize(fresh)}
+            fresh = bench.replay_fresh(engine, replayed, sampling)
+            report["baseline"] = {"turns": [r.timings.to_dict() for r in fresh],
+                                  "summary": bench.summarize([r.timings for r in fresh])}
+            report["exactness"] = bench.exactness(replayed, fresh)
             progress.say("replayed the baseline")
         report["raw_decode"] = bench.decode_speed(engine)
         if not args.no_abort:
@@ -184,6 +186,14 @@ def targets(report: dict) -> list[dict]:
     check("ttft_ms - prompt_ms per turn (ms)", gap, 25, gap <= 25)
     ratio = report["raw_decode"]["engine_speed_ratio"]
     check("engine decode speed / raw loop", ratio, 0.95, ratio >= 0.95)
+    exact = report.get("exactness")
+    if exact:
+        # Greedy replies on reused cells must equal a fresh prefill's, except on cells that a
+        # trim shift made approximate (the one named approximation): those turns are not counted.
+        required = exact["turns"] - exact["approx_turns"]
+        check("exact_turns / turns (greedy reply == fresh prefill, shifted turns excepted)",
+              f"{exact['exact_turns']}/{exact['turns']}", f">= {required}",
+              exact["exact_turns_without_approx"] >= required)
     if "baseline" in report and len(turns) >= 10:
         ttft = turns[9]["ttft_ms"]
         fresh = report["baseline"]["turns"][9]["ttft_ms"]
@@ -221,6 +231,11 @@ def print_report(report: dict) -> None:
           f"{s['itl_p50_ms']} ms, p95 {s['itl_p95_ms']} ms · {s['tokens_per_second']} tok/s · "
           f"reuse {s['reuse_pct']}%" + (f" · TTFT turn10/turn2 {s['ttft_late_early_ratio']}"
                                         if "ttft_late_early_ratio" in s else ""))
+    exact = report.get("exactness")
+    if exact:
+        print(f"exactness: {exact['exact_turns']}/{exact['turns']} greedy replies equal a fresh "
+              f"prefill's ({exact['approx_turns']} turns on shifted cells; differing: "
+              f"{exact['differing_turns'] or 'none'})")
     raw = report["raw_decode"]
     print(f"decode: raw llama.cpp loop {raw['raw_ms_per_token']} ms/token, engine "
           f"{raw['engine_ms_per_token']} ms/token · engine speed ratio {raw['engine_speed_ratio']}")

@@ -4,7 +4,9 @@ Callers (TUI, ``ask``, ``bench``, the chat session) submit a turn and read typed
 returned TurnHandle; nothing they do blocks the engine, and the engine never calls back into them.
 The engine keeps an exact record of what the KV cache holds (see layout.py), so each turn prefills
 only what is new, a stop ends decoding within one token, and trimming moves cached tokens instead
-of evaluating them again.
+of evaluating them again. It reuses a cell only when that is exact (computed in order from the
+tokens before it now), except that the conversation a trim shift was made for may keep using the
+shifted cells (kv.py): that is the one approximation.
 """
 
 from __future__ import annotations
@@ -84,17 +86,18 @@ class Engine:
         self._jobs.put(lambda: self._run_turn(handle, snapshot, sampling or Sampling(), background))
         return handle
 
-    def rearrange(self, messages: list[dict[str, str]]) -> TurnHandle:
-        """In the background, bring the KV cache to ``messages``: the cached conversation with
-        whole old turns dropped and a few messages (a summary) inserted after the pinned part.
-        Done(finish_reason="stop") when applied; "aborted" (cache unchanged) when a user turn
-        came first; Failed when it would need a re-prefill (then the next turn does it)."""
+    def prepare(self, messages: list[dict[str, str]]) -> TurnHandle:
+        """In the background, bring the KV cache to hold exactly ``messages`` (no reply header):
+        after a new system prompt or a summary placed before kept turns, the cells from that point
+        on must be computed again, and this does it before the user's next message needs them.
+        Abortable: a foreground turn stops it at once and keeps what it had prefilled, which that
+        turn then reuses. Done("stop") when the cache is ready, "aborted" when a turn came first."""
         handle = TurnHandle(on_stop=self._stop_handle)
         snapshot = [dict(m) for m in messages]
         with self._lock:
             self._background_jobs.append(handle)
             self._idle.clear()
-        self._jobs.put(lambda: self._run_job(handle, lambda: self._rearrange(handle, snapshot), True))
+        self._jobs.put(lambda: self._run_job(handle, lambda: self._prepare(handle, snapshot), True))
         return handle
 
     def wait_idle(self, timeout: float | None = None) -> bool:
@@ -298,36 +301,24 @@ class Engine:
                 if not self._background_jobs:
                     self._idle.set()
 
-    def _rearrange(self, handle: TurnHandle, messages: list[dict]) -> None:
-        """Bring the cache to ``messages`` (the same conversation with old turns dropped and a
-        summary in their place) by shifting alone: no generation, no re-prefill."""
+    def _prepare(self, handle: TurnHandle, messages: list[dict]) -> None:
         kv = self._require_kv()
         runtime = kv.runtime
+        clock = TurnClock(handle.submitted_at)
         timings = Timings(model=self.name)
         layout = plan_layout(kv.records, messages, self._render, runtime.tokenize,
                              allow_shift=runtime.can_shift, add_generation_prompt=False)
-        if layout.prefix_fallback or layout.shift is None:
-            raise EngineError("this change to the context needs a re-prefill; it waits for the next turn")
-        records = layout.messages
         last = kv.records[-1] if kv.records else None
-        if last is not None and last.open and records and records[-1].matches(
-                {"role": last.role, "content": last.content}):
-            records[-1] = last  # the reply's end marker stays for the next turn to add
-        started = time.perf_counter()
-        try:
-            current = kv.shift(layout.shift, should_stop=lambda: handle.stop_requested)
-        except DecodeAborted:
-            handle.emit(Done("", "aborted", self._timings(timings)))
-            return
-        if current != [t for r in records for t in r.tokens]:
-            kv.forget()
-            raise EngineError("the rearranged context did not match its record; it was cleared")
-        kv.records = records
-        timings.trimmed_n = layout.shift.end - layout.shift.start
-        timings.context_shift = True
-        timings.prompt_n = len(layout.shift.insert)
-        timings.prompt_ms = (time.perf_counter() - started) * 1000.0
-        handle.emit(Done("", "stop", self._timings(timings)))
+        if (last is not None and last.open and layout.messages
+                and layout.messages[-1].matches({"role": last.role, "content": last.content})
+                and layout.messages[-1].tokens[:len(last.tokens)] == last.tokens):
+            # The reply's end marker is left for the next turn to add (as after any reply).
+            layout.messages[-1] = last
+        self._check_fits(len(layout.tokens))
+        clock.prefill_start()
+        finished = self._fill(handle, layout, timings, needs_logits=False)
+        clock.prefill_end()
+        handle.emit(Done("", "stop" if finished else "aborted", self._timings(clock.fill(timings))))
 
     def _background_turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling) -> None:
         """Run a turn on top of the conversation, then put the cache back exactly as it was."""
@@ -351,29 +342,57 @@ class Engine:
         if layout is None:
             layout = plan_layout(kv.records, messages, self._render, runtime.tokenize,
                                  allow_shift=runtime.can_shift)
-        timings.prefix_fallback = layout.prefix_fallback
-        target = layout.tokens
-        if len(target) >= runtime.n_ctx:
+        self._check_fits(len(layout.tokens))
+        clock.prefill_start()
+        finished = self._fill(handle, layout, timings)
+        clock.prefill_end()
+        if not finished:
+            handle.emit(Done("", "aborted", self._timings(clock.fill(timings))))
+            return
+
+        def on_token(text: str, token: int, prob: float | None) -> None:
+            clock.token(bool(text))
+            handle.emit(Token(text, token, prob))
+
+        reply, finish = kv.generate(sampling, self.options.track_confidence,
+                                    lambda: handle.stop_requested, on_token)
+        handle.emit(Done(reply, finish, self._timings(clock.fill(timings))))
+
+    def _check_fits(self, n_tokens: int) -> None:
+        n_ctx = self._require_runtime().n_ctx
+        if n_tokens >= n_ctx:
             raise EngineError(
-                f"the conversation needs {len(target)} tokens but the context holds {runtime.n_ctx}; "
+                f"the conversation needs {n_tokens} tokens but the context holds {n_ctx}; "
                 "start a new chat or raise n_ctx"
             )
-        clock.prefill_start()
+
+    def _fill(self, handle: TurnHandle, layout: Layout, timings: Timings,
+              needs_logits: bool = True) -> bool:
+        """Bring the KV cache to ``layout``: apply its trim shift, keep the longest prefix of
+        cells that may be reused, prefill the rest. False if a stop request ended the prefill
+        (the cache then holds whole messages only, or exactly what it held before)."""
+        kv = self._require_kv()
+        runtime = kv.runtime
+        timings.prefix_fallback = layout.prefix_fallback
         if layout.shift is not None:
             current = kv.shift(layout.shift)
             timings.trimmed_n = layout.shift.end - layout.shift.start
             timings.context_shift = True
-            timings.prompt_n += len(layout.shift.insert)
         else:
             current = kv.tokens()
+        target = layout.tokens
         reused = _common_prefix(current, target)
-        if reused == len(target):
+        if not layout.continues:
+            # Another conversation, a /retry or an edit: equal token ids are not enough, only
+            # cells computed in order from exactly these tokens may be reused.
+            reused = min(reused, kv.exact_n)
+        if reused == len(target) and needs_logits:
             reused -= 1  # the last prompt token must be evaluated to get logits to sample from
         kv.truncate(reused)
         timings.cache_n = reused
         pending = target[reused:]
         timings.prompt_n += len(pending)
-        # If this turn only appends, a stopped prefill can put the cache back exactly as it was.
+        # If this only appends, a stopped prefill can put the cache back exactly as it was.
         before, before_n = kv.records, kv.n_tokens
         only_appends = layout.shift is None and reused >= before_n
         kv.records = layout.messages
@@ -387,23 +406,17 @@ class Engine:
                 kv.records = before
             else:
                 kv.keep_whole_messages()
-            clock.prefill_end()
-            handle.emit(Done("", "aborted", self._timings(clock.fill(timings))))
-            return
-        clock.prefill_end()
-
-        def on_token(text: str, token: int, prob: float | None) -> None:
-            clock.token(bool(text))
-            handle.emit(Token(text, token, prob))
-
-        reply, finish = kv.generate(sampling, self.options.track_confidence,
-                                    lambda: handle.stop_requested, on_token)
-        handle.emit(Done(reply, finish, self._timings(clock.fill(timings))))
+            return False
+        except Exception:
+            kv.forget()  # the cache no longer matches its record: start clean, never wrong
+            raise
+        return True
 
     def _timings(self, timings: Timings) -> Timings:
         runtime = self._runtime
         timings.n_ctx = runtime.n_ctx if runtime else 0
         timings.n_ctx_used = self.tokens_in_context
+        timings.approx_n = self._kv.approx_n if self._kv is not None else 0
         return timings
 
 

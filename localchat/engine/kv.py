@@ -2,6 +2,13 @@
 which tokens of which message they hold. Every change to the cache goes through here, so the
 record and the cache never disagree: prefill, decode, the trim shift, rollback, save, restore.
 
+It also records how the cells were made. The first ``exact_n`` cells were computed in order from
+exactly the tokens before them, so any prompt that starts with those tokens may reuse them. Cells
+after a trim shift (whole turns removed, later cells moved down) still carry attention to what was
+removed: they are *approximate*, and so is every cell computed after them. Approximate cells only
+serve the conversation that made them (the engine decides that); they are never reused by another
+session, a /retry or an edit.
+
 Runs on the engine thread only.
 """
 
@@ -24,6 +31,7 @@ class KVSnapshot:
 
     records: list[CachedMessage]
     state: bytes | memoryview  # llama.cpp's sequence state, as exported or read from disk
+    exact_n: int = 0  # leading cells computed in order (see ConversationCache)
 
     @property
     def n_tokens(self) -> int:
@@ -34,10 +42,16 @@ class ConversationCache:
     def __init__(self, runtime: LlamaRuntime) -> None:
         self.runtime = runtime
         self.records: list[CachedMessage] = []
+        self.exact_n = 0
 
     @property
     def n_tokens(self) -> int:
         return sum(len(m.tokens) for m in self.records)
+
+    @property
+    def approx_n(self) -> int:
+        """Cells in use that a context shift made approximate."""
+        return max(0, self.n_tokens - self.exact_n)
 
     def tokens(self) -> list[int]:
         return [t for m in self.records for t in m.tokens]
@@ -47,53 +61,33 @@ class ConversationCache:
 
     # -- changing what is cached ---------------------------------------------------------------
 
-    def shift(self, shift: Shift, should_stop: Callable[[], bool] | None = None) -> list[int]:
-        """Drop cells [start, end) and put ``shift.insert`` in their place, moving later cells
-        (their keys are re-rotated, not recomputed). Returns the tokens now cached, in order.
-
-        With ``should_stop`` the only slow part, evaluating the inserted tokens, can be stopped
-        (DecodeAborted) and leaves the cache exactly as it was."""
-        runtime = self.runtime
+    def shift(self, shift: Shift) -> list[int]:
+        """Drop cells [start, end) and move the later cells down into the gap (their keys are
+        re-rotated, not recomputed: from ``start`` on the cache is approximate). Returns the
+        tokens now cached, in order."""
         current = self.tokens()
-        end = len(current)
-        size = len(shift.insert)
-        # llama.cpp only accepts a batch that continues a sequence (Y = X + 1), so inserted
-        # tokens (a summary) are evaluated at the end and then rotated into the gap: park them
-        # far out, move the kept turns, bring them back. Each move is a RoPE shift of cached keys.
-        room_first = end + size < runtime.n_ctx
-        if not room_first:
-            runtime.remove(shift.start, shift.end)  # free the cells before evaluating
-        try:
-            for i in range(0, size, runtime.n_batch):
-                if should_stop is not None and room_first and should_stop():
-                    raise DecodeAborted
-                runtime.decode(shift.insert[i:i + runtime.n_batch], end + i,
-                               abortable=should_stop is not None and room_first)
-        except DecodeAborted:
-            runtime.remove(end, -1)
-            raise
-        if room_first:
-            runtime.remove(shift.start, shift.end)
-        if size:
-            parked = end + size + runtime.n_ctx
-            runtime.move(end, end + size, parked - end)
-            runtime.move(shift.end, end, shift.delta)
-            runtime.move(parked, parked + size, shift.start - parked)
-        elif shift.delta:
-            runtime.move(shift.end, -1, shift.delta)
-        return current[:shift.start] + shift.insert + current[shift.end:]
+        self.runtime.remove(shift.start, shift.end)
+        if shift.end < len(current):
+            self.runtime.move(shift.end, -1, shift.delta)
+        self.exact_n = min(self.exact_n, shift.start)
+        return current[:shift.start] + current[shift.end:]
 
     def truncate(self, n_tokens: int) -> None:
         """Forget every cell from position ``n_tokens`` on (the record is set by the caller)."""
         self.runtime.remove(n_tokens, -1)
+        self.exact_n = min(self.exact_n, n_tokens)
 
     def prefill(self, tokens: list[int], start: int, chunk: int, should_stop: Callable[[], bool],
                 on_progress: Callable[[int, int], None]) -> None:
         """Evaluate prompt tokens in chunks; a stop request ends it mid-chunk (DecodeAborted)."""
+        # Cells evaluated right after exact ones are exact (an aborted batch leaves no cells).
+        in_order = start == self.exact_n
         for i in range(0, len(tokens), chunk):
             if should_stop():
                 raise DecodeAborted
             self.runtime.decode(tokens[i:i + chunk], start + i, abortable=True)
+            if in_order:
+                self.exact_n = start + min(i + chunk, len(tokens))
             on_progress(min(i + chunk, len(tokens)), len(tokens))
 
     def generate(self, sampling: Sampling, track_confidence: bool, should_stop: Callable[[], bool],
@@ -130,6 +124,8 @@ class ConversationCache:
                     finish = "aborted"
                     break
                 runtime.governor.observe((time.perf_counter() - started) * 1000.0)
+                if self.exact_n == position:
+                    self.exact_n += 1
                 reply_record.tokens.append(token)
                 evaluated_bytes += len(piece)
                 position += 1
@@ -151,17 +147,19 @@ class ConversationCache:
             kept.append(record)
             total += len(record.tokens)
         self.runtime.remove(total, -1)
+        self.exact_n = min(self.exact_n, total)
         self.records = kept
 
     def forget(self) -> None:
         """Empty the cache and its record (after a failure: start clean, never wrong)."""
         self.records = []
+        self.exact_n = 0
         self.runtime.clear()
 
     # -- saving and restoring ------------------------------------------------------------------
 
     def export(self) -> KVSnapshot:
-        return KVSnapshot(self.copy_records(), self.runtime.export_sequence())
+        return KVSnapshot(self.copy_records(), self.runtime.export_sequence(), self.exact_n)
 
     def restore(self, snapshot: KVSnapshot) -> float:
         """Load a snapshot; ms it took. EngineError (and an empty cache) if it does not fit."""
@@ -171,4 +169,5 @@ class ConversationCache:
             raise EngineError("the saved context does not match this model; it will be rebuilt")
         self.records = [CachedMessage(m.role, m.content, m.text, list(m.tokens), m.open)
                         for m in snapshot.records]
+        self.exact_n = min(snapshot.exact_n, snapshot.n_tokens)
         return (time.perf_counter() - started) * 1000.0

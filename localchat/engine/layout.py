@@ -9,11 +9,16 @@ the end-of-turn marker after the last reply, the new user message, the assistant
 
 Three outcomes:
 - append: the cache is a prefix of the new prompt (every normal turn);
-- shift: whole user/assistant messages were dropped from the middle (context trimming) and maybe a
-  few messages inserted in their place (a summary); the kept messages stay in the KV cache and only
-  their positions move (``llama_memory_seq_rm`` + ``llama_memory_seq_add``);
-- fallback: the template rewrote earlier text (or the system prompt changed); the prompt is
-  re-tokenized per message and the engine reuses the longest common token prefix.
+- shift: whole user/assistant messages were dropped from the middle (context trimming); the kept
+  messages stay in the KV cache and only their positions move (``llama_memory_seq_rm`` +
+  ``llama_memory_seq_add``). This is the one approximation the engine makes (the moved cells still
+  attended to what was removed), so the engine only lets the same conversation reuse them;
+- fallback: the template rewrote earlier text, the system prompt changed, or this is another
+  conversation; the prompt is re-tokenized per message and the engine reuses the longest common
+  token prefix of cells it knows to be exact.
+
+Nothing is ever inserted before cached cells: a summary or a new system prompt that belongs before
+kept turns means prefilling from that point (a K/V cell depends on every token before it).
 
 Everything here is plain logic over strings and token lists: ``render`` and ``tokenize`` are
 injected, so it is tested without a model.
@@ -26,10 +31,6 @@ from typing import Callable
 
 Render = Callable[[list[dict], bool], str]
 Tokenize = Callable[[str, bool], list[int]]  # (text, at_start_of_context) -> tokens
-
-# A trim may insert this many messages where it removes turns (a summary as a user/assistant pair).
-MAX_INSERTED = 2
-
 
 @dataclass
 class CachedMessage:
@@ -49,15 +50,14 @@ class CachedMessage:
 
 @dataclass
 class Shift:
-    """Drop cached tokens [start, end) and put ``insert`` in their place, moving later tokens."""
+    """Drop cached tokens [start, end) and move the later ones down into the gap."""
 
     start: int
     end: int
-    insert: list[int]
 
     @property
     def delta(self) -> int:
-        return self.start + len(self.insert) - self.end
+        return self.start - self.end
 
 
 @dataclass
@@ -67,6 +67,9 @@ class Layout:
     messages: list[CachedMessage]
     shift: Shift | None = None
     prefix_fallback: bool = False
+    # Every cached message is still in the prompt, in order (some may be trimmed away by
+    # ``shift``): the same conversation goes on, so its approximate (shifted) cells may serve it.
+    continues: bool = False
 
     @property
     def tokens(self) -> list[int]:
@@ -86,10 +89,13 @@ def plan_layout(
     add_generation_prompt: bool = True,
 ) -> Layout:
     """Lay out ``messages`` over what ``cache`` holds, followed by the assistant header (an open
-    record for the reply) unless ``add_generation_prompt`` is False (a rearrangement only)."""
+    record for the reply) unless ``add_generation_prompt`` is False (preparing the cache ahead of
+    a turn)."""
     prompt = render(messages, add_generation_prompt)
     boundary = _Boundaries(messages, render, prompt)
-    sources, shift_span = _match(cache, messages, allow_shift)
+    sources, shift = _match(cache, messages, allow_shift)
+    continues = shift is not None or (
+        len(messages) >= len(cache) and all(s is not None for s in sources[:len(cache)]))
     try:
         records = _walk(prompt, messages, sources, boundary, tokenize)
     except _Mismatch:
@@ -100,37 +106,32 @@ def plan_layout(
         return Layout(records, None, prefix_fallback=True)
     if not add_generation_prompt:
         records.pop()  # the empty header record: there is no reply to come
-    shift = None
-    if shift_span is not None:
-        start, end, first_inserted, n_inserted = shift_span
-        inserted = [t for r in records[first_inserted:first_inserted + n_inserted] for t in r.tokens]
-        shift = Shift(start, end, inserted)
-    return Layout(records, shift)
+    return Layout(records, shift, continues=continues)
 
 
 def _match(
     cache: list[CachedMessage], messages: list[dict], allow_shift: bool
-) -> tuple[list[CachedMessage | None], tuple[int, int, int, int] | None]:
-    """Map each message to its cached record (None = new) and find a trim to apply by shifting."""
+) -> tuple[list[CachedMessage | None], Shift | None]:
+    """Map each message to its cached record (None = new) and find a trim to apply by shifting:
+    whole user/assistant messages dropped, the rest of the cache following on directly."""
     common = 0
     while common < min(len(cache), len(messages)) and cache[common].matches(messages[common]):
         common += 1
+    unmatched = list(cache[:common]) + [None] * (len(messages) - common)
     if common == len(cache) or not allow_shift:
-        return list(cache[:common]) + [None] * (len(messages) - common), None
-    # Find the kept tail cache[j:] again in messages[p:], with p - common new messages inserted.
+        return unmatched, None
     for j in range(common + 1, len(cache)):
         if any(m.role not in ("user", "assistant") for m in cache[common:j]):
             break  # only whole turns are trimmed; a changed system prompt is re-prefilled
         tail = cache[j:]
-        for p in range(common, min(common + MAX_INSERTED, len(messages) - len(tail)) + 1):
-            if all(c.matches(m) for c, m in zip(tail, messages[p:p + len(tail)])):
-                sources: list[CachedMessage | None] = list(cache[:common])
-                sources += [None] * (p - common) + list(tail)
-                sources += [None] * (len(messages) - len(sources))
-                start = sum(len(m.tokens) for m in cache[:common])
-                end = start + sum(len(m.tokens) for m in cache[common:j])
-                return sources, (start, end, common, p - common)
-    return list(cache[:common]) + [None] * (len(messages) - common), None
+        if len(messages) - common >= len(tail) and all(
+                c.matches(m) for c, m in zip(tail, messages[common:common + len(tail)])):
+            sources: list[CachedMessage | None] = list(cache[:common]) + list(tail)
+            sources += [None] * (len(messages) - len(sources))
+            start = sum(len(m.tokens) for m in cache[:common])
+            end = start + sum(len(m.tokens) for m in cache[common:j])
+            return sources, Shift(start, end)
+    return unmatched, None
 
 
 def _aligned_sources(cache: list[CachedMessage], messages: list[dict]) -> list[CachedMessage | None]:

@@ -2,7 +2,8 @@
 
 The history is never shortened; when the context fills, the context policy (budget.py) decides
 which old turns the model stops seeing and what summary stands in for them. The engine then
-removes those turns from its KV cache by shifting, so the kept turns are not evaluated again.
+removes those turns from its KV cache by shifting, so the kept turns are not evaluated again
+(an approximation it allows this conversation only).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class TurnEngine(Protocol):
 
     def submit(self, messages: list[dict[str, str]], sampling: Sampling | None = None) -> TurnHandle: ...
 
+    def prepare(self, messages: list[dict[str, str]]) -> TurnHandle: ...
+
     def stop(self) -> None: ...
 
 
@@ -58,9 +61,13 @@ class ChatSession:
         self.pending_restore_ms: float | None = None
         # Index into history of the first message the model still sees (earlier ones were trimmed).
         self.first_visible = 0
-        # Guards the window (history, first_visible, summary) against the background summary swap.
-        self.state_lock = threading.Lock()
+        # Guards the window (history, first_visible, summary) against the background summary
+        # swap. Reentrant: a reply that ends at once runs its callbacks inside ``send``.
+        self.state_lock = threading.RLock()
         self._current: TurnHandle | None = None
+        # The messages the last turn showed the model (after trimming): what a fresh prefill
+        # must reproduce (bench's exactness oracle).
+        self.last_sent: list[dict[str, str]] = []
 
     # -- what the model sees -------------------------------------------------------------------
 
@@ -100,6 +107,7 @@ class ChatSession:
                     return refused(refusal)
             self.history.append(Message("user", text))
             messages = self.model_messages()
+            self.last_sent = messages
             if escalator is None:
                 handle = self.engine.submit(messages, sampling)
                 handle.on_finish(self._record_reply)
@@ -127,7 +135,6 @@ class ChatSession:
                 moved = self.keeper.take_trimmed_in_background()
                 if moved:  # turns folded into the summary since the last turn
                     event.timings.trimmed_n += moved
-                    event.timings.context_shift = True
                 self.keeper.after_reply(self)
 
     def stop(self) -> None:
@@ -143,7 +150,14 @@ class ChatSession:
     # -- editing -------------------------------------------------------------------------------
 
     def set_system(self, text: str) -> None:
-        self.system = text
+        """Change the system prompt. Every cached cell after it must be computed again, so the
+        engine starts on that in the background now rather than when the next message waits."""
+        with self.state_lock:
+            changed = text != self.system
+            self.system = text
+            messages = self.model_messages() if changed and self.history and not self.busy else None
+        if messages is not None:
+            self.engine.prepare(messages)
 
     def clear(self) -> None:
         """Forget the conversation (the system prompt stays)."""

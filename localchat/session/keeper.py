@@ -2,9 +2,11 @@
 
 Before each turn it measures the context from the engine's exact per-message token records,
 asks ``plan_turn`` what to drop, and moves the session's window (the engine then removes those
-turns from its KV cache by shifting). After each reply it asks ``should_prepare_summary`` and,
-when told to, has the engine write the next summary as a background turn on top of the cached
-conversation: no re-prefill, nothing kept in the cache afterwards, and any user message stops it.
+turns from its KV cache by shifting: the one approximation, used by this conversation only).
+After each reply it asks ``should_prepare_summary`` and, when told to, has the engine write the
+next summary as a background turn on top of the cached conversation (nothing kept in the cache
+afterwards, and any user message stops it). A finished summary goes in right after the system
+prompt; the engine prefills from there in the background (see ``_install``).
 """
 
 from __future__ import annotations
@@ -184,31 +186,25 @@ class ContextKeeper:
         self._install(session)
 
     def _install(self, session: "ChatSession") -> None:
-        """Swap the prepared summary in, in the background: the turns it covers leave the cache
-        and the summary takes their place (a KV shift). Stopped by any user message; retried
-        after the next reply."""
-        with self._lock:
-            prepared, text, generation = self.prepared, self.prepared_text, self._generation
-        if prepared is None:
-            return
-        first = max(session.first_visible, _position_of_exchange(session, prepared.through + 1))
-        messages = session.model_messages(summary=text, first_visible=first)
-        handle = self.engine.rearrange(messages)
-        handle.on_finish(lambda event: self._installed(session, prepared, text, first, generation, event))
-
-    def _installed(self, session: "ChatSession", prepared: PreparedSummary, text: str, first: int,
-                   generation: int, event: Done | Failed) -> None:
-        if not isinstance(event, Done) or event.finish_reason != "stop":
-            return  # stopped by the user's turn, or needs a re-prefill: try after the next reply
+        """Swap the prepared summary in: the window drops the turns it covers and shows the
+        summary after the system prompt. Nothing is inserted before cached cells (they would not
+        be what the model computes for that history), so the engine prefills from the summary on,
+        in the background and at once; a user message stops that and reuses what it prefilled."""
         with session.state_lock, self._lock:
-            if generation != self._generation or self.prepared is not prepared:
+            prepared, text = self.prepared, self.prepared_text
+            if prepared is None:
                 return
+            layout = self.layout(session)
+            self._trimmed_in_background += layout.summary_tokens + sum(
+                turn.tokens for turn in layout.turns if turn.index <= prepared.through)
             session.summary, session.summary_in_context = text, True
-            session.first_visible = first
+            session.first_visible = max(session.first_visible,
+                                        _position_of_exchange(session, prepared.through + 1))
             self.summary_through = prepared.through
             self.summary_text_tokens = min(prepared.tokens, self.settings.summary_max_tokens)
             self.prepared, self.prepared_text = None, ""
-            self._trimmed_in_background += event.timings.trimmed_n
+            messages = session.model_messages()
+        self.engine.prepare(messages)
 
     def take_trimmed_in_background(self) -> int:
         """Tokens removed by summary swaps since the last call (reported with the next turn)."""

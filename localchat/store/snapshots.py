@@ -23,7 +23,10 @@ from localchat.atomic import atomic_writer
 from localchat.engine.kv import KVSnapshot
 from localchat.engine.layout import CachedMessage
 
-MAGIC = b"LCKVSNP1"
+# Version 2 records which cells are exact (``exact_n``). Version 1 files may hold cells that were
+# rotated into place and are refused: the session is rebuilt by prefilling.
+MAGIC = b"LCKVSNP2"
+_OLD_MAGICS = (b"LCKVSNP1",)
 SUFFIX = ".kvsnap"
 _LENGTH = struct.Struct("<Q")
 DEFAULT_CAP_BYTES = 2 * 1024**3
@@ -57,6 +60,7 @@ class SnapshotStore:
             "fingerprint": fingerprint,
             "meta": meta or {},
             "records": [asdict(r) for r in snapshot.records],
+            "exact_n": snapshot.exact_n,
             "state_bytes": len(snapshot.state),
         }).encode("utf-8")
         digest = hashlib.sha256(header)
@@ -88,10 +92,11 @@ class SnapshotStore:
             raise SnapshotUnusable("the saved context was made with another model or settings")
         try:
             records = [CachedMessage(**r) for r in header["records"]]
-        except (KeyError, TypeError):
+            exact_n = int(header["exact_n"])
+        except (KeyError, TypeError, ValueError):
             raise SnapshotUnusable("the saved context is damaged") from None
         os.utime(path)  # recently used: last to be evicted
-        return SavedSnapshot(KVSnapshot(records, state), header.get("meta", {}))
+        return SavedSnapshot(KVSnapshot(records, state, exact_n), header.get("meta", {}))
 
     def discard(self, key: str) -> None:
         self.path_for(key).unlink(missing_ok=True)
@@ -138,6 +143,8 @@ class SnapshotStore:
 
 
 def _parse(data: bytes) -> tuple[dict, bytes]:
+    if data.startswith(_OLD_MAGICS):
+        raise SnapshotUnusable("the saved context was made by an older localchat")
     if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _LENGTH.size + 32:
         raise SnapshotUnusable("the saved context is not a localchat snapshot or is truncated")
     offset = len(MAGIC)

@@ -1,0 +1,94 @@
+"""The exactness oracle for anything that touches the KV cache.
+
+A greedy reply that reuses cached cells must equal the greedy reply of an engine that prefills
+the same visible history from nothing. One thing besides a cache bug changes greedy tokens:
+llama.cpp's CPU kernels round differently for different batch shapes (a reply decoded one token
+at a time vs. the same tokens prefilled in one batch). Measured on the test model: the same 81
+tokens evaluated as 24+1×23+18+1×16 or as one batch give logits up to 0.98 apart (max abs over
+the vocabulary), which flipped a greedy near-tie whose margin was 0.16 logits. So where the two
+replies differ, the oracle looks at the fresh engine's logits at the first differing token
+(teacher-forced on the cached reply up to there): it must be a near-tie, never a clear preference.
+Wrong cells (e.g. rotated into place) give garbage at once, with margins of several logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from localchat.engine.engine import Engine
+from localchat.engine.layout import plan_layout
+from localchat.engine.options import EngineOptions, Sampling
+from localchat.events import Done, Token
+
+N_COMPARED = 24
+GREEDY = Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=N_COMPARED)
+# Largest logit margin at the first differing token that batch-shape rounding may explain.
+NEAR_TIE = 0.5
+
+
+@contextmanager
+def loaded_engine(model: Path, n_ctx: int, name: str) -> Iterator[Engine]:
+    """A CPU engine on ``model``, loaded, closed afterwards (for module-scoped fixtures)."""
+    engine = Engine(model, EngineOptions(n_ctx=n_ctx, gpu_layers=0), name=name)
+    engine.load()
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def reply_tokens(handle) -> tuple[list[int], Done]:
+    tokens, final = [], None
+    for event in handle:
+        if isinstance(event, Token):
+            tokens.append(event.token_id)
+        final = event
+    assert isinstance(final, Done), final
+    return tokens, final
+
+
+def fresh_reply(oracle: Engine, messages: list[dict], n_tokens: int = N_COMPARED) -> list[int]:
+    oracle.reset()
+    tokens, _ = reply_tokens(oracle.submit(messages, GREEDY))
+    oracle.reset()
+    return tokens[:n_tokens]
+
+
+def logits_after(oracle: Engine, messages: list[dict], reply_prefix: list[int]) -> np.ndarray:
+    """The oracle's next-token logits after a fresh prefill of ``messages`` and ``reply_prefix``."""
+    runtime = oracle._require_runtime()
+    prompt = plan_layout([], messages, oracle._render, runtime.tokenize).tokens
+
+    def job() -> np.ndarray:
+        runtime.clear()
+        for i in range(0, len(prompt), 128):
+            runtime.decode(prompt[i:i + 128], i)
+        for j, token in enumerate(reply_prefix):
+            runtime.decode([token], len(prompt) + j)
+        logits = np.array(runtime.last_logits())
+        runtime.clear()
+        return logits
+
+    try:
+        return oracle.call(job)
+    finally:
+        oracle.reset()
+
+
+def assert_matches_fresh(cached: list[int], oracle: Engine, messages: list[dict]) -> None:
+    """``cached`` (a greedy reply's first tokens) is what a fresh prefill of ``messages`` gives,
+    up to a near-tie flipped by batch-shape rounding."""
+    fresh = fresh_reply(oracle, messages, len(cached))
+    if fresh == cached:
+        return
+    i = next((k for k, (a, b) in enumerate(zip(cached, fresh)) if a != b), min(len(cached), len(fresh)))
+    assert i < min(len(cached), len(fresh)), f"replies differ in length: {cached} vs {fresh}"
+    logits = logits_after(oracle, messages, cached[:i])
+    margin = float(logits[fresh[i]] - logits[cached[i]])
+    assert margin < NEAR_TIE, (
+        f"reply differs from a fresh prefill at token {i}: the fresh engine prefers "
+        f"{fresh[i]} over {cached[i]} by {margin:.3f} logits (cached {cached}, fresh {fresh})")
