@@ -12,6 +12,7 @@ from typing import Any
 from localchat.config import Config, load_config
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling, merged
+from localchat.errors import EngineError
 from localchat.models.registry import ModelSpec, require_local, resolve_model
 
 
@@ -44,4 +45,16 @@ def open_engine(model: str | None, config: Config | None = None, **overrides: An
     config = config or load_config()
     spec = resolve_model(model or config.default_model)
     path = require_local(spec)
+    if overrides.get("n_ctx"):
+        _check_trained_length(path, spec.name, overrides["n_ctx"])
     return Engine(path, engine_options(spec, config, **overrides), name=spec.name)
+
+
+def _check_trained_length(path, name: str, n_ctx: int) -> None:
+    """An explicit n_ctx beyond what the model was trained for is refused, not quietly lowered."""
+    from localchat.models.gguf import read_gguf
+
+    trained = read_gguf(path).context_length
+    if trained and n_ctx > trained:
+        raise EngineError(f"n_ctx {n_ctx} is more than {name} was trained for ({trained}); "
+                          f"use at most {trained}")
