@@ -465,3 +465,38 @@ def _parse_keys(data: str) -> list:
     parser = XTermParser(False)
     parsed = list(parser.feed(data)) + list(parser.feed(""))
     return [e for e in parsed if isinstance(e, events.Key)]
+
+
+def test_16_a_stalled_pull_says_the_hub_stopped_sending(monkeypatch, capsys):
+    from huggingface_hub import constants, file_download
+    from hub_server import FakeHub, make_gguf
+
+    from localchat.cli import main
+
+    with FakeHub() as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 64 * 1024)
+        monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 0.2)
+        # huggingface_hub waits 1 s before each of its 5 resume attempts; the test needs no wait.
+        monkeypatch.setattr(file_download, "time", _NoSleep())
+        hub.add_file("acme/Tiny-GGUF", "tiny.gguf", make_gguf())
+        hub.stall_after(100_000)
+        code = main(["pull", "hf:acme/Tiny-GGUF/tiny.gguf"])
+    err = capsys.readouterr().err
+    assert code == 1 and "the Hub stopped sending" in the_error(err.replace("\r", "\n"))
+
+
+class _NoSleep:
+    def __getattr__(self, name: str):
+        import time
+
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        pass
