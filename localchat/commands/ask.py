@@ -55,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
         engine = open_engine(args.model, config, **overrides)
         sampling = sampling_options(config, **_sampling_flags(args))
         engine.load()
+        if args.n_ctx and engine.n_ctx != args.n_ctx:
+            out.event(Notice(f"n_ctx {args.n_ctx} was rounded up to {engine.n_ctx} "
+                             "(llama.cpp allocates contexts in steps of 256 tokens)", kind="n_ctx"))
     except UserError as exc:
         return out.error(str(exc))
     try:
@@ -191,8 +194,8 @@ def check_n_ctx(n_ctx: int, where: str) -> None:
     from localchat.errors import UserError
 
     if n_ctx < MIN_N_CTX:
-        raise UserError(f"{where} {n_ctx} is too small: a chat needs at least {MIN_N_CTX} tokens "
-                        "of context")
+        raise UserError(f"{where} {n_ctx} is too small: llama.cpp allocates at least {MIN_N_CTX} "
+                        "tokens, so ask for at least that")
 
 
 def read_prompt(prompt: str | None) -> tuple[str, Notice | None]:
