@@ -9,7 +9,7 @@ Contract of a :class:`RemoteTurn`:
   ``Done(finish_reason="aborted", reply=<text yielded so far>)``.
 - A failed request is retried at most once, and only while no reply text has arrived; 4xx answers
   other than 408/429 are not retried (they will not change), nor are timeouts (a retry would
-  double the wait). A stream that sends no reply text for ``timeout_s`` (keep-alive comments
+  double the wait). A stream that sends no data event for ``timeout_s`` (keep-alive comments
   do not count) is a failure.
 - Every failure is one ``Failed`` line written for the user; it never contains the API key.
 - The circuit breaker learns the outcome of each turn (a stopped turn teaches it nothing).
