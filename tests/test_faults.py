@@ -54,6 +54,15 @@ def ask(model: Path, *args: str, home: Path, **kwargs) -> tuple[int, str, str]:
     return localchat("ask", "-m", str(model), "--temperature", "0", *args, home=home, **kwargs)
 
 
+def ask_here(capsys, model: Path, *args: str) -> tuple[int, str, str]:
+    """``localchat ask`` in this process (no interpreter start-up; the home is the test's)."""
+    from localchat.cli import main
+
+    code = main(["ask", "-m", str(model), "--temperature", "0", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def write_config(home: Path, text: str) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     path = home / "config.toml"
@@ -101,12 +110,10 @@ def free(directory: Path) -> None:
 # -- crashes and hangs ------------------------------------------------------------------------
 
 
-def test_01_tiny_n_ctx_is_a_clear_error_and_prefill_never_exceeds_the_batch(test_model_path, tmp_path):
-    from localchat.engine.engine import Engine
-    from localchat.engine.options import EngineOptions, Sampling
+def test_01_tiny_n_ctx_is_a_clear_error_and_prefill_never_exceeds_the_batch(test_model_path, capsys):
     from localchat.engine.runtime import MIN_N_CTX
 
-    code, _, err = ask(test_model_path, "--n-ctx", "16", "hi", home=tmp_path)
+    code, _, err = ask_here(capsys, test_model_path, "--n-ctx", "16", "hi")
     assert code == 1 and f"at least {MIN_N_CTX}" in the_error(err)
 
     # Below the CLI, a small n_ctx gets llama.cpp's floor, and with it a batch of n_ctx tokens:
@@ -117,9 +124,9 @@ def test_01_tiny_n_ctx_is_a_clear_error_and_prefill_never_exceeds_the_batch(test
         "from localchat.engine.options import EngineOptions, Sampling\n"
         "engine = Engine(sys.argv[1], EngineOptions(n_ctx=100, gpu_layers=0))\n"
         "engine.load()\n"
-        "words = ' '.join(str(i) for i in range(60))\n"
+        "words = ' '.join(str(i) for i in range(40))\n"
         "final = list(engine.submit([{'role': 'user', 'content': 'Count: ' + words}],\n"
-        "                           Sampling(temperature=0, max_tokens=4)))[-1]\n"
+        "                           Sampling(temperature=0, max_tokens=1)))[-1]\n"
         "print(type(final).__name__)\n"
         "engine.close()\n")
     proc = subprocess.run([sys.executable, "-c", script, str(test_model_path)], capture_output=True,
@@ -156,9 +163,9 @@ def test_03_a_remote_sending_only_keep_alives_times_out_once_without_a_retry():
     assert len(server.requests) == 1  # a retry would double the wait before the local answer
 
 
-def test_04_non_utf8_stdin_is_decoded_with_replacement_and_a_notice(test_model_path, tmp_path):
-    code, out, err = ask(test_model_path, "--max-tokens", "2", "--json", "-", home=tmp_path,
-                         stdin=b"caf\xe9 au lait?")
+def test_04_non_utf8_stdin_is_decoded_with_replacement_and_a_notice(test_model_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait?")))
+    code, out, err = ask_here(capsys, test_model_path, "--max-tokens", "2", "--json", "-")
     events = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and "Traceback" not in err
     assert any(e["event"] == "notice" and "UTF-8" in e["message"] for e in events)
@@ -207,10 +214,11 @@ def test_05c_a_gguf_template_that_does_not_compile_is_one_line(broken_template_m
     assert code == 1 and "template" in the_error(err)
 
 
-def test_05d_a_snapshot_path_that_is_a_folder_does_not_stop_a_session(test_model_path, tmp_path):
-    (tmp_path / "cache" / "kv" / "session-1.kvsnap").mkdir(parents=True)
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_05d_a_snapshot_path_that_is_a_folder_does_not_stop_a_session(test_model_path, capsys, isolated_home):
+    (isolated_home / "cache" / "kv" / "session-1.kvsnap").mkdir(parents=True)
     for _ in range(2):  # a restore, then a save, meet the folder
-        code, out, err = ask(test_model_path, "--max-tokens", "2", "-s", "s", "hi", home=tmp_path)
+        code, out, err = ask_here(capsys, test_model_path, "--max-tokens", "2", "-s", "s", "hi")
         assert code == 0 and out.strip() and "Traceback" not in err
 
 
@@ -233,22 +241,23 @@ def test_05e_deeply_nested_gguf_metadata_is_one_line(tmp_path):
 # -- item 6: a full disk under the KV snapshots --------------------------------------------------
 
 
-def test_06_a_full_disk_while_saving_a_snapshot_is_one_notice_and_keeps_the_old_one(test_model_path, tmp_path):
-    kv = tmp_path / "cache" / "kv"
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_06_a_full_disk_while_saving_a_snapshot_is_one_notice_and_keeps_the_old_one(test_model_path, capsys, isolated_home):
+    kv = isolated_home / "cache" / "kv"
     with tmpfs(kv, "16m"):
-        code, _, err = ask(test_model_path, "--max-tokens", "4", "-s", "s", "hi", home=tmp_path)
+        code, _, err = ask_here(capsys, test_model_path, "--max-tokens", "4", "-s", "s", "hi")
         assert code == 0 and "Traceback" not in err
         [snapshot] = list(kv.glob("*.kvsnap"))
         saved = snapshot.read_bytes()
 
         fill(kv)
-        code, out, err = ask(test_model_path, "--max-tokens", "4", "-s", "s", "more", home=tmp_path)
+        code, out, err = ask_here(capsys, test_model_path, "--max-tokens", "4", "-s", "s", "more")
         assert code == 0 and out.strip() and "Traceback" not in err
         assert err.count("could not save this session's context (disk full)") == 1
         assert snapshot.read_bytes() == saved  # the previous snapshot is intact
 
         free(kv)
-        code, _, err = ask(test_model_path, "--max-tokens", "4", "-s", "s", "again", home=tmp_path)
+        code, _, err = ask_here(capsys, test_model_path, "--max-tokens", "4", "-s", "s", "again")
         assert code == 0 and "could not save" not in err
         assert snapshot.read_bytes() != saved  # the next write was tried, and succeeded
 
@@ -327,7 +336,7 @@ class _NoSnapshots:
         pass
 
 
-def test_09_a_remote_failing_mid_reply_is_retracted_before_the_local_answer(test_model_path, isolated_home):
+def test_09_a_remote_failing_mid_reply_is_retracted_before_the_local_answer(test_model_path, capsys, isolated_home):
     from fault_server import Drop, Stream
 
     with FaultServer([Stream([chunk("Hel"), Drop()])]) as server:
@@ -336,7 +345,7 @@ def test_09_a_remote_failing_mid_reply_is_retracted_before_the_local_answer(test
         args = ("--max-tokens", "6", "--route", "auto",
                 "Prove step by step that the square root of 2 is irrational, with a rigorous "
                 "proof by contradiction, and explain each step of the proof in detail.")
-        code, out, err = ask(test_model_path, "--json", *args, home=isolated_home)
+        code, out, err = ask_here(capsys, test_model_path, "--json", *args)
         events = [json.loads(line) for line in out.splitlines()]
         kinds = [e["event"] for e in events]
         assert code == 0 and "retract" in kinds
@@ -344,7 +353,7 @@ def test_09_a_remote_failing_mid_reply_is_retracted_before_the_local_answer(test
         assert retract["text"] == "Hel"
         assert any(e["event"] == "token" for e in events[kinds.index("retract"):])  # local reply
 
-        code, out, err = ask(test_model_path, *args, home=isolated_home)
+        code, out, err = ask_here(capsys, test_model_path, *args)
         assert code == 0
         first, marker, *rest = out.split("\n", 2)
         assert first == "Hel" and marker.startswith("[remote reply failed")
