@@ -22,10 +22,9 @@ from localchat.errors import EngineError
 
 _KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # GGML_TYPE_* values
 # llama.cpp allocates contexts in steps of 256 tokens (n_ctx 40 becomes 256, 300 becomes 512),
-# while keeping the batch at the requested size. Users asking for less are told so (factory, ask)
-# rather than silently given 256.
-N_CTX_STEP = 256
-MIN_N_CTX = N_CTX_STEP
+# while keeping the batch at the requested size. Asking for less than one step is refused
+# (factory, ask) rather than silently given 256.
+MIN_N_CTX = 256
 
 
 def _silence_llama_logs() -> None:
