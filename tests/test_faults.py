@@ -17,7 +17,6 @@ import sqlite3
 import struct
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -48,10 +47,6 @@ def the_error(err: str) -> str:
     lines = [line for line in err.splitlines() if line.startswith("localchat: error:")]
     assert len(lines) == 1, err
     return lines[0]
-
-
-def ask(model: Path, *args: str, home: Path, **kwargs) -> tuple[int, str, str]:
-    return localchat("ask", "-m", str(model), "--temperature", "0", *args, home=home, **kwargs)
 
 
 def ask_here(capsys, model: Path, *args: str) -> tuple[int, str, str]:
@@ -135,7 +130,7 @@ def test_01_tiny_n_ctx_is_a_clear_error_and_prefill_never_exceeds_the_batch(test
     assert proc.stdout.split() == ["Done"]
 
 
-def test_02_a_bad_remote_url_is_a_config_error_with_its_line_and_never_breaks_a_turn(isolated_home):
+def test_02_a_bad_remote_url_is_a_config_error_with_its_line_and_the_breaker_never_fails_on_it(isolated_home):
     from localchat.config import load_config
     from localchat.errors import ConfigError
     from localchat.remote.breaker import CircuitBreaker
@@ -209,8 +204,8 @@ def broken_template_model(test_model_path, tmp_path_factory) -> Path:
     return path
 
 
-def test_05c_a_gguf_template_that_does_not_compile_is_one_line(broken_template_model, tmp_path):
-    code, _, err = ask(broken_template_model, "--max-tokens", "2", "hi", home=tmp_path)
+def test_05c_a_gguf_template_that_does_not_compile_is_one_line(broken_template_model, capsys):
+    code, _, err = ask_here(capsys, broken_template_model, "--max-tokens", "2", "hi")
     assert code == 1 and "template" in the_error(err)
 
 
@@ -360,13 +355,13 @@ def test_09_a_remote_failing_mid_reply_is_retracted_before_the_local_answer(test
         assert rest and rest[0].strip()  # the local reply follows on its own line
 
 
-def test_10_head_tail_with_a_small_max_tokens_fits_or_refuses_and_stores_nothing_cut(test_model_path, isolated_home):
+def test_10_head_tail_with_a_small_max_tokens_fits_or_refuses_and_stores_nothing_cut(test_model_path, capsys, isolated_home):
     from localchat.store import Store
 
     write_config(isolated_home, '[context]\noverlong = "head_tail"\n')
     long_prompt = "word " * 400 + "What was the first word?"
-    code, out, err = ask(test_model_path, "--n-ctx", "256", "--max-tokens", "4", "-s", "s",
-                         "--json", long_prompt, home=isolated_home)
+    code, out, err = ask_here(capsys, test_model_path, "--n-ctx", "256", "--max-tokens", "4",
+                              "-s", "s", "--json", long_prompt)
     assert "Traceback" not in err
     with Store.open() as store:
         turns = store.turns(store.find_session("s").id)
@@ -393,8 +388,8 @@ def test_10_head_tail_with_a_small_max_tokens_fits_or_refuses_and_stores_nothing
     (("-s", ""), "session name cannot be empty"),
     (("-s", "two\nlines"), "control characters"),
 ])
-def test_11_flags_that_would_be_changed_or_ignored_are_refused(flags, says, test_model_path, tmp_path):
-    code, out, err = ask(test_model_path, *flags, "hi", home=tmp_path, timeout=60)
+def test_11_flags_that_would_be_changed_or_ignored_are_refused(flags, says, test_model_path, capsys):
+    code, out, err = ask_here(capsys, test_model_path, *flags, "hi")
     assert code == 1 and not out and says in the_error(err)
 
 
@@ -438,14 +433,14 @@ def _gguf_with_architecture(model: Path, target: Path, arch: bytes) -> Path:
     return target
 
 
-def test_14_an_unsupported_architecture_is_named_and_a_folder_is_not_a_missing_file(test_model_path, tmp_path):
+def test_14_an_unsupported_architecture_is_named_and_a_folder_is_not_a_missing_file(test_model_path, tmp_path, capsys):
     odd = _gguf_with_architecture(test_model_path, tmp_path / "odd.gguf", b"zzzzz")
-    code, _, err = ask(odd, "hi", home=tmp_path, timeout=60)
+    code, _, err = ask_here(capsys, odd, "hi")
     assert code == 1 and "'zzzzz' is not supported by this llama.cpp build" in the_error(err)
 
     folder = tmp_path / "folder.gguf"
     folder.mkdir()
-    code, _, err = ask(folder, "hi", home=tmp_path, timeout=60)
+    code, _, err = ask_here(capsys, folder, "hi")
     assert code == 1 and "is a directory" in the_error(err)
 
 
