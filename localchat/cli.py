@@ -45,7 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_app(args: argparse.Namespace) -> int:
+    from localchat.store.store import check_session_name
     from localchat.tui.app import run_app
+
+    if args.session is not None:
+        check_session_name(args.session)  # `--session ""` would otherwise be ignored silently
 
     return run_app(model=args.model, continue_last=args.continue_last, session=args.session)
 

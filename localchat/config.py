@@ -9,10 +9,12 @@ A missing file means all defaults. The file only needs the keys a user wants to 
     gpu_layers = "auto"     # or an int; 0 keeps everything on the CPU
 
 Each section is a plain dict holding the effective values (defaults overlaid by the file).
-Sections are open: keys this module does not know are kept, so a feature reads its own keys with
-``config.engine.get("key", default)`` (or ``config.section("name")``) without a change here.
-Values of the keys known below are type-checked; a wrong type or malformed TOML is a
-:class:`ConfigError` naming file, line and key.
+A feature reads its own keys with ``config.engine.get("key", default)``; the keys a section
+accepts are its defaults below plus the fields of the settings object built from it
+(:func:`known_keys`). A name close to one of those is a misspelling, reported with the nearest
+valid name; names close to none are kept, so sections stay open to new features.
+Values of the keys known below are type-checked; a wrong type, an unknown name or malformed TOML
+is a :class:`ConfigError` naming file, line and key.
 
 This module also holds the small TOML helpers the model registry shares (line lookup, writing).
 """
@@ -119,6 +121,7 @@ def load_config(path: Path | None = None) -> Config:
             raise _type_error(path, text, None, "default_model", "a model name", value)
         config.default_model = value
 
+    _check_names(path, text, raw)
     for section, defaults in SECTION_DEFAULTS.items():
         if section not in raw:
             continue
@@ -129,7 +132,79 @@ def load_config(path: Path | None = None) -> Config:
             if key in defaults:
                 _check_type(path, text, section, key, value, defaults[key])
         getattr(config, section).update(values)
+    _check_remote(path, text, config.remote)
     return config
+
+
+def known_keys() -> dict[str, set[str]]:
+    """Every key each section accepts: its defaults plus the settings objects built from it."""
+    from dataclasses import fields
+
+    from localchat.engine.options import EngineOptions, Sampling
+    from localchat.remote.settings import ConfidenceThresholds, RemoteSettings, RouterThresholds
+
+    def names(*classes: type) -> set[str]:
+        return {f.name for cls in classes for f in fields(cls)}
+
+    keys = {section: set(defaults) for section, defaults in SECTION_DEFAULTS.items()}
+    keys["engine"] |= names(EngineOptions)
+    keys["sampling"] |= names(Sampling)
+    # api_key is known so that RemoteSettings can say why it must not be there.
+    keys["remote"] |= names(RemoteSettings, RouterThresholds, ConfidenceThresholds) | {"api_key"}
+    keys["remote.router"] = names(RouterThresholds)
+    keys["remote.confidence"] = names(ConfidenceThresholds)
+    return keys
+
+
+def _check_names(path: Path, text: str, raw: dict[str, Any]) -> None:
+    """A misspelled section or key would be silently ignored: one that is close to a valid name
+    is an error naming it. Names close to none stay allowed (sections are open to features)."""
+    known = known_keys()
+    top_level = ["default_model", *SECTION_DEFAULTS]
+    for top, value in raw.items():
+        nearest = _nearest(top, top_level)
+        if top in top_level or not nearest:
+            continue
+        if isinstance(value, dict):
+            raise ConfigError(f"{path}:{line_of(text, top)}: unknown section [{top}] "
+                              f"(did you mean [{nearest}]?)")
+        raise ConfigError(f"{path}:{line_of(text, None, top)}: unknown setting {top!r} "
+                          f"(did you mean {nearest!r}?)")
+    for section in SECTION_DEFAULTS:
+        values = raw.get(section)
+        if not isinstance(values, dict):
+            continue
+        tables = [(section, values)] + [(f"{section}.{k}", v) for k, v in values.items()
+                                        if isinstance(v, dict) and f"{section}.{k}" in known]
+        for table, entries in tables:
+            for key in entries:
+                nearest = _nearest(key, known[table])
+                if key in known[table] or f"{table}.{key}" in known or not nearest:
+                    continue
+                raise ConfigError(f"{path}:{line_of(text, table, key)}: unknown key {key!r} in "
+                                  f"[{table}] (did you mean {nearest!r}?)")
+
+
+def _nearest(name: str, candidates: Any) -> str | None:
+    import difflib
+
+    match = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=0.75)
+    return match[0] if match else None
+
+
+def _check_remote(path: Path, text: str, section: dict[str, Any]) -> None:
+    """[remote] is validated now, with the file and line, so a bad base_url or mode cannot
+    surface later as a traceback in the middle of a chat."""
+    from localchat.remote.settings import RemoteSettings
+
+    try:
+        RemoteSettings.from_config(section)
+    except ConfigError as exc:
+        message = str(exc)
+        match = re.match(r"\[remote\] (?:(router|confidence)\.)?(\w+)", message)
+        table = f"remote.{match.group(1)}" if match and match.group(1) else "remote"
+        line = line_of(text, table, match.group(2) if match else None)
+        raise ConfigError(f"{path}:{line}: {message}") from None
 
 
 def save_config(config: Config, path: Path | None = None) -> Path:

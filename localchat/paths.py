@@ -21,7 +21,13 @@ def _home() -> Path | None:
 
 
 def _ensure(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a read-only home, a file where a folder should be
+        from localchat.errors import UserError
+
+        raise UserError(f"cannot create the folder {path}: {exc.strerror or exc} "
+                        "(set LOCALCHAT_HOME to a writable folder)") from None
     return path
 
 

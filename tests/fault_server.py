@@ -41,6 +41,13 @@ class Stall:
 
 
 @dataclass(frozen=True)
+class KeepAlives:
+    """Send ``: keep-alive`` comment lines every ``interval_s`` until the client disconnects."""
+
+    interval_s: float = 0.05
+
+
+@dataclass(frozen=True)
 class Drop:
     """Cut the connection mid-body."""
 
@@ -171,6 +178,9 @@ class _Handler(BaseHTTPRequestHandler):
             if isinstance(step, Stall):
                 self._stall()
                 return
+            if isinstance(step, KeepAlives):
+                self._keep_alive(step.interval_s)
+                return
             if isinstance(step, Drop):
                 self.connection.shutdown(socket.SHUT_RDWR)
                 self.close_connection = True
@@ -188,6 +198,13 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         except OSError:
             return False  # the client went away
+
+    def _keep_alive(self, interval_s: float) -> None:
+        fault = self.server.fault
+        self.close_connection = True
+        while not fault._shutdown.wait(interval_s):
+            if not self._write_chunk(b": keep-alive\n\n"):
+                return
 
     def _stall(self) -> None:
         # Wait until the client closes (the socket turns readable and reads as EOF) or shutdown.

@@ -11,7 +11,9 @@ It answers what huggingface_hub asks of the real Hub when downloading one file:
   at HEAD time and drops the Authorization header).
 
 Faults: ``drop_after(n, times)`` closes the connection after ``n`` body bytes on the next ``times``
-CDN GETs; ``corrupt`` serves bytes that do not match the advertised sha256.
+CDN GETs; ``stall_after(n)`` sends ``n`` body bytes on the next CDN GET and then nothing more,
+and later GETs send no body byte at all (a Hub that stopped sending); ``corrupt`` serves bytes
+that do not match the advertised sha256.
 Every request is recorded in ``requests`` (method, path, headers) for assertions.
 """
 
@@ -49,6 +51,8 @@ class FakeHub:
     requests: list[Request] = field(default_factory=list)
     _drop_after: int | None = None
     _drops_left: int = 0
+    _stall_after: int | None = None
+    _stopped: threading.Event = field(default_factory=threading.Event)
     _server: ThreadingHTTPServer | None = None
 
     def add_file(self, repo: str, path: str, content: bytes) -> str:
@@ -58,6 +62,9 @@ class FakeHub:
 
     def drop_after(self, n_bytes: int, times: int = 1) -> None:
         self._drop_after, self._drops_left = n_bytes, times
+
+    def stall_after(self, n_bytes: int) -> None:
+        self._stall_after = n_bytes
 
     @property
     def port(self) -> int:
@@ -84,6 +91,7 @@ class FakeHub:
         return self
 
     def stop(self) -> None:
+        self._stopped.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -163,6 +171,14 @@ class _HubHandler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{len(content) - 1}/{len(content)}")
         self.end_headers()
         if not send_body:
+            return
+        stall = self.fake._stall_after
+        if stall is not None:
+            self.fake._stall_after = 0  # later requests get nothing at all
+            self.wfile.write(body[:stall])
+            self.wfile.flush()
+            self.fake._stopped.wait(30)  # silent until the client gives up (or the test ends)
+            self.close_connection = True
             return
         drop = self.fake._take_drop()
         if drop is not None:

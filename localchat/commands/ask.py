@@ -44,7 +44,10 @@ def run(args: argparse.Namespace) -> int:
 
     out = JsonEvents(sys.stdout) if args.json else PlainText(sys.stdout, sys.stderr)
     try:
-        prompt = read_prompt(args.prompt)
+        check_flags(args)
+        prompt, notice = read_prompt(args.prompt)
+        if notice:
+            out.event(notice)
         config = load_config()
         escalator = Escalator.from_settings(RemoteSettings.from_config(config.remote))
         route = args.route or ("auto" if escalator.client is not None else "local")
@@ -52,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
         engine = open_engine(args.model, config, **overrides)
         sampling = sampling_options(config, **_sampling_flags(args))
         engine.load()
+        if args.n_ctx and engine.n_ctx != args.n_ctx:
+            out.event(Notice(f"n_ctx {args.n_ctx} was rounded up to {engine.n_ctx} "
+                             "(llama.cpp allocates contexts in steps of 256 tokens)", kind="n_ctx"))
     except UserError as exc:
         return out.error(str(exc))
     try:
@@ -60,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             handle = chat.send(prompt, escalator=None if route == "local" else escalator, route=route)
             stored.prompt_sent(handle)
             final = stream(handle, out)
-            stored.reply_finished(final)
+            stored.reply_finished(final, out)
     except UserError as exc:
         return out.error(str(exc))
     finally:
@@ -73,38 +79,54 @@ def run(args: argparse.Namespace) -> int:
 
 class _StoredSession:
     """``--session NAME``: the conversation comes from (and goes back to) the store the app uses,
-    and its KV cache is restored from the last snapshot instead of being prefilled again."""
+    and its KV cache is restored from the last snapshot instead of being prefilled again.
 
-    def __init__(self, name, engine, chat, store=None, record=None, snapshots=None) -> None:
+    A per-session lock (held from reading the history to storing the reply) serialises turns of
+    one session across processes: a second ``ask --session`` waits, then sees the first's turn."""
+
+    def __init__(self, name, engine, chat, store=None, record=None, snapshots=None, lock=None) -> None:
         self.name, self.engine, self.chat = name, engine, chat
-        self.store, self.record, self.snapshots = store, record, snapshots
+        self.store, self.record, self.snapshots, self.lock = store, record, snapshots, lock
+        self.prompt: str | None = None
 
     @classmethod
     def open(cls, name, engine, config, system, sampling, out) -> "_StoredSession":
         from localchat.session.factory import open_chat
 
-        if not name:
+        if name is None:
             return cls(None, engine, open_chat(engine, config, system=system, sampling=sampling))
         from localchat import paths
         from localchat.session.chat import Message
         from localchat.session.snapshots import SessionSnapshots
         from localchat.store import Store
-        from localchat.store.snapshots import SnapshotStore
+        from localchat.store.locks import SessionLock
+        from localchat.store.safe_snapshots import SafeSnapshotStore
 
         store = Store.open()
-        record = store.open_named_session(name)
-        if system is not None and system != record.system:
-            store.set_system(record.id, system)
-        history = [Message(t.role, t.content, t.stopped) for t in store.turns(record.id)]
-        chat = open_chat(engine, config, system=system if system is not None else record.system,
-                         history=history, sampling=sampling)
-        cap = int(config.snapshots.get("max_bytes", 2 * 1024**3))
-        snapshots = SessionSnapshots(SnapshotStore(paths.snapshots_dir(), cap))
-        if config.snapshots.get("enabled", True):
-            restored = snapshots.restore(record.id, engine, chat)
-            if restored.notice:
-                out.event(Notice(restored.notice, kind="snapshot"))
-        return cls(name, engine, chat, store, record, snapshots)
+        lock = None
+        try:
+            record = store.open_named_session(name)
+            lock = SessionLock(record.id)
+            lock.acquire(on_wait=lambda: out.event(Notice(
+                f"session {name!r} is answering in another localchat; waiting for it",
+                kind="waiting")))
+            if system is not None and system != record.system:
+                store.set_system(record.id, system)
+            history = [Message(t.role, t.content, t.stopped) for t in store.turns(record.id)]
+            chat = open_chat(engine, config, system=system if system is not None else record.system,
+                             history=history, sampling=sampling)
+            cap = int(config.snapshots.get("max_bytes", 2 * 1024**3))
+            snapshots = SessionSnapshots(SafeSnapshotStore(paths.snapshots_dir(), cap))
+            if config.snapshots.get("enabled", True):
+                restored = snapshots.restore(record.id, engine, chat)
+                if restored.notice:
+                    out.event(Notice(restored.notice, kind="snapshot"))
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            store.close()
+            raise
+        return cls(name, engine, chat, store, record, snapshots, lock)
 
     def __enter__(self) -> "_StoredSession":
         return self
@@ -112,23 +134,36 @@ class _StoredSession:
     def __exit__(self, *exc) -> None:
         if self.store is not None:
             self.store.close()
+        if self.lock is not None:
+            self.lock.release()
 
     def prompt_sent(self, handle) -> None:
-        """Commit the user's message before the reply streams (a crash then loses only the reply)."""
+        """Remember the message as the context policy sent it (it may have cut an over-long one);
+        it is stored together with its reply."""
         if self.store is not None and self.chat.history and self.chat.history[-1].role == "user":
-            self.store.add_user_turn(self.record.id, self.chat.history[-1].content)
+            self.prompt = self.chat.history[-1].content
 
-    def reply_finished(self, final) -> None:
-        if self.store is None or not isinstance(final, Done):
+    def reply_finished(self, final, out) -> None:
+        """Store the prompt and the reply in one transaction (both or neither), then snapshot
+        the KV cache, which then holds exactly what the store does."""
+        from localchat.store.store import StoreError
+
+        if self.store is None or self.prompt is None or not isinstance(final, Done):
             return
         t = final.timings
-        self.store.add_reply(self.record.id, final.reply, model=t.model or self.engine.name,
-                             timings=t, finish_reason=final.finish_reason,
-                             stopped=final.finish_reason == "aborted", route=t.route,
-                             route_reason=t.route_reason)
-        self.store.set_summary(self.record.id, self.chat.summary)
+        try:
+            self.store.add_exchange(self.record.id, self.prompt, final.reply,
+                                    summary=self.chat.summary, model=t.model or self.engine.name,
+                                    timings=t, finish_reason=final.finish_reason,
+                                    stopped=final.finish_reason == "aborted", route=t.route,
+                                    route_reason=t.route_reason)
+        except StoreError as exc:
+            raise StoreError(f"{exc} Neither the prompt nor the reply was saved.") from None
         if self.snapshots is not None:
             self.snapshots.save(self.record.id, self.engine, self.chat, wait=True)
+            notice = self.snapshots.store.take_notice()
+            if notice:
+                out.event(Notice(notice, kind="snapshot"))
 
 
 def _sampling_flags(args: argparse.Namespace) -> dict:
@@ -136,16 +171,57 @@ def _sampling_flags(args: argparse.Namespace) -> dict:
     return {k: v for k, v in flags.items() if v is not None}
 
 
-def read_prompt(prompt: str | None) -> str:
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse flag values that would be silently changed or make no sense (one-line UserError)."""
+    import math
+
+    from localchat.errors import UserError
+    from localchat.store.store import check_session_name
+
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise UserError(f"--max-tokens must be at least 1, not {args.max_tokens}")
+    if args.temperature is not None and not (math.isfinite(args.temperature)
+                                             and args.temperature >= 0):
+        raise UserError(f"--temperature must be a number ≥ 0 (0 is greedy), not {args.temperature}")
+    if args.n_ctx is not None:
+        check_n_ctx(args.n_ctx, "--n-ctx")
+    if args.session is not None:
+        check_session_name(args.session)
+
+
+def check_n_ctx(n_ctx: int, where: str) -> None:
+    from localchat.engine.runtime import MIN_N_CTX
     from localchat.errors import UserError
 
+    if n_ctx < MIN_N_CTX:
+        raise UserError(f"{where} {n_ctx} is too small: llama.cpp allocates at least {MIN_N_CTX} "
+                        "tokens, so ask for at least that")
+
+
+def read_prompt(prompt: str | None) -> tuple[str, Notice | None]:
+    """The prompt, and a notice when stdin was not valid UTF-8 (its bad bytes become U+FFFD:
+    lone surrogates would otherwise reach the tokenizer and fail there)."""
+    from localchat.errors import UserError
+
+    notice = None
     if prompt is None or prompt == "-":
         if sys.stdin is None or sys.stdin.isatty():
             raise UserError("no prompt: give one as an argument, or pipe it on stdin with '-'")
-        prompt = sys.stdin.read()
+        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+        prompt = data if isinstance(data, str) else data.decode("utf-8", errors="surrogateescape")
+    # Undecodable bytes (from stdin or argv) arrive as lone surrogates.
+    if any("\ud800" <= ch <= "\udfff" for ch in prompt):
+        raw = prompt.encode("utf-8", "surrogateescape" if _escaped_only(prompt) else "surrogatepass")
+        prompt = raw.decode("utf-8", errors="replace")
+        notice = Notice("the prompt is not valid UTF-8: undecodable bytes were replaced by �",
+                        kind="input")
     if not prompt.strip():
         raise UserError("the prompt is empty")
-    return prompt
+    return prompt, notice
+
+
+def _escaped_only(text: str) -> bool:
+    return all(not "\ud800" <= ch <= "\udfff" or "\udc80" <= ch <= "\udcff" for ch in text)
 
 
 def stream(handle, out: "PlainText | JsonEvents") -> Done | Failed:
@@ -169,13 +245,23 @@ class PlainText:
         self.stdout = stdout
         self.stderr = stderr
         self.on_terminal = stdout.isatty()
+        self._remote_text = ""  # remote reply text on stdout since the escalation
+        self._unshown_reply = False  # a fallback kept a reply that is not on stdout after it
+
+    def _write(self, text: str) -> None:
+        self.stdout.write(neutralise_controls(text) if self.on_terminal else text)
+        self.stdout.flush()
 
     def event(self, event: Event) -> None:
         if isinstance(event, Token) and event.text:
-            text = neutralise_controls(event.text) if self.on_terminal else event.text
-            self.stdout.write(text)
-            self.stdout.flush()
+            self._write(event.text)
+            self._remote_text += event.text
+            self._unshown_reply = False
+        elif isinstance(event, Notice) and event.kind in ("escalate", "fallback"):
+            self._route_notice(event)
         elif isinstance(event, Done):
+            if self._unshown_reply and event.reply:
+                self._write(event.reply)
             self.stdout.write("\n")
             self.stdout.flush()
             if event.finish_reason == "aborted":
@@ -187,16 +273,32 @@ class PlainText:
         elif isinstance(event, Notice):
             self.stderr.write(f"localchat: {event.message}\n")
 
+    def _route_notice(self, event: Notice) -> None:
+        """Keep stdout honest when a remote reply fails part-way: the text it wrote is marked
+        void on its own line, and the local reply that stands follows the marker."""
+        self.stderr.write(f"localchat: {event.message}\n")
+        if event.kind == "escalate":
+            self._remote_text = ""
+            return
+        if self._remote_text:
+            self.stdout.write("\n[remote reply failed; the text above is void]\n")
+            self.stdout.flush()
+        self._remote_text = ""
+        self._unshown_reply = True
+
     def error(self, message: str) -> int:
         self.stderr.write(f"localchat: error: {message}\n")
         return 1
 
 
 class JsonEvents:
-    """One JSON object per line: token, progress, notice, done, error."""
+    """One JSON object per line: token, prefill, notice, retract, done, error. A ``retract``
+    (before a fallback notice) voids the token text since the last escalate notice: the remote
+    reply that failed part-way, so the token texts left always add up to the reply kept."""
 
     def __init__(self, stdout: TextIO) -> None:
         self.stdout = stdout
+        self._remote_text = ""  # token text since the last escalate notice
 
     def _write(self, obj: dict) -> None:
         self.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
@@ -204,10 +306,17 @@ class JsonEvents:
 
     def event(self, event: Event) -> None:
         if isinstance(event, Token):
+            self._remote_text += event.text
             self._write({"event": "token", "text": event.text, "id": event.token_id})
         elif isinstance(event, PrefillProgress):
             self._write({"event": "prefill", "done": event.done, "total": event.total})
         elif isinstance(event, Notice):
+            if event.kind == "fallback":
+                # Token text since the escalation was the remote's: a reader must drop it.
+                self._write({"event": "retract", "text": self._remote_text,
+                             "reason": event.message})
+            if event.kind in ("escalate", "fallback"):
+                self._remote_text = ""
             self._write({"event": "notice", "kind": event.kind, "message": event.message})
         elif isinstance(event, Done):
             self._write({"event": "done", "finish_reason": event.finish_reason,

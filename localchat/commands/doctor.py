@@ -56,15 +56,7 @@ def collect_report() -> dict[str, Any]:
             "devices": [asdict(d) for d in backend.devices],
         },
         "gpus": [asdict(gpu) for gpu in detect_gpus()],
-        "paths": {
-            "config_file": str(paths.config_file()),
-            "user_registry_file": str(paths.user_registry_file()),
-            "data_dir": str(paths.data_dir()),
-            "models_dir": str(paths.models_dir()),
-            "cache_dir": str(paths.cache_dir()),
-            "localchat_home": os.environ.get("LOCALCHAT_HOME"),
-        },
-        "disk": {"models_dir_free_bytes": shutil.disk_usage(paths.models_dir()).free},
+        **_paths_section(),
         "hub": {
             "endpoint": os.environ.get("HF_ENDPOINT") or "https://huggingface.co",
             "offline": os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"},
@@ -72,6 +64,28 @@ def collect_report() -> dict[str, Any]:
         },
         **_models_section(),
     }
+
+
+def _paths_section() -> dict[str, Any]:
+    """Where files live, and free disk. A folder that cannot be created (a read-only home) is a
+    problem to report, not a crash: doctor is what a user runs when something is wrong."""
+    where: dict[str, Any] = {"localchat_home": os.environ.get("LOCALCHAT_HOME")}
+    problems: list[str] = []
+    for key, locate in (("config_file", paths.config_file),
+                        ("user_registry_file", paths.user_registry_file),
+                        ("data_dir", paths.data_dir), ("models_dir", paths.models_dir),
+                        ("cache_dir", paths.cache_dir)):
+        try:
+            where[key] = str(locate())
+        except UserError as exc:
+            where[key] = None
+            if str(exc) not in problems:
+                problems.append(str(exc))
+    try:
+        free = shutil.disk_usage(where["models_dir"]).free if where["models_dir"] else None
+    except OSError:
+        free = None
+    return {"paths": where, "disk": {"models_dir_free_bytes": free}, "path_problems": problems}
 
 
 def _models_section() -> dict[str, Any]:
@@ -89,11 +103,14 @@ def _models_section() -> dict[str, Any]:
     except UserError as exc:
         problems.append(str(exc))
         specs = []
-    downloaded = [
-        {"name": spec.name, "path": str(local_path(spec)),
-         "size_bytes": local_path(spec).stat().st_size}
-        for spec in specs if is_downloaded(spec)
-    ]
+    try:
+        downloaded = [
+            {"name": spec.name, "path": str(local_path(spec)),
+             "size_bytes": local_path(spec).stat().st_size}
+            for spec in specs if is_downloaded(spec)
+        ]
+    except UserError:  # the models folder cannot be created: reported with the paths
+        downloaded = []
     return {
         "models": {
             "default": default,
@@ -129,8 +146,9 @@ def render_report(report: dict[str, Any]) -> str:
         lines.append(("GPU", "none found (no nvidia-smi, and no GPU device in llama.cpp)"))
     for key, label in (("config_file", "config"), ("user_registry_file", "your models"),
                        ("data_dir", "data"), ("models_dir", "models dir"), ("cache_dir", "cache")):
-        lines.append((label, report["paths"][key]))
-    lines.append(("free disk", format_bytes(report["disk"]["models_dir_free_bytes"])))
+        lines.append((label, report["paths"][key] or "not usable (see PROBLEM)"))
+    free = report["disk"]["models_dir_free_bytes"]
+    lines.append(("free disk", format_bytes(free) if free is not None else "unknown"))
     hub = report["hub"]
     lines.append(("Hub", f"{hub['endpoint']}{' (HF_HUB_OFFLINE set)' if hub['offline'] else ''}"
                          f"{', HF_TOKEN set' if hub['token_set'] else ''}"))
@@ -142,7 +160,7 @@ def render_report(report: dict[str, Any]) -> str:
         state = ("downloaded" if models["default_downloaded"]
                  else f"not downloaded: run `localchat pull {models['default']}`")
         lines.append(("default model", f"{models['default']} ({state})"))
-    for problem in report["problems"]:
+    for problem in report.get("path_problems", []) + report["problems"]:
         lines.append(("PROBLEM", problem))
     width = max(len(label) for label, _ in lines)
     return "\n".join(f"{label.ljust(width)}  {value}" for label, value in lines)

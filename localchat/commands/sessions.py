@@ -71,8 +71,10 @@ def print_table(sessions: list[SessionRecord], out: TextIO) -> None:
     if not sessions:
         out.write("No sessions yet. Run `localchat` to start one.\n")
         return
+    # Names and titles come from users and prompts: escape sequences in them must not retitle
+    # or clear the terminal, and newlines must not break the table.
     rows = [
-        (str(s.id), s.label, str(s.turn_count), s.model or "-", _ago(s.updated_at))
+        (str(s.id), _visible(s.label), str(s.turn_count), _visible(s.model) or "-", _ago(s.updated_at))
         for s in sessions
     ]
     header = ("ID", "SESSION", "TURNS", "MODEL", "LAST USED")
@@ -81,6 +83,12 @@ def print_table(sessions: list[SessionRecord], out: TextIO) -> None:
     for row in [header, *rows]:
         cells = [cell if len(cell) <= w else cell[: w - 1] + "…" for cell, w in zip(row, widths)]
         out.write("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip() + "\n")
+
+
+def _visible(text: str) -> str:
+    from localchat.commands.ask import neutralise_controls
+
+    return neutralise_controls(text).replace("\n", "^J").replace("\t", " ")
 
 
 def _ago(timestamp: float, now: float | None = None) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 from localchat.config import Config, load_config
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling, merged
+from localchat.errors import EngineError
 from localchat.models.registry import ModelSpec, require_local, resolve_model
 
 
@@ -44,4 +45,22 @@ def open_engine(model: str | None, config: Config | None = None, **overrides: An
     config = config or load_config()
     spec = resolve_model(model or config.default_model)
     path = require_local(spec)
-    return Engine(path, engine_options(spec, config, **overrides), name=spec.name)
+    options = engine_options(spec, config, **overrides)
+    _check_n_ctx(path, spec.name, options.n_ctx, explicit=bool(overrides.get("n_ctx")))
+    return Engine(path, options, name=spec.name)
+
+
+def _check_n_ctx(path, name: str, n_ctx: int, *, explicit: bool) -> None:
+    """A context size that llama.cpp would silently raise (below its 256-token step) is refused;
+    so is an ``explicit`` one (a flag) that the engine would silently lower to the model's
+    training length (a registry default beyond it is lowered, as before)."""
+    from localchat.engine.runtime import MIN_N_CTX
+    from localchat.models.gguf import read_gguf
+
+    if 0 < n_ctx < MIN_N_CTX:
+        raise EngineError(f"n_ctx {n_ctx} is too small: llama.cpp allocates at least {MIN_N_CTX} "
+                          "tokens, so ask for at least that")
+    trained = read_gguf(path).context_length if explicit else None
+    if trained and n_ctx > trained:
+        raise EngineError(f"n_ctx {n_ctx} is more than {name} was trained for ({trained}); "
+                          f"use at most {trained}")

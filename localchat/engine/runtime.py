@@ -7,9 +7,11 @@ the vocabulary). Nothing here knows about chats or turns.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import os
+import re
 import threading
 from pathlib import Path
 import numpy as np
@@ -19,6 +21,10 @@ from localchat.engine.threads import ThreadGovernor
 from localchat.errors import EngineError
 
 _KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # GGML_TYPE_* values
+# llama.cpp allocates contexts in steps of 256 tokens (n_ctx 40 becomes 256, 300 becomes 512),
+# while keeping the batch at the requested size. Asking for less than one step is refused
+# (factory, ask) rather than silently given 256.
+MIN_N_CTX = 256
 
 
 def _silence_llama_logs() -> None:
@@ -33,6 +39,7 @@ def _silence_llama_logs() -> None:
     show = os.environ.get("LOCALCHAT_LLAMA_LOG") == "1"
 
     def forward(level: int, text: bytes, user_data) -> None:
+        _recent_log.append(text)
         if show:
             os.write(2, text)
 
@@ -58,6 +65,24 @@ def physical_cores() -> int:
 
 
 _log_callback = None  # module-level: llama.cpp keeps the pointer, ctypes must keep the object
+# The last log lines, hidden from the terminal but kept: a failed load names its cause only there
+# ("unknown model architecture: 'x'"), while the exception says "Failed to load model from file".
+_recent_log: collections.deque[bytes] = collections.deque(maxlen=64)
+
+
+def _load_failure(model_path: Path, exc: Exception) -> str:
+    """Why a model did not load, in words: the unknown architecture when llama.cpp said so."""
+    import llama_cpp
+
+    for raw in reversed(_recent_log):
+        line = raw.decode("utf-8", errors="replace")
+        match = re.search(r"unknown model architecture: '([^']*)'", line)
+        if match:
+            version = getattr(llama_cpp, "__version__", "?")
+            return (f"could not load {model_path.name}: its architecture {match.group(1)!r} is not "
+                    f"supported by this llama.cpp build (llama-cpp-python {version}); a newer "
+                    "llama-cpp-python may support it")
+    return f"could not load {model_path.name}: {exc}"
 
 
 class DecodeAborted(Exception):
@@ -78,9 +103,11 @@ class LlamaRuntime:
         # One thread per physical core, as llama.cpp does: measured here, 2 threads decode in
         # ~12 ms/token where 1 takes ~20; hyperthread siblings add nothing but barrier waits.
         threads = options.n_threads or physical_cores()
+        _recent_log.clear()
         try:
             with _quiet_stderr():
-                self.llama = llama_cpp.Llama(
+                self.llama = _new_llama(
+                    llama_cpp,
                     str(model_path),
                     n_ctx=options.n_ctx,
                     n_batch=options.n_batch,
@@ -94,13 +121,15 @@ class LlamaRuntime:
                     verbose=False,
                 )
         except (ValueError, RuntimeError, OSError) as exc:
-            raise EngineError(f"could not load {model_path.name}: {exc}") from None
+            raise EngineError(_load_failure(model_path, exc)) from None
         self.ctx = self.llama._ctx.ctx
         self.model = self.llama._model
         self.vocab = self.model.vocab
         self.n_ctx = self.llama.n_ctx()
         self.n_vocab = self.model.n_vocab()
-        self.n_batch = options.n_batch
+        # llama.cpp may lower the batch (to n_ctx for a small context); a decode call with more
+        # tokens than the context's own n_batch aborts the process (GGML_ASSERT), so ask it.
+        self.n_batch = min(options.n_batch, int(llama_cpp.llama_n_batch(self.ctx)))
         self._memory = llama_cpp.llama_get_memory(self.ctx)
         self.governor = ThreadGovernor(threads, self.set_threads)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
@@ -273,6 +302,39 @@ def token_probability(logits: np.ndarray, token: int) -> float:
     """Softmax probability of ``token`` under ``logits`` (used for confidence tracking)."""
     top = float(logits.max())
     return float(np.exp(logits[token] - top) / np.exp(logits - top).sum())
+
+
+def _new_llama(llama_cpp, model_path: str, **params):
+    """``Llama(model_path, **params)``, also for a GGUF whose embedded chat template does not
+    compile. llama-cpp-python compiles every template in the metadata for chat handlers that
+    localchat never uses (it renders templates itself, where a bad one is a one-line error and
+    a chat_template override still works); a Jinja error there must not stop the load."""
+    import jinja2
+
+    try:
+        return llama_cpp.Llama(model_path, **params)
+    except jinja2.TemplateError:
+        pass
+    formats = llama_cpp.llama_chat_format
+    original = formats.Jinja2ChatFormatter
+    formats.Jinja2ChatFormatter = _UnusedChatHandler
+    try:
+        return llama_cpp.Llama(model_path, **params)
+    finally:
+        formats.Jinja2ChatFormatter = original
+
+
+class _UnusedChatHandler:
+    """Stands in for llama-cpp-python's formatter while loading a GGUF with a broken template."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def to_chat_handler(self):
+        def refuse(*args, **kwargs):
+            raise RuntimeError("the GGUF's chat template does not compile")
+
+        return refuse
 
 
 @contextlib.contextmanager

@@ -312,7 +312,10 @@ def hub_error(exc: BaseException, spec: ModelSpec, endpoint: str) -> HubError | 
         return HubError("HF_HUB_OFFLINE is set, so the Hub is not contacted", unreachable=True)
     if isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.ProxyError)):
         return HubError(f"cannot reach the Hugging Face Hub at {endpoint}", unreachable=True)
-    if isinstance(exc, httpx2.TransportError):  # timeouts, dropped connections after retries
+    if isinstance(exc, httpx2.TimeoutException):  # connected, then the bytes stopped coming
+        message = (f"the Hub stopped sending {spec.name} (no data within the read timeout, "
+                   "HF_HUB_DOWNLOAD_TIMEOUT); run the same pull again to resume")
+    elif isinstance(exc, httpx2.TransportError):  # dropped connections after retries
         message = (f"the download of {spec.name} was interrupted ({type(exc).__name__}); "
                    "run the same pull again to resume")
     elif isinstance(exc, RemoteEntryNotFoundError):

@@ -28,6 +28,7 @@ DEFAULT_ALIGNMENT = 32
 # Arrays longer than this (the tokenizer's vocabulary, merges, scores) are summarized rather than
 # decoded: nothing here needs their values, and decoding 150k strings costs real time.
 MAX_DECODED_ARRAY = 1024
+MAX_ARRAY_NESTING = 16  # arrays of arrays deeper than this are refused (no RecursionError)
 
 # ggml type id -> (name, elements per block, bytes per block). From ggml's type traits.
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
@@ -323,20 +324,24 @@ class _Reader:
         self._need(n)
         self.pos += n
 
-    def value(self, value_type: int) -> Any:
+    def value(self, value_type: int, depth: int = 0) -> Any:
         if value_type in _SCALARS:
             return self.scalar(_SCALARS[value_type])
         if value_type == _STRING:
             return self.string()
         if value_type == _ARRAY:
-            return self.array()
+            # Real files nest arrays one or two deep; a crafted one could exhaust the stack.
+            if depth >= MAX_ARRAY_NESTING:
+                raise GGUFError(f"{self.path}: GGUF metadata nests arrays more than "
+                                f"{MAX_ARRAY_NESTING} deep (corrupt or hostile header)")
+            return self.array(depth + 1)
         raise GGUFError(f"{self.path}: unknown GGUF metadata type {value_type} (corrupt header?)")
 
-    def array(self) -> list[Any] | ArraySummary:
+    def array(self, depth: int = 1) -> list[Any] | ArraySummary:
         element_type = self.scalar("<I")
         length = self.scalar("<Q")
         if length <= MAX_DECODED_ARRAY:
-            return [self.value(element_type) for _ in range(length)]
+            return [self.value(element_type, depth) for _ in range(length)]
         if element_type in _SCALARS:
             n = struct.calcsize(_SCALARS[element_type]) * length
             self._need(n)
@@ -346,5 +351,5 @@ class _Reader:
                 self.skip_string()
         else:  # arrays of arrays: walk them, discarding values
             for _ in range(length):
-                self.value(element_type)
+                self.value(element_type, depth)
         return ArraySummary(element_type, length)

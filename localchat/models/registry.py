@@ -185,6 +185,8 @@ def resolve_model(ref: str | None) -> ModelSpec:
         return registry[ref]
     candidate = Path(ref).expanduser()
     if candidate.is_file() or ref.endswith(".gguf") or "/" in ref or "\\" in ref:
+        if candidate.is_dir():
+            raise ModelNotFound(f"{ref} is a directory, not a .gguf model file")
         if not candidate.is_file():
             raise ModelNotFound(f"no such model file: {ref}")
         return _local_file_spec(candidate.resolve())

@@ -131,5 +131,9 @@ class CircuitBreaker:
 def _without_credentials(url: str) -> str:
     parts = urlsplit(url)
     host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
+    try:
+        port = parts.port
+    except ValueError:  # settings refuse such a URL; a breaker must never be what fails on it
+        port = None
+    netloc = f"{host}:{port}" if port else host
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))

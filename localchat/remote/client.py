@@ -8,8 +8,9 @@ Contract of a :class:`RemoteTurn`:
   connection close within milliseconds, even mid-stall) and the iterator ends with
   ``Done(finish_reason="aborted", reply=<text yielded so far>)``.
 - A failed request is retried at most once, and only while no reply text has arrived; 4xx answers
-  other than 408/429 are not retried (they will not change). A stream silent for ``timeout_s``
-  is a failure.
+  other than 408/429 are not retried (they will not change), nor are timeouts (a retry would
+  double the wait). A stream that sends no data event for ``timeout_s`` (keep-alive comments
+  do not count) is a failure.
 - Every failure is one ``Failed`` line written for the user; it never contains the API key.
 - The circuit breaker learns the outcome of each turn (a stopped turn teaches it nothing).
 """
@@ -20,6 +21,7 @@ import logging
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -120,6 +122,7 @@ class RemoteTurn:
         self._sockets: list[socket.socket] = []
         self._clock = ReplyClock()
         self._model = client.settings.model
+        self._last_data = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="remote-turn", daemon=True)
         self._thread.start()
 
@@ -189,7 +192,9 @@ class RemoteTurn:
                     raise self._status_failure(response)
                 return self._read_stream(response)
         except httpx.TimeoutException as exc:
-            raise _AttemptFailed(_timeout_message(exc, self._client.settings.timeout_s), True) from None
+            # Not retried: a second wait as long as the first would double the user's delay
+            # before the local fallback (a silent server cost 2 × timeout_s + 1 s).
+            raise _AttemptFailed(_timeout_message(exc, self._client.settings.timeout_s), False) from None
         except httpx.ConnectError as exc:
             raise _AttemptFailed(f"cannot connect to the remote: {_reason(exc)}", True) from None
         except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
@@ -201,7 +206,8 @@ class RemoteTurn:
         reply: list[str] = []
         finish_reason: str | None = None
         usage = None
-        for payload in iter_sse_data(response.iter_lines()):
+        for payload in iter_sse_data(self._until_silent(response.iter_lines())):
+            self._last_data = time.monotonic()
             try:
                 chunk = decode_chunk(payload)
             except RemoteStreamError as exc:
@@ -222,6 +228,17 @@ class RemoteTurn:
         timings = self._timings(usage.prompt_tokens if usage else None,
                                 usage.completion_tokens if usage else None)
         return Done("".join(reply), _FINISH_REASONS.get(finish_reason or "stop", "stop"), timings)
+
+    def _until_silent(self, lines: Iterator[str]) -> Iterator[str]:
+        """``lines``, failing once ``timeout_s`` passes without a data event: the read timeout
+        alone never fires on a server that sends only SSE keep-alive comments."""
+        timeout = self._client.settings.timeout_s
+        self._last_data = time.monotonic()
+        for line in lines:
+            if time.monotonic() - self._last_data > timeout:
+                raise _AttemptFailed(f"the remote sent only keep-alives for {timeout:g} s "
+                                     "(timeout_s)", False)
+            yield line
 
     def _status_failure(self, response: httpx.Response) -> _AttemptFailed:
         response.read()

@@ -166,6 +166,10 @@ def _check_ranges(s: RemoteSettings) -> None:
     problems = []
     if s.base_url and not s.base_url.startswith(("http://", "https://")):
         problems.append(f"base_url must start with http:// or https://, got {s.base_url!r}")
+    elif s.base_url:
+        problem = _url_problem(s.base_url)
+        if problem:
+            problems.append(f"base_url {s.base_url!r} is not a usable URL: {problem}")
     if s.timeout_s <= 0:
         problems.append("timeout_s must be positive")
     if s.max_context_tokens < 256:
@@ -180,3 +184,17 @@ def _check_ranges(s: RemoteSettings) -> None:
         problems.append("confidence low_prob must be between 0 and 1")
     if problems:
         raise ConfigError(f"[remote] {problems[0]}")
+
+
+def _url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be connected to (a port out of range, no host), else None."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for "Port out of range" or a non-number
+    except ValueError as exc:
+        return str(exc).lower()
+    if not parts.hostname:
+        return "no host name"
+    return None

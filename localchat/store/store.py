@@ -71,10 +71,9 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Autocommit mode: we issue BEGIN ourselves so each write is exactly one transaction.
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db = _connect(path)
         self._lock = threading.RLock()
+        self._writing = False
         try:
             with self._readable_errors():
                 self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
@@ -107,13 +106,28 @@ class Store:
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         with self._lock, self._readable_errors():
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+            if self._writing:  # nested in another write (add_exchange): part of its transaction
                 yield self._db
-                self._db.execute("COMMIT")
-            except BaseException:
+                return
+            self._writing = True
+            try:
+                with self._transaction():
+                    yield self._db
+            finally:
+                self._writing = False
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            # A failed COMMIT (disk full, I/O error) has already rolled back; a second
+            # ROLLBACK would replace the real cause with "no transaction is active".
+            if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
-                raise
+            raise
 
     def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self._lock, self._readable_errors():
@@ -126,12 +140,14 @@ class Store:
         except sqlite3.IntegrityError:
             raise  # a constraint: the caller turns it into its own error
         except sqlite3.DatabaseError as exc:  # locked past busy_timeout, disk full, not a database
-            raise StoreError(f"The session database {self.path} could not be used: {exc}.") from None
+            raise StoreError(_describe(self.path, exc)) from None
 
     # --- sessions -------------------------------------------------------------------------
 
     def create_session(self, name: str | None = None, *, system: str = "", model: str = "") -> SessionRecord:
         """Create an empty session. Raises ``NameTaken`` if ``name`` is in use."""
+        if name is not None:
+            check_session_name(name)
         now = time.time()
         try:
             with self._write() as db:
@@ -156,6 +172,7 @@ class Store:
 
     def open_named_session(self, name: str) -> SessionRecord:
         """The session called ``name``, created empty if there is none (``--session NAME``)."""
+        check_session_name(name)
         found = self.find_session(name)
         if found:
             return found
@@ -182,8 +199,7 @@ class Store:
     def rename_session(self, session_id: int, name: str) -> SessionRecord:
         """Give a session a name of the user's choice. Raises ``NameTaken`` or ``SessionNotFound``."""
         name = name.strip()
-        if not name:
-            raise UserError("A session name cannot be empty.")
+        check_session_name(name)
         try:
             self._update_session(session_id, "name = ?", (name,), touch=False)
         except sqlite3.IntegrityError:
@@ -231,6 +247,18 @@ class Store:
                 (title_from_prompt(content), session_id),
             )
         return TurnRecord(turn_id, session_id, seq, "user", content, created_at=now)
+
+    def add_exchange(self, session_id: int, prompt: str, reply: str, *, summary: str | None = None,
+                     **reply_fields: object) -> TurnRecord:
+        """Record a prompt, its reply and (if given) the session's new summary in one
+        transaction: all or nothing (a full disk must not leave a prompt whose reply the user
+        saw but the store lost). ``reply_fields`` are ``add_reply``'s keywords."""
+        with self._write():
+            self.add_user_turn(session_id, prompt)
+            turn = self.add_reply(session_id, reply, **reply_fields)
+            if summary is not None:
+                self.set_summary(session_id, summary)
+            return turn
 
     def add_reply(
         self,
@@ -323,3 +351,34 @@ class Store:
                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (key, value),
             )
+
+
+def check_session_name(name: str) -> None:
+    """Raise ``UserError`` for a name the sessions table and sidebar cannot show on one line."""
+    if not name.strip():
+        raise UserError("A session name cannot be empty.")
+    if any(ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0 for ch in name):
+        raise UserError("A session name cannot contain control characters (newlines, escapes).")
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """Open the database; a path that cannot hold one (a folder, a FIFO, no permission) is a
+    StoreError naming it, not a sqlite3 traceback."""
+    if path.exists() and not path.is_file():
+        raise StoreError(f"The session database {path} is not a regular file; move it away.")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Autocommit mode: we issue BEGIN ourselves so each write is exactly one transaction.
+        return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    except (OSError, sqlite3.Error) as exc:
+        raise StoreError(_describe(path, exc)) from None
+
+
+def _describe(path: Path, exc: Exception) -> str:
+    """One line for the user: the cause first when it is one they can act on."""
+    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, OSError) and exc.strerror:
+        text = exc.strerror
+    if "disk is full" in text or getattr(exc, "errno", None) == 28:
+        return f"Disk full: the session database {path} could not be written."
+    return f"The session database {path} could not be used: {text}."

@@ -89,23 +89,34 @@ class Conversation:
             self._escalator = None
 
     def take_notices(self) -> list[Notice]:
-        """Notices about the last send (e.g. a saved context that had to be rebuilt)."""
+        """Notices about the last send (e.g. a saved context that had to be rebuilt, or one
+        that could not be saved after the previous reply)."""
+        store = self.services.snapshots.store if self.services is not None else None
+        failure = store.take_notice() if hasattr(store, "take_notice") else None
+        if failure:
+            self._notices.append(Notice(failure, kind="snapshot"))
         notices, self._notices = self._notices, []
         return notices
 
     def record_reply(self, done: Done, model: str) -> TurnRecord:
-        """Commit a finished turn's reply; an aborted one is stored as stopped."""
+        """Commit a finished turn's reply; an aborted one is stored as stopped. If the commit
+        fails (disk full, database locked) the reply is forgotten by the model too, so the turn
+        ends like a failed one (the prompt stays) and no later turn builds on a lost reply."""
         timings = done.timings
-        turn = self.store.add_reply(
-            self.session_id,
-            done.reply,
-            model=timings.model or model,
-            timings=timings,
-            finish_reason=done.finish_reason,
-            stopped=done.finish_reason == "aborted",
-            route=timings.route,
-            route_reason=timings.route_reason,
-        )
+        try:
+            turn = self.store.add_reply(
+                self.session_id,
+                done.reply,
+                model=timings.model or model,
+                timings=timings,
+                finish_reason=done.finish_reason,
+                stopped=done.finish_reason == "aborted",
+                route=timings.route,
+                route_reason=timings.route_reason,
+            )
+        except UserError as exc:
+            self._forget_last_reply()
+            raise UserError(f"{exc} The reply was not saved.") from None
         # Trimming may have swapped in a new running summary during the turn.
         if self.chat is not None and self.chat.summary != self.record.summary:
             self.store.set_summary(self.session_id, self.chat.summary)
@@ -113,6 +124,17 @@ class Conversation:
             # Off the UI thread (this runs on the turn's worker); the file is written by a thread.
             self.services.snapshots.save(self.session_id, self.chat.engine, self.chat)
         return turn
+
+    def _forget_last_reply(self) -> None:
+        chat = self.chat
+        if chat is None or not chat.history or chat.history[-1].role != "assistant":
+            return
+        chat.history.pop()
+        reset = getattr(chat.engine, "reset", None)
+        if reset is not None:
+            # The KV cache holds the reply; emptying it is always correct (the next turn
+            # prefills the conversation the store has), if slower than dropping just the reply.
+            reset()
 
     def take_back_last_prompt(self) -> str:
         """Remove the last prompt and its reply (``/retry``) and return the prompt."""

@@ -16,6 +16,9 @@ from textual.widgets import Static, TextArea
 from localchat.tui.slash import Completion
 
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
+# Keys the terminal parser emits together arrive within microseconds; a person's two keys, tens
+# of milliseconds apart. A ^ followed by another key sooner than this was not typed.
+STRAY_ESCAPE_S = 0.01
 
 
 class PromptInput(TextArea):
@@ -38,6 +41,7 @@ class PromptInput(TextArea):
         self.completer = completer
         self._browsing: int | None = None  # index into history while recalling
         self._draft = ""  # what was typed before recalling started
+        self._pending_caret: events.Key | None = None  # see _stray_escape
 
     def remember(self, text: str) -> None:
         """Add a sent prompt to the history and stop recalling."""
@@ -46,6 +50,10 @@ class PromptInput(TextArea):
         self._browsing = None
 
     async def _on_key(self, event: events.Key) -> None:
+        if await self._stray_escape(event):
+            event.stop()
+            event.prevent_default()
+            return
         handled = (
             self._submit() if event.key == "enter"
             else self._newline() if event.key in NEWLINE_KEYS
@@ -59,6 +67,27 @@ class PromptInput(TextArea):
             event.prevent_default()
         else:
             await super()._on_key(event)
+
+    async def _stray_escape(self, event: events.Key) -> bool:
+        """Textual 8.2.8 turns an ESC it could not resolve into a ``^`` key (its parser's
+        ``reissue_sequence_as_keys``): Esc then Enter, followed within its escape delay by any
+        other escape sequence (an arrow key, a mouse report), arrives as ``^`` + Enter in one
+        burst. A ``^`` is therefore held back until the next key: if that key comes in the same
+        burst (no one types two keys within STRAY_ESCAPE_S) the ``^`` was an Esc and is dropped.
+        Returns True when ``event`` itself was consumed (held back)."""
+        pending, self._pending_caret = self._pending_caret, None
+        if pending is not None and event.time - pending.time > STRAY_ESCAPE_S:
+            await super()._on_key(pending)  # a real ^, typed by a person
+        if event.key == "circumflex_accent" and event.character == "^":
+            self._pending_caret = event
+            self.set_timer(STRAY_ESCAPE_S, self._release_caret)
+            return True
+        return False
+
+    async def _release_caret(self) -> None:
+        pending, self._pending_caret = self._pending_caret, None
+        if pending is not None:
+            await super()._on_key(pending)
 
     def _submit(self) -> bool:
         if self.text.strip():

@@ -1,0 +1,526 @@
+"""The fault suite (issue 15): bad input and faults a new user hits, one test per numbered item.
+
+Each fault is reproduced with real parts: the CLI in a subprocess (an abort or a traceback is
+visible there exactly as a user sees it), real SQLite files, the real engine and test model,
+loopback servers for the remote, and tmpfs mounts for full disks (skipped when mounting is not
+allowed). The promise under test: a clear one-line error and a non-zero exit, or a notice and a
+working answer; never an abort, a hang, a traceback, or a lost or garbled turn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sqlite3
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fault_server import FaultServer, KeepAlives, Stream, chunk
+from localchat.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def localchat(*args: str, home: Path, stdin: bytes | None = None, timeout: float = 180,
+              env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run the CLI as a user would; returns (exit status, stdout, stderr)."""
+    environment = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO),
+                   **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "localchat", *args], input=stdin,
+                          capture_output=True, timeout=timeout, env=environment)
+    return (proc.returncode, proc.stdout.decode("utf-8", "replace"),
+            proc.stderr.decode("utf-8", "replace"))
+
+
+def the_error(err: str) -> str:
+    """The one error line on stderr; fails on a traceback or on several errors."""
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("localchat: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def ask_here(capsys, model: Path, *args: str) -> tuple[int, str, str]:
+    """``localchat ask`` in this process (no interpreter start-up; the home is the test's)."""
+    from localchat.cli import main
+
+    code = main(["ask", "-m", str(model), "--temperature", "0", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_config(home: Path, text: str) -> Path:
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "config.toml"
+    path.write_text(text)
+    return path
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, size: str, *options: str):
+    """A small tmpfs at ``directory`` (a disk that fills up, or a read-only one); skips the test
+    when this machine does not allow mounting."""
+    directory.mkdir(parents=True, exist_ok=True)
+    opts = ",".join([f"size={size}", *options])
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(directory)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Fill the file system holding ``directory``; returns the filler file (delete to free)."""
+    filler = directory / "filler"
+    with open(filler, "wb") as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+    with contextlib.suppress(OSError):  # the last partial blocks, too
+        with open(directory / "filler-2", "wb") as f:
+            while True:
+                f.write(b"\0" * 512)
+                f.flush()
+    return filler
+
+
+def free(directory: Path) -> None:
+    for name in ("filler", "filler-2"):
+        (directory / name).unlink(missing_ok=True)
+
+
+# -- crashes and hangs ------------------------------------------------------------------------
+
+
+def test_01_tiny_n_ctx_is_a_clear_error_and_prefill_never_exceeds_the_batch(test_model_path, capsys):
+    from localchat.engine.runtime import MIN_N_CTX
+
+    code, _, err = ask_here(capsys, test_model_path, "--n-ctx", "16", "hi")
+    assert code == 1 and f"at least {MIN_N_CTX}" in the_error(err)
+
+    # Below the CLI, a small n_ctx gets llama.cpp's floor, and with it a batch of n_ctx tokens:
+    # a prompt longer than that batch used to abort the process in llama_decode (GGML_ASSERT).
+    script = (
+        "import sys\n"
+        "from localchat.engine.engine import Engine\n"
+        "from localchat.engine.options import EngineOptions, Sampling\n"
+        "engine = Engine(sys.argv[1], EngineOptions(n_ctx=100, gpu_layers=0))\n"
+        "engine.load()\n"
+        "words = ' '.join(str(i) for i in range(40))\n"
+        "final = list(engine.submit([{'role': 'user', 'content': 'Count: ' + words}],\n"
+        "                           Sampling(temperature=0, max_tokens=1)))[-1]\n"
+        "print(type(final).__name__)\n"
+        "engine.close()\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(test_model_path)], capture_output=True,
+                          text=True, timeout=180, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-500:]
+    assert proc.stdout.split() == ["Done"]
+
+
+def test_02_a_bad_remote_url_is_a_config_error_with_its_line_and_the_breaker_never_fails_on_it(isolated_home):
+    from localchat.config import load_config
+    from localchat.errors import ConfigError
+    from localchat.remote.breaker import CircuitBreaker
+
+    path = write_config(isolated_home, '[remote]\nmode = "auto"\n'
+                        'base_url = "http://127.0.0.1:99999/v1"\n')
+    with pytest.raises(ConfigError) as error:
+        load_config()
+    assert str(error.value).startswith(f"{path}:3: [remote] base_url")
+    assert "port" in str(error.value)
+    # Whatever reaches the breaker (it is built before any request), it must not be what fails.
+    assert "closed" in repr(CircuitBreaker(base_url="http://127.0.0.1:99999/v1"))
+
+
+def test_03_a_remote_sending_only_keep_alives_times_out_once_without_a_retry():
+    from localchat.events import Failed
+    from localchat.remote.client import RemoteClient
+    from localchat.remote.settings import RemoteSettings
+
+    with FaultServer([Stream([KeepAlives(0.02)])]) as server:
+        client = RemoteClient(RemoteSettings(mode="auto", base_url=server.base_url, timeout_s=0.3))
+        events = list(client.stream([{"role": "user", "content": "hi"}]))
+        client.close()
+    assert isinstance(events[-1], Failed) and "keep-alive" in events[-1].message
+    assert len(server.requests) == 1  # a retry would double the wait before the local answer
+
+
+def test_04_non_utf8_stdin_is_decoded_with_replacement_and_a_notice(test_model_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait?")))
+    code, out, err = ask_here(capsys, test_model_path, "--max-tokens", "2", "--json", "-")
+    events = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and "Traceback" not in err
+    assert any(e["event"] == "notice" and "UTF-8" in e["message"] for e in events)
+    assert events[-1]["event"] == "done"
+
+
+# -- item 5: tracebacks -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_05a_a_store_path_that_is_a_folder_or_fifo_is_one_line(kind, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir(parents=True)
+    if kind == "folder":
+        (data / "sessions.db").mkdir()
+    else:
+        os.mkfifo(data / "sessions.db")
+    code, _, err = localchat("sessions", home=tmp_path, timeout=60)
+    assert code == 1 and "sessions.db" in the_error(err)
+
+
+def test_05b_a_read_only_home_is_one_line_for_models_and_a_finding_for_doctor(tmp_path):
+    home = tmp_path / "home"
+    with tmpfs(home, "1m", "ro"):
+        code, _, err = localchat("models", home=home, timeout=60)
+        assert code == 1 and "LOCALCHAT_HOME" in the_error(err)
+        code, out, err = localchat("doctor", home=home, timeout=60)
+        assert code == 0 and "Traceback" not in err
+        assert "PROBLEM" in out and "cannot create the folder" in out
+
+
+@pytest.fixture(scope="module")
+def broken_template_model(test_model_path, tmp_path_factory) -> Path:
+    """The test model with its embedded chat template made unparseable (same length)."""
+    data = bytearray(test_model_path.read_bytes())
+    start = data.find(b"{% for message in messages %}")
+    assert start > 0
+    data[start:start + 2] = b"{{"  # "{{ for message ... %}" does not compile
+    path = tmp_path_factory.mktemp("gguf") / "broken-template.gguf"
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_05c_a_gguf_template_that_does_not_compile_is_one_line(broken_template_model, capsys):
+    code, _, err = ask_here(capsys, broken_template_model, "--max-tokens", "2", "hi")
+    assert code == 1 and "template" in the_error(err)
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_05d_a_snapshot_path_that_is_a_folder_does_not_stop_a_session(test_model_path, capsys, isolated_home):
+    (isolated_home / "cache" / "kv" / "session-1.kvsnap").mkdir(parents=True)
+    for _ in range(2):  # a restore, then a save, meet the folder
+        code, out, err = ask_here(capsys, test_model_path, "--max-tokens", "2", "-s", "s", "hi")
+        assert code == 0 and out.strip() and "Traceback" not in err
+
+
+def _nested_gguf(depth: int) -> bytes:
+    header = b"GGUF" + struct.pack("<IQQ", 3, 0, 1)
+    key = b"deep"
+    value = struct.pack("<I", 9)  # an array...
+    value += b"".join(struct.pack("<IQ", 9, 1) for _ in range(depth))  # ...of arrays, nested
+    value += struct.pack("<IQ", 4, 0)  # ...ending in an empty u32 array
+    return header + struct.pack("<Q", len(key)) + key + value
+
+
+def test_05e_deeply_nested_gguf_metadata_is_one_line(tmp_path):
+    path = tmp_path / "deep.gguf"
+    path.write_bytes(_nested_gguf(100_000))
+    code, _, err = localchat("ask", "-m", str(path), "hi", home=tmp_path, timeout=60)
+    assert code == 1 and "nests arrays" in the_error(err)
+
+
+# -- item 6: a full disk under the KV snapshots --------------------------------------------------
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_06_a_full_disk_while_saving_a_snapshot_is_one_notice_and_keeps_the_old_one(test_model_path, capsys, isolated_home):
+    kv = isolated_home / "cache" / "kv"
+    with tmpfs(kv, "16m"):
+        code, _, err = ask_here(capsys, test_model_path, "--max-tokens", "4", "-s", "s", "hi")
+        assert code == 0 and "Traceback" not in err
+        [snapshot] = list(kv.glob("*.kvsnap"))
+        saved = snapshot.read_bytes()
+
+        fill(kv)
+        code, out, err = ask_here(capsys, test_model_path, "--max-tokens", "4", "-s", "s", "more")
+        assert code == 0 and out.strip() and "Traceback" not in err
+        assert err.count("could not save this session's context (disk full)") == 1
+        assert snapshot.read_bytes() == saved  # the previous snapshot is intact
+
+        free(kv)
+        code, _, err = ask_here(capsys, test_model_path, "--max-tokens", "4", "-s", "s", "again")
+        assert code == 0 and "could not save" not in err
+        assert snapshot.read_bytes() != saved  # the next write was tried, and succeeded
+
+
+# -- lost or garbled data ---------------------------------------------------------------------
+
+
+def test_07_two_asks_on_one_session_take_turns(test_model_path, tmp_path):
+    from localchat.store import Store
+
+    env = {**os.environ, "LOCALCHAT_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, "-m", "localchat", "ask", "-m", str(test_model_path),
+                               "--temperature", "0", "--max-tokens", "24", "-s", "same",
+                               f"Question {n}: name a colour."],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+             for n in (1, 2)]
+    for proc in procs:
+        proc.communicate(timeout=180)
+        assert proc.returncode == 0
+    with Store.open(tmp_path / "data" / "sessions.db") as store:
+        turns = store.turns(store.find_session("same").id)
+    # Serialised: each reply follows its own prompt (U1 A1 U2 A2), never U1 U2 A1 A2.
+    assert [t.role for t in turns] == ["user", "assistant", "user", "assistant"]
+
+
+def test_08a_a_full_disk_at_the_store_commit_says_so_and_keeps_neither_half(tmp_path):
+    from localchat.store import Store
+    from localchat.store.store import StoreError
+
+    data = tmp_path / "data"
+    with tmpfs(data, "2m"):
+        with Store.open(data / "sessions.db") as store:
+            session = store.create_session("s")
+            store.add_exchange(session.id, "warm up", "ok", model="m")
+            fill(data)
+            with pytest.raises(StoreError) as error:
+                store.add_exchange(session.id, "x" * 300_000, "y" * 300_000, model="m")
+            assert str(error.value).startswith("Disk full")
+            assert "no transaction is active" not in str(error.value)
+            free(data)
+            assert [t.content for t in store.turns(session.id)] == ["warm up", "ok"]
+
+
+def test_08b_a_reply_the_app_cannot_store_is_forgotten_by_the_model_too(engine, monkeypatch):
+    """Store locked past the busy timeout: the reply is not reused by the next turn."""
+    from localchat.config import Config
+    from localchat.store import Store, store as store_module
+    from localchat.tui.conversation import Conversation
+    from localchat.tui.model_setup import ChatServices
+
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_MS", 50)
+    with Store.open() as store:
+        services = ChatServices(Config(), _NoSnapshots(), lambda: None)
+        conversation = Conversation(store, store.create_session("s"), services)
+        conversation.attach(engine)
+        handle = conversation.send("Say hi.")
+        final = list(handle)[-1]
+        blocker = sqlite3.connect(store.path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        with pytest.raises(UserError, match="not saved"):
+            conversation.record_reply(final, "m")
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        assert [m.role for m in conversation.chat.history] == ["user"]
+        assert [t.role for t in store.turns(conversation.session_id)] == ["user"]
+        assert engine.tokens_in_context == 0  # the KV cache no longer holds the lost reply
+
+
+class _NoSnapshots:
+    store = None
+
+    def save(self, *args, **kwargs) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def test_09_a_remote_failing_mid_reply_is_retracted_before_the_local_answer(test_model_path, capsys, isolated_home):
+    from fault_server import Drop, Stream
+
+    with FaultServer([Stream([chunk("Hel"), Drop()])]) as server:
+        write_config(isolated_home, f'[remote]\nmode = "auto"\nbase_url = "{server.base_url}"\n')
+        # A prompt the router sends to the remote at once (long and "hard").
+        args = ("--max-tokens", "6", "--route", "auto",
+                "Prove step by step that the square root of 2 is irrational, with a rigorous "
+                "proof by contradiction, and explain each step of the proof in detail.")
+        code, out, err = ask_here(capsys, test_model_path, "--json", *args)
+        events = [json.loads(line) for line in out.splitlines()]
+        kinds = [e["event"] for e in events]
+        assert code == 0 and "retract" in kinds
+        retract = events[kinds.index("retract")]
+        assert retract["text"] == "Hel"
+        assert any(e["event"] == "token" for e in events[kinds.index("retract"):])  # local reply
+
+        code, out, err = ask_here(capsys, test_model_path, *args)
+        assert code == 0
+        first, marker, *rest = out.split("\n", 2)
+        assert first == "Hel" and marker.startswith("[remote reply failed")
+        assert rest and rest[0].strip()  # the local reply follows on its own line
+
+
+def test_10_head_tail_with_a_small_max_tokens_fits_or_refuses_and_stores_nothing_cut(test_model_path, capsys, isolated_home):
+    from localchat.store import Store
+
+    write_config(isolated_home, '[context]\noverlong = "head_tail"\n')
+    long_prompt = "word " * 400 + "What was the first word?"
+    code, out, err = ask_here(capsys, test_model_path, "--n-ctx", "256", "--max-tokens", "4",
+                              "-s", "s", "--json", long_prompt)
+    assert "Traceback" not in err
+    with Store.open() as store:
+        turns = store.turns(store.find_session("s").id)
+    if code == 0:
+        assert [t.role for t in turns] == ["user", "assistant"]
+        assert "tokens cut" in turns[0].content
+    else:
+        assert turns == []  # a turn that failed stores no cut prompt
+
+
+
+# -- wrong or confusing -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags, says", [
+    (("--max-tokens", "0"), "--max-tokens must be at least 1"),
+    (("--max-tokens", "-1"), "--max-tokens must be at least 1"),
+    (("--temperature", "-1"), "--temperature must be"),
+    (("--temperature", "nan"), "--temperature must be"),
+    (("--temperature", "inf"), "--temperature must be"),
+    (("--n-ctx", "40"), "--n-ctx 40 is too small"),
+    (("--n-ctx", "255"), "--n-ctx 255 is too small"),
+    (("--n-ctx", str(10**9)), "trained for"),
+    (("-s", ""), "session name cannot be empty"),
+    (("-s", "two\nlines"), "control characters"),
+])
+def test_11_flags_that_would_be_changed_or_ignored_are_refused(flags, says, test_model_path, capsys):
+    code, out, err = ask_here(capsys, test_model_path, *flags, "hi")
+    assert code == 1 and not out and says in the_error(err)
+
+
+def test_12_sessions_lists_names_with_control_sequences_neutralised(tmp_path):
+    from localchat.store import Store
+
+    with Store.open(tmp_path / "data" / "sessions.db") as store:
+        store._db.execute("INSERT INTO sessions (name, system, model, created_at, updated_at) "
+                          "VALUES (?, '', '', 0, 0)", ("evil\x1b]0;PWNED\x07\x1b[2J",))
+    code, out, err = localchat("sessions", home=tmp_path, timeout=60)
+    assert code == 0 and "\x1b" not in out and "\x07" not in out
+    assert "evil^[]0;PWNED^G^[[2J" in out
+
+
+@pytest.mark.parametrize("text, line, says", [
+    ('[engin]\nn_ctx = 2048\n', 1, "unknown section [engin] (did you mean [engine]?)"),
+    ('[engine]\nkv_type = "f16"\nn_ctxx = 2048\n', 3, "unknown key 'n_ctxx' in [engine] (did you mean 'n_ctx'?)"),
+    ('default_modle = "x"\n', 1, "unknown setting 'default_modle' (did you mean 'default_model'?)"),
+    ('[remote]\nbase_url = "http://h/v1"\nmode = "sometimes"\n', 3, "[remote] mode"),
+])
+def test_13_misspelled_names_and_bad_modes_name_file_line_and_the_nearest_name(text, line, says, isolated_home):
+    from localchat.config import load_config
+    from localchat.errors import ConfigError
+
+    path = write_config(isolated_home, text)
+    with pytest.raises(ConfigError) as error:
+        load_config()
+    assert str(error.value).startswith(f"{path}:{line}: ")
+    assert says in str(error.value)
+
+
+def _gguf_with_architecture(model: Path, target: Path, arch: bytes) -> Path:
+    """The test model with general.architecture renamed (same length, so offsets hold)."""
+    data = bytearray(model.read_bytes())
+    key = b"general.architecture"
+    at = data.find(key) + len(key) + 4  # value type (u32)
+    length = struct.unpack_from("<Q", data, at)[0]
+    assert length == len(arch)
+    data[at + 8:at + 8 + length] = arch
+    target.write_bytes(bytes(data))
+    return target
+
+
+def test_14_an_unsupported_architecture_is_named_and_a_folder_is_not_a_missing_file(test_model_path, tmp_path, capsys):
+    odd = _gguf_with_architecture(test_model_path, tmp_path / "odd.gguf", b"zzzzz")
+    code, _, err = ask_here(capsys, odd, "hi")
+    assert code == 1 and "'zzzzz' is not supported by this llama.cpp build" in the_error(err)
+
+    folder = tmp_path / "folder.gguf"
+    folder.mkdir()
+    code, _, err = ask_here(capsys, folder, "hi")
+    assert code == 1 and "is a directory" in the_error(err)
+
+
+async def test_15_escape_then_enter_in_one_burst_types_no_caret_and_a_typed_caret_stays():
+    from textual.app import App
+
+    from localchat.tui.prompt import PromptInput
+
+    sent: list[str] = []
+
+    class Host(App):
+        def compose(self):
+            yield PromptInput([], lambda text: [])
+
+        def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
+            sent.append(message.text)
+
+    app = Host()
+    async with app.run_test() as pilot:
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        await pilot.press("h", "i")
+        # Esc, Enter, then an arrow key within the escape delay, through Textual's own parser:
+        # it yields "^", Enter, then the arrow.
+        for event in _parse_keys("\x1b\r\x1b[D"):
+            prompt.post_message(event)
+        await pilot.pause()
+        assert sent == ["hi"]  # sent as typed, without a stray ^
+
+        await pilot.press("2", "circumflex_accent")
+        await _wait_for(pilot, lambda: prompt.text.endswith("2^"))
+
+
+async def _wait_for(pilot, condition, tries: int = 200) -> None:
+    for _ in range(tries):
+        if condition():
+            return
+        await pilot.pause(0.01)
+    assert condition()
+
+
+def _parse_keys(data: str) -> list:
+    from textual import events
+    from textual._xterm_parser import XTermParser
+
+    parser = XTermParser(False)
+    parsed = list(parser.feed(data)) + list(parser.feed(""))
+    return [e for e in parsed if isinstance(e, events.Key)]
+
+
+def test_16_a_stalled_pull_says_the_hub_stopped_sending(monkeypatch, capsys):
+    from huggingface_hub import constants, file_download
+    from hub_server import FakeHub, make_gguf
+
+    from localchat.cli import main
+
+    with FakeHub() as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 64 * 1024)
+        monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 0.2)
+        # huggingface_hub waits 1 s before each of its 5 resume attempts; the test needs no wait.
+        monkeypatch.setattr(file_download, "time", _NoSleep())
+        hub.add_file("acme/Tiny-GGUF", "tiny.gguf", make_gguf())
+        hub.stall_after(100_000)
+        code = main(["pull", "hf:acme/Tiny-GGUF/tiny.gguf"])
+    err = capsys.readouterr().err
+    assert code == 1 and "the Hub stopped sending" in the_error(err.replace("\r", "\n"))
+
+
+class _NoSleep:
+    def __getattr__(self, name: str):
+        import time
+
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        pass
