@@ -146,6 +146,33 @@ def exactness(cached: list[Replayed], fresh: list[Replayed]) -> dict:
     }
 
 
+def system_change(engine: Engine, system: str, users: list[str], sampling: Sampling,
+                  config: Config, turns: int = 6) -> dict:
+    """A system prompt changed after ``turns`` turns. Exact reuse means every cell after it is
+    computed again; that starts in the background at once. Reports how long it takes, and the
+    next turn's TTFT when the user sends after it finished and when they send at once."""
+    report: dict = {}
+    for waits in (True, False):
+        engine.reset()
+        session = open_chat(engine, config, system=system, sampling=sampling)
+        for text in users[:turns]:
+            engine.wait_idle(timeout=120)
+            run_turn(session.send(text))
+        engine.wait_idle(timeout=120)
+        handle = session.set_system(system + " Answer in plain sentences.")
+        if waits and handle is not None:
+            prepared = handle.wait()
+            if isinstance(prepared, Done):
+                report["background_prompt_n"] = prepared.timings.prompt_n
+                report["background_ms"] = round(prepared.timings.prompt_ms, 1)
+        done, _ = run_turn(session.send(users[turns % len(users)]))
+        key = "next_ttft_ms_after_waiting" if waits else "next_ttft_ms_sent_at_once"
+        report[key] = round(done.timings.ttft_ms, 1)
+        report[key.replace("ttft_ms", "prompt_n")] = done.timings.prompt_n
+    engine.reset()
+    return report
+
+
 STORY_PROMPT = "Tell me a long story about a lighthouse keeper."
 
 

@@ -318,7 +318,10 @@ def test_08b_a_reply_the_app_cannot_store_is_forgotten_by_the_model_too(engine, 
         blocker.close()
         assert [m.role for m in conversation.chat.history] == ["user"]
         assert [t.role for t in store.turns(conversation.session_id)] == ["user"]
-        assert engine.tokens_in_context == 0  # the KV cache no longer holds the lost reply
+        # The next turn does not build on the lost reply: its cells leave the KV cache.
+        final = list(conversation.send("And bye."))[-1]
+        assert final.timings.approx_n == 0
+        assert [m.role for m in engine.cached_messages()][-3:] == ["user", "user", "assistant"]
 
 
 class _NoSnapshots:

@@ -136,6 +136,14 @@ def _conversation(args: argparse.Namespace) -> int:
                                   "summary": bench.summarize([r.timings for r in fresh])}
             report["exactness"] = bench.exactness(replayed, fresh)
             progress.say("replayed the baseline")
+        installs = session.keeper.install_timings
+        if installs:  # summaries put in after the system prompt, prefilled in the background
+            report["summary_installs"] = {
+                "count": len(installs),
+                "prompt_n_max": max(t.prompt_n for t in installs),
+                "background_ms_max": round(max(t.prompt_ms for t in installs), 1)}
+        report["system_change"] = bench.system_change(engine, system, users, sampling, config)
+        progress.say("measured a system prompt change")
         report["raw_decode"] = bench.decode_speed(engine)
         if not args.no_abort:
             report["abort"] = {"decoding": bench.abort_while_decoding(engine),
@@ -236,6 +244,15 @@ def print_report(report: dict) -> None:
         print(f"exactness: {exact['exact_turns']}/{exact['turns']} greedy replies equal a fresh "
               f"prefill's ({exact['approx_turns']} turns on shifted cells; differing: "
               f"{exact['differing_turns'] or 'none'})")
+    change = report.get("system_change")
+    if change:
+        print(f"system prompt changed: background prefill {change.get('background_prompt_n')} tokens in "
+              f"{change.get('background_ms')} ms · next TTFT {change['next_ttft_ms_after_waiting']} ms "
+              f"after it, {change['next_ttft_ms_sent_at_once']} ms when sent at once")
+    installs = report.get("summary_installs")
+    if installs:
+        print(f"summaries put in: {installs['count']} · background prefill up to "
+              f"{installs['prompt_n_max']} tokens, {installs['background_ms_max']} ms")
     raw = report["raw_decode"]
     print(f"decode: raw llama.cpp loop {raw['raw_ms_per_token']} ms/token, engine "
           f"{raw['engine_ms_per_token']} ms/token · engine speed ratio {raw['engine_speed_ratio']}")

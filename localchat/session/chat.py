@@ -149,15 +149,15 @@ class ChatSession:
 
     # -- editing -------------------------------------------------------------------------------
 
-    def set_system(self, text: str) -> None:
+    def set_system(self, text: str) -> TurnHandle | None:
         """Change the system prompt. Every cached cell after it must be computed again, so the
-        engine starts on that in the background now rather than when the next message waits."""
+        engine starts on that in the background now rather than when the next message waits
+        (the handle of that work, or None when there is nothing to prepare)."""
         with self.state_lock:
             changed = text != self.system
             self.system = text
             messages = self.model_messages() if changed and self.history and not self.busy else None
-        if messages is not None:
-            self.engine.prepare(messages)
+        return self.engine.prepare(messages) if messages is not None else None
 
     def clear(self) -> None:
         """Forget the conversation (the system prompt stays)."""

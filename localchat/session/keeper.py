@@ -15,7 +15,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from localchat.engine.options import Sampling
-from localchat.events import Done, Failed
+from localchat.events import Done, Failed, Timings
 from localchat.session.budget import (
     ContextLayout,
     ContextSettings,
@@ -52,6 +52,8 @@ class ContextKeeper:
         self.last_plan: TurnPlan | None = None
         self._generation = 0  # bumped by reset(): a summary started before it is discarded
         self._trimmed_in_background = 0
+        # What putting each summary in cost (background prefill), for bench.
+        self.install_timings: list[Timings] = []
         self._lock = threading.Lock()
 
     def reset(self) -> None:
@@ -204,7 +206,12 @@ class ContextKeeper:
             self.summary_text_tokens = min(prepared.tokens, self.settings.summary_max_tokens)
             self.prepared, self.prepared_text = None, ""
             messages = session.model_messages()
-        self.engine.prepare(messages)
+        self.engine.prepare(messages).on_finish(self._installed)
+
+    def _installed(self, event: Done | Failed) -> None:
+        if isinstance(event, Done) and event.finish_reason == "stop":
+            with self._lock:
+                self.install_timings.append(event.timings)
 
     def take_trimmed_in_background(self) -> int:
         """Tokens removed by summary swaps since the last call (reported with the next turn)."""

@@ -129,12 +129,9 @@ class Conversation:
         chat = self.chat
         if chat is None or not chat.history or chat.history[-1].role != "assistant":
             return
+        # The KV cache still holds the reply, but the next turn's history no longer continues
+        # it, so the engine drops those cells and keeps the exact prefix before them.
         chat.history.pop()
-        reset = getattr(chat.engine, "reset", None)
-        if reset is not None:
-            # The KV cache holds the reply; emptying it is always correct (the next turn
-            # prefills the conversation the store has), if slower than dropping just the reply.
-            reset()
 
     def take_back_last_prompt(self) -> str:
         """Remove the last prompt and its reply (``/retry``) and return the prompt."""
