@@ -17,10 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-
 from localchat.engine.engine import Engine
-from localchat.engine.layout import plan_layout
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.events import Done, Token
 
@@ -58,27 +55,6 @@ def fresh_reply(oracle: Engine, messages: list[dict], n_tokens: int = N_COMPARED
     return tokens[:n_tokens]
 
 
-def logits_after(oracle: Engine, messages: list[dict], reply_prefix: list[int]) -> np.ndarray:
-    """The oracle's next-token logits after a fresh prefill of ``messages`` and ``reply_prefix``."""
-    runtime = oracle._require_runtime()
-    prompt = plan_layout([], messages, oracle._render, runtime.tokenize).tokens
-
-    def job() -> np.ndarray:
-        runtime.clear()
-        for i in range(0, len(prompt), 128):
-            runtime.decode(prompt[i:i + 128], i)
-        for j, token in enumerate(reply_prefix):
-            runtime.decode([token], len(prompt) + j)
-        logits = np.array(runtime.last_logits())
-        runtime.clear()
-        return logits
-
-    try:
-        return oracle.call(job)
-    finally:
-        oracle.reset()
-
-
 def assert_matches_fresh(cached: list[int], oracle: Engine, messages: list[dict]) -> None:
     """``cached`` (a greedy reply's first tokens) is what a fresh prefill of ``messages`` gives,
     up to a near-tie flipped by batch-shape rounding."""
@@ -87,7 +63,7 @@ def assert_matches_fresh(cached: list[int], oracle: Engine, messages: list[dict]
         return
     i = next((k for k, (a, b) in enumerate(zip(cached, fresh)) if a != b), min(len(cached), len(fresh)))
     assert i < min(len(cached), len(fresh)), f"replies differ in length: {cached} vs {fresh}"
-    logits = logits_after(oracle, messages, cached[:i])
+    logits = oracle.fresh_logits(messages, cached[:i])
     margin = float(logits[fresh[i]] - logits[cached[i]])
     assert margin < NEAR_TIE, (
         f"reply differs from a fresh prefill at token {i}: the fresh engine prefers "

@@ -22,7 +22,7 @@ HARD = [{"role": "user", "content": "Prove by induction that 1 + 2 + ... + n = n
 
 
 def test_streams_a_reply_with_timings_and_route(llama_server):
-    client = RemoteClient(settings_for(llama_server, model="smollm2"))
+    client = RemoteClient(settings_for(llama_server, model="smollm2", timeout_s=60))
     events = list(client.stream(HELLO, SHORT, route_reason="test"))
     tokens = [e for e in events if isinstance(e, Token)]
     done = events[-1]
@@ -70,7 +70,7 @@ def test_stop_closes_the_connection_and_the_server_lets_go(llama_server):
 
 def test_auto_routing_sends_a_hard_prompt_to_the_real_server(llama_server, tmp_path):
     local = LocalFactory([])
-    esc = Escalator.from_settings(settings_for(llama_server, max_tokens=12),
+    esc = Escalator.from_settings(settings_for(llama_server, max_tokens=12, timeout_s=60),
                                   breaker_file=tmp_path / "breaker.json")
     turn = esc.start_turn(HARD, local, sampling=SHORT)
     events = list(turn)
@@ -83,7 +83,7 @@ def test_auto_routing_sends_a_hard_prompt_to_the_real_server(llama_server, tmp_p
 
 def test_an_unsure_local_reply_is_handed_to_the_real_server(llama_server, tmp_path):
     local = LocalFactory(unsure(" um", 60))
-    esc = Escalator.from_settings(settings_for(llama_server, max_tokens=12),
+    esc = Escalator.from_settings(settings_for(llama_server, max_tokens=12, timeout_s=60),
                                   breaker_file=tmp_path / "breaker.json")
     turn = esc.start_turn(HELLO, local, sampling=SHORT)
     events = list(turn)
@@ -93,7 +93,7 @@ def test_an_unsure_local_reply_is_handed_to_the_real_server(llama_server, tmp_pa
 
 
 def test_the_real_engine_cut_by_length_escalates_to_the_real_server(llama_server, engine, tmp_path):
-    esc = Escalator.from_settings(settings_for(llama_server, max_tokens=12),
+    esc = Escalator.from_settings(settings_for(llama_server, max_tokens=12, timeout_s=60),
                                   breaker_file=tmp_path / "breaker.json")
     turn = esc.start_turn(HELLO, lambda: engine.submit(HELLO, Sampling(max_tokens=4, seed=1)),
                           sampling=SHORT)

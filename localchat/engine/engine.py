@@ -150,6 +150,34 @@ class Engine:
             self._overhead = max(1, len(runtime.tokenize(delta, False)) - 1) + 2
         return self._overhead
 
+    def fresh_logits(self, messages: list[dict[str, str]], reply: list[int]) -> Any:
+        """Next-token logits (a numpy array) after prefilling ``messages`` and the reply tokens
+        ``reply`` on an empty cache, as a fresh turn would (the cache is emptied afterwards).
+        The exactness oracle's tool: where a cached reply and a fresh one differ, these logits
+        tell a near-tie flipped by batch-shape rounding from a clear preference (a wrong cell)."""
+        import numpy as np
+
+        def job() -> Any:
+            kv = self._require_kv()
+            runtime = kv.runtime
+            prompt = plan_layout([], messages, self._render, runtime.tokenize).tokens
+            kv.forget()
+            try:
+                for i in range(0, len(prompt), CPU_PREFILL_CHUNK):
+                    runtime.decode(prompt[i:i + CPU_PREFILL_CHUNK], i)
+                for j, token in enumerate(reply):
+                    runtime.decode([token], len(prompt) + j)
+                return np.array(runtime.last_logits())
+            finally:
+                kv.forget()
+
+        return self.call(job)
+
+    def prompt_tokens(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> int:
+        """Exact length in tokens of ``messages`` as the template renders them (no cache effect)."""
+        runtime = self._require_runtime()
+        return len(runtime.tokenize(self._render(messages, add_generation_prompt), True))
+
     def close(self) -> None:
         if self._thread.is_alive():
             with self._lock:

@@ -78,8 +78,10 @@ class TurnHandle:
                 callbacks = list(self._on_finish)
             for callback in callbacks:
                 callback(event)
-            self._events.put(event)
+            # Finished before the reader can see the final event: a caller that read Done may
+            # start the next turn at once (ChatSession.send checks ``finished``).
             self._finished.set()
+            self._events.put(event)
         else:
             self._events.put(event)
 

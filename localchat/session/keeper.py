@@ -12,6 +12,7 @@ prompt; the engine prefills from there in the background (see ``_install``).
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from localchat.engine.options import Sampling
@@ -75,7 +76,7 @@ class ContextKeeper:
         # A prepared summary is swapped in by the background (see after_reply), never here: the
         # user would wait for its prefill. A trim now only drops turns, which costs no prefill.
         prepared = None
-        layout = self.layout(session)
+        layout = self._exact_layout(session, text, new_tokens)
         plan = plan_turn(self.settings, layout, new_tokens, prepared=prepared,
                          new_overhead_tokens=overhead, marker_tokens=self._marker_tokens(new_tokens))
         if not plan.fits:
@@ -118,13 +119,28 @@ class ContextKeeper:
 
     # -- measuring -------------------------------------------------------------------------------
 
+    def _exact_layout(self, session: "ChatSession", text: str, new_tokens: int) -> ContextLayout:
+        """The layout, corrected to the exact prompt length when the KV records cannot give it
+        (first turn, after a restore): per-message estimates miss what a template adds on its
+        own, such as a default system prompt when none is set."""
+        layout = self.layout(session)
+        window = session.model_messages()
+        if window and _records_match(self.engine.cached_messages(), window):
+            return layout
+        exact = self.engine.prompt_tokens(window + [{"role": "user", "content": text}])
+        estimate = (layout.system_tokens + layout.summary_tokens
+                    + sum(t.tokens for t in layout.turns) + new_tokens)
+        if exact <= estimate:
+            return layout
+        return replace(layout, system_tokens=layout.system_tokens + exact - estimate)
+
+
     def layout(self, session: "ChatSession") -> ContextLayout:
         """The context as the policy sees it: exact token counts from the engine's KV records
         when they match the session's window, estimates otherwise (e.g. right after a restore)."""
         messages = session.model_messages()
         records = self.engine.cached_messages()
-        exact = len(records) >= len(messages) and all(
-            r.role == m["role"] and r.content == m["content"] for r, m in zip(records, messages))
+        exact = _records_match(records, messages)
         sizes = ([len(r.tokens) for r in records[:len(messages)]] if exact else
                  [self.engine.count_tokens(m["content"]) + self.engine.template_overhead()
                   for m in messages])
@@ -218,6 +234,12 @@ class ContextKeeper:
         with self._lock:
             moved, self._trimmed_in_background = self._trimmed_in_background, 0
         return moved
+
+
+def _records_match(records: list, messages: list[dict[str, str]]) -> bool:
+    """The engine's KV records cover ``messages`` (so their token counts are exact)."""
+    return len(records) >= len(messages) and all(
+        r.role == m["role"] and r.content == m["content"] for r, m in zip(records, messages))
 
 
 def _position_of_exchange(session: "ChatSession", exchange: int) -> int:

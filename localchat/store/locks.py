@@ -33,6 +33,14 @@ class SessionLock:
                 on_wait()
         self._lock.acquire()
 
+    def try_acquire(self) -> bool:
+        """Take the lock if no one holds it; False (without waiting) if another process does."""
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            return False
+        return True
+
     def release(self) -> None:
         if self._lock.is_locked:
             self._lock.release()

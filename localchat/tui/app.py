@@ -290,16 +290,17 @@ class LocalChatApp(SessionActions, App[int]):
     @work(thread=True, group="turn", exit_on_error=False)
     def _generate(self, turn: ActiveTurn, text: str, model: str, route: str = "auto") -> None:
         try:
-            turn.handle = turn.conversation.send(text, route)
-            for notice in turn.conversation.take_notices():
-                turn.mailbox.put(notice)
-            if turn.stop_requested:
-                turn.handle.stop()
-            self.post_message(SessionChanged())  # the first prompt gives the session its title
-            for event in turn.handle:
-                if isinstance(event, Done):
-                    turn.conversation.record_reply(event, model)
-                turn.mailbox.put(event)
+            with turn.conversation.turn_lock():
+                turn.handle = turn.conversation.send(text, route)
+                for notice in turn.conversation.take_notices():
+                    turn.mailbox.put(notice)
+                if turn.stop_requested:
+                    turn.handle.stop()
+                self.post_message(SessionChanged())  # the first prompt gives the session its title
+                for event in turn.handle:
+                    if isinstance(event, Done):
+                        turn.conversation.record_reply(event, model)
+                    turn.mailbox.put(event)
         except UserError as exc:
             turn.mailbox.put(Failed(str(exc)))
         except Exception as exc:  # a store or engine bug must still end the turn on screen

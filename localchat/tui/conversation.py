@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from localchat.errors import UserError
 from localchat.events import Done, Notice
 from localchat.session.chat import ChatSession, Message
 from localchat.store import SessionRecord, Store, TurnRecord
+from localchat.store.locks import SessionLock
 
 if TYPE_CHECKING:
     from localchat.engine.engine import Engine
@@ -62,6 +65,24 @@ class Conversation:
         else:
             self.chat = ChatSession(engine, system=record.system, history=history, sampling=sampling)
             self.chat.summary = record.summary
+
+    @contextmanager
+    def turn_lock(self) -> Iterator[None]:
+        """Hold the session's lock across processes for one turn, from reading its history to
+        storing the reply: an ``ask --session`` on it meanwhile waits for this turn, and while
+        such a run holds it this one is refused. Turns another process stored since this
+        session was opened are loaded first, so no reply is generated without them."""
+        lock = SessionLock(self.session_id)
+        if not lock.try_acquire():
+            raise UserError("This session is answering in another localchat process; "
+                            "send again when it is done.")
+        try:
+            chat = self.chat
+            if chat is not None and len(self.turns()) != len(chat.history):
+                self.attach(chat.engine, chat.sampling)
+            yield
+        finally:
+            lock.release()
 
     def send(self, text: str, route: str = "auto") -> TurnHandle:
         """Start the model's turn and commit the prompt as sent (the context policy may have cut
