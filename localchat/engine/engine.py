@@ -20,10 +20,11 @@ from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, plan_layout
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.runtime import DecodeAborted, LlamaRuntime
-from localchat.engine.templates import choose_template, make_renderer
+from localchat.engine.templates import choose_template, has_thinking_switch, make_renderer, with_thinking
 from localchat.engine.turn import TurnClock, TurnHandle
 from localchat.errors import EngineError, UserError
-from localchat.events import Done, Failed, Loaded, PrefillProgress, Timings, Token
+from localchat.events import Done, Failed, Loaded, PrefillProgress, Thinking, Timings, Token
+from localchat.reasoning import ReasoningSplitter, prompt_opens_thinking
 
 __all__ = ["Engine", "KVSnapshot"]
 
@@ -165,6 +166,11 @@ class Engine:
     @property
     def n_ctx(self) -> int:
         return self._require_runtime().n_ctx
+
+    @property
+    def supports_thinking(self) -> bool:
+        """Whether the model's template has a thinking switch (``Sampling.thinking`` on/off)."""
+        return has_thinking_switch(self._template)
 
     @property
     def tokens_in_context(self) -> int:
@@ -349,7 +355,8 @@ class Engine:
         clock = TurnClock(handle.submitted_at)
         timings = Timings(model=self.name)
         if layout is None:
-            layout = plan_layout(kv.records, messages, self._render, runtime.tokenize,
+            render = with_thinking(self._render, sampling.thinking, self.supports_thinking)
+            layout = plan_layout(kv.records, messages, render, runtime.tokenize,
                                  allow_shift=runtime.can_shift)
         timings.prefix_fallback = layout.prefix_fallback
         target = layout.tokens
@@ -392,13 +399,30 @@ class Engine:
             return
         clock.prefill_end()
 
+        # Reasoning streams as Thinking events, the answer as Tokens; the reply keeps both.
+        splitter = ReasoningSplitter(inside=prompt_opens_thinking(layout.messages[-1].text))
+        reasoning: list[str] = []
+
         def on_token(text: str, token: int, prob: float | None) -> None:
-            clock.token(bool(text))
-            handle.emit(Token(text, token, prob))
+            was_thinking = splitter.thinking
+            thinking, answer = splitter.feed(text)
+            in_reasoning = was_thinking or splitter.thinking
+            clock.token(bool(text), thinking=in_reasoning, answer_text=bool(answer))
+            if thinking:
+                reasoning.append(thinking)
+                handle.emit(Thinking(thinking))
+            if answer or not in_reasoning:
+                handle.emit(Token(answer, token, prob))
 
         reply, finish = kv.generate(sampling, self.options.track_confidence,
                                     lambda: handle.stop_requested, on_token)
-        handle.emit(Done(reply, finish, self._timings(clock.fill(timings))))
+        thinking, answer = splitter.flush()
+        if thinking:
+            reasoning.append(thinking)
+            handle.emit(Thinking(thinking))
+        if answer:
+            handle.emit(Token(answer))
+        handle.emit(Done(reply, finish, self._timings(clock.fill(timings)), "".join(reasoning)))
 
     def _timings(self, timings: Timings) -> Timings:
         runtime = self._runtime

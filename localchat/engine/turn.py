@@ -93,6 +93,8 @@ class TurnClock:
         self.prefill_ended: float | None = None
         self.token_times: list[float] = []
         self.first_text_at: float | None = None
+        self.first_answer_at: float | None = None
+        self.thinking_n = 0
 
     def prefill_start(self) -> None:
         self.prefill_started = time.perf_counter()
@@ -100,11 +102,18 @@ class TurnClock:
     def prefill_end(self) -> None:
         self.prefill_ended = time.perf_counter()
 
-    def token(self, has_text: bool) -> None:
+    def token(self, has_text: bool, *, thinking: bool = False, answer_text: bool | None = None) -> None:
+        """One sampled token. ``thinking``: it belongs to the reasoning; ``answer_text``: it
+        released answer text (default: ``has_text``, for replies without reasoning)."""
         now = time.perf_counter()
         self.token_times.append(now)
         if has_text and self.first_text_at is None:
             self.first_text_at = now
+        if thinking:
+            self.thinking_n += 1
+        answered = has_text if answer_text is None else answer_text
+        if answered and self.first_answer_at is None:
+            self.first_answer_at = now
 
     def fill(self, timings: Timings) -> Timings:
         ms = lambda a, b: (b - a) * 1000.0  # noqa: E731
@@ -117,6 +126,11 @@ class TurnClock:
             timings.predicted_ms = ms(start, times[-1])
             first = self.first_text_at or times[0]
             timings.ttft_ms = ms(self.submitted_at, first)
+        timings.thinking_n = self.thinking_n
+        if self.thinking_n == 0:
+            timings.time_to_answer_ms = timings.ttft_ms  # no reasoning: the first text is the answer
+        elif self.first_answer_at is not None:
+            timings.time_to_answer_ms = ms(self.submitted_at, self.first_answer_at)
         gaps = [ms(a, b) for a, b in zip(times, times[1:])]
         if gaps:
             timings.tpot_ms = sum(gaps) / len(gaps)
