@@ -31,6 +31,7 @@ from localchat.tui.messages import (
     ModelLoading,
     ModelReady,
     SessionChanged,
+    ThinkingRun,
     TokenRun,
     TurnMailbox,
     TurnWake,
@@ -63,6 +64,7 @@ class LocalChatApp(SessionActions, App[int]):
         Binding("ctrl+c", "interrupt", "Stop/Quit", show=False, priority=True),
         Binding("ctrl+n", "new_session", "New"),
         Binding("ctrl+b", "toggle_sidebar", "Sessions"),
+        Binding("ctrl+t", "toggle_thinking", "Thinking", show=False),
         Binding("f1", "help", "Help"),
         Binding("question_mark", "help", "Help", show=False),
     ]
@@ -134,6 +136,7 @@ class LocalChatApp(SessionActions, App[int]):
         # switch interval a redrawing UI thread could hold it that long per token.
         self._previous_switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        self.chat_log.show_thinking = self.store.get_setting("show_thinking") == "yes"
         saved_theme = self.store.get_setting("theme")
         if saved_theme in self.available_themes:
             self.theme = saved_theme
@@ -326,8 +329,8 @@ class LocalChatApp(SessionActions, App[int]):
         for event in turn.mailbox.take():
             await self._show_turn_event(turn, event)
 
-    async def _show_turn_event(self, turn: ActiveTurn, event: Event | TokenRun) -> None:
-        if isinstance(event, TokenRun | PrefillProgress):
+    async def _show_turn_event(self, turn: ActiveTurn, event: Event | TokenRun | ThinkingRun) -> None:
+        if isinstance(event, TokenRun | ThinkingRun | PrefillProgress):
             await turn.show_progress(event, self.status.info)
             self.status.refresh()
         elif isinstance(event, Notice):
@@ -344,7 +347,8 @@ class LocalChatApp(SessionActions, App[int]):
         self.set_state("stopped" if stopped else "idle")
         if turn.reply is not None:
             model = done.timings.model or self.status.info.model
-            await turn.reply.finish(done.reply, reply_caption(model, done.timings, stopped=stopped), stopped=stopped)
+            await turn.reply.finish(done.answer, reply_caption(model, done.timings, stopped=stopped),
+                                    stopped=stopped, thinking=done.thinking, timings=done.timings)
         if done.finish_reason == "length":
             self.notify("The reply reached the max_tokens limit.", severity="warning")
         self._after_turn()
