@@ -12,7 +12,7 @@ from localchat.events import Done, Event, Failed, Timings
 
 
 class TurnHandle:
-    """Events of one turn: PrefillProgress*, Token*, then exactly one Done or Failed.
+    """Events of one turn: PrefillProgress*, Thinking* and Token*, then exactly one Done or Failed.
 
     Iterating blocks per event; ``poll()`` never blocks. ``stop()`` asks the producer to end
     the turn; a Done with finish_reason "aborted" and the partial reply follows.

@@ -31,7 +31,7 @@ class ThinkingBlock(Collapsible):
     """A reply's reasoning: collapsible, dimmed, streamed while the model thinks."""
 
     DEFAULT_CSS = """
-    ThinkingBlock { border: none; padding: 0; margin: 0; background: transparent; }
+    ThinkingBlock { border: none; padding: 0; margin: 0 0 1 0; background: transparent; }
     ThinkingBlock > Contents { padding: 0 0 0 2; }
     ThinkingBlock .thinking-text { color: $text-muted; text-style: italic; }
     """
