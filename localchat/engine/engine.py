@@ -20,11 +20,12 @@ from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, plan_layout
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.runtime import DecodeAborted, LlamaRuntime
-from localchat.engine.templates import choose_template, has_thinking_switch, make_renderer, with_thinking
-from localchat.engine.turn import TurnClock, TurnHandle
+from localchat.engine.templates import (choose_template, has_thinking_switch, make_renderer,
+                                       with_thinking)
+from localchat.engine.turn import ReplyEvents, TurnClock, TurnHandle
 from localchat.errors import EngineError, UserError
-from localchat.events import Done, Failed, Loaded, PrefillProgress, Thinking, Timings, Token
-from localchat.reasoning import ReasoningSplitter, prompt_opens_thinking
+from localchat.events import Done, Failed, Loaded, PrefillProgress, Timings
+from localchat.reasoning import prompt_opens_thinking
 
 __all__ = ["Engine", "KVSnapshot"]
 
@@ -400,29 +401,11 @@ class Engine:
         clock.prefill_end()
 
         # Reasoning streams as Thinking events, the answer as Tokens; the reply keeps both.
-        splitter = ReasoningSplitter(inside=prompt_opens_thinking(layout.messages[-1].text))
-        reasoning: list[str] = []
-
-        def on_token(text: str, token: int, prob: float | None) -> None:
-            was_thinking = splitter.thinking
-            thinking, answer = splitter.feed(text)
-            in_reasoning = was_thinking or splitter.thinking
-            clock.token(bool(text), thinking=in_reasoning, answer_text=bool(answer))
-            if thinking:
-                reasoning.append(thinking)
-                handle.emit(Thinking(thinking))
-            if answer or not in_reasoning:
-                handle.emit(Token(answer, token, prob))
-
+        stream = ReplyEvents(handle, clock, inside=prompt_opens_thinking(layout.messages[-1].text))
         reply, finish = kv.generate(sampling, self.options.track_confidence,
-                                    lambda: handle.stop_requested, on_token)
-        thinking, answer = splitter.flush()
-        if thinking:
-            reasoning.append(thinking)
-            handle.emit(Thinking(thinking))
-        if answer:
-            handle.emit(Token(answer))
-        handle.emit(Done(reply, finish, self._timings(clock.fill(timings)), "".join(reasoning)))
+                                    lambda: handle.stop_requested, stream.token)
+        thinking = stream.finish()
+        handle.emit(Done(reply, finish, self._timings(clock.fill(timings)), thinking))
 
     def _timings(self, timings: Timings) -> Timings:
         runtime = self._runtime

@@ -8,7 +8,8 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from localchat.events import Done, Event, Failed, Timings
+from localchat.events import Done, Event, Failed, Thinking, Timings, Token
+from localchat.reasoning import ReasoningSplitter
 
 
 class TurnHandle:
@@ -137,6 +138,40 @@ class TurnClock:
             timings.itl_p50_ms = percentile(gaps, 50)
             timings.itl_p95_ms = percentile(gaps, 95)
         return timings
+
+
+class ReplyEvents:
+    """Turns each sampled token's text into the turn's events: reasoning as ``Thinking``, the
+    answer as ``Token`` (one per sampled token, possibly empty, carrying its id and probability),
+    and tells the clock which tokens were reasoning and when the answer began."""
+
+    def __init__(self, handle: TurnHandle, clock: TurnClock, *, inside: bool) -> None:
+        self._handle = handle
+        self._clock = clock
+        self._splitter = ReasoningSplitter(inside=inside)
+        self._reasoning: list[str] = []
+
+    def token(self, text: str, token: int, prob: float | None) -> None:
+        was_thinking = self._splitter.thinking
+        thinking, answer = self._splitter.feed(text)
+        in_reasoning = was_thinking or self._splitter.thinking
+        self._clock.token(bool(text), thinking=in_reasoning, answer_text=bool(answer))
+        self._emit_thinking(thinking)
+        if answer or not in_reasoning:
+            self._handle.emit(Token(answer, token, prob))
+
+    def finish(self) -> str:
+        """Release what the splitter held back; the whole reasoning text."""
+        thinking, answer = self._splitter.flush()
+        self._emit_thinking(thinking)
+        if answer:
+            self._handle.emit(Token(answer))
+        return "".join(self._reasoning)
+
+    def _emit_thinking(self, text: str) -> None:
+        if text:
+            self._reasoning.append(text)
+            self._handle.emit(Thinking(text))
 
 
 def percentile(values: list[float], q: float) -> float:
