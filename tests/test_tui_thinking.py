@@ -106,6 +106,13 @@ async def test_think_command_sets_the_switch_for_the_next_turns(store):
         await send(pilot, "/think sometimes")
         assert "Usage: /think on|off|auto" in notices(app)
 
+        await send(pilot, "/model other-model")  # a model switch keeps the choice
+        await ready(pilot)
+        await wait_until(pilot, lambda: app.loading_model is None, "the model to load again")
+        await send(pilot, "Again")
+        await reply_finished(pilot)
+        assert engine.samplings[-1].thinking == "off"
+
 
 async def test_think_on_a_model_without_a_switch_says_so(store):
     app = make_app(store, FakeEngine(reply="Fine."))

@@ -90,6 +90,7 @@ class LocalChatApp(SessionActions, App[int]):
         self._engine_factory = engine_factory
         self._sampling_factory = sampling_factory
         self.sampling: Sampling | None = None
+        self.thinking_mode = ""  # set by /think; "" = the config's [sampling] thinking
         self._list_models = list_models
         self._model_names: list[str] = []
         self.engine: Engine | None = None
@@ -225,6 +226,11 @@ class LocalChatApp(SessionActions, App[int]):
         await self.chat_log.clear_notices()  # an earlier "model not loaded" no longer applies
         self.engine, self.loading_model, self.model_error = message.engine, None, ""
         self.sampling = message.sampling
+        if self.thinking_mode:  # /think outlives a model switch
+            from localchat.engine.options import Sampling
+
+            self.sampling = self.sampling or Sampling()
+            self.sampling.thinking = self.thinking_mode
         self.status.info.show_loaded(message.loaded)
         self.set_state("idle")
         if self.conversation is not None:

@@ -282,7 +282,7 @@ def set_thinking(app: LocalChatApp, mode: str) -> str:
         raise UserError("Usage: /think on|off|auto")
     if app.sampling is None:
         app.sampling = Sampling()
-    app.sampling.thinking = mode
+    app.sampling.thinking = app.thinking_mode = mode
     chat = app.conversation.chat if app.conversation is not None else None
     if chat is not None:
         chat.sampling.thinking = mode
