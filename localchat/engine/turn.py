@@ -79,8 +79,10 @@ class TurnHandle:
                 callbacks = list(self._on_finish)
             for callback in callbacks:
                 callback(event)
-            self._events.put(event)
+            # Finished before the reader can see the final event: a reader that gets Done and at
+            # once starts the next turn must not find this one still running.
             self._finished.set()
+            self._events.put(event)
         else:
             self._events.put(event)
 
