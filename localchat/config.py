@@ -54,6 +54,7 @@ SECTION_DEFAULTS: dict[str, dict[str, Any]] = {
         "repeat_penalty": 1.1,
         "max_tokens": 1024,
         "seed": -1,  # -1 = random
+        "thinking": "auto",  # auto | on | off: the thinking switch of templates that have one
     },
     "remote": {
         "mode": "off",  # off | ask | auto: nothing is ever sent anywhere while it is off
@@ -75,6 +76,11 @@ SECTION_DEFAULTS: dict[str, dict[str, Any]] = {
         "overlong": "refuse",  # or "head_tail"
         "summarize_threshold": 0.75,
     },
+}
+
+# Keys whose value must be one of a few words.
+_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("sampling", "thinking"): ("auto", "on", "off"),
 }
 
 # Keys whose value may be one of several types ("auto" or a layer count).
@@ -357,6 +363,9 @@ def _check_type(path: Path, text: str, section: str, key: str, value: Any, defau
         if (section, key) == ("engine", "gpu_layers"):
             expected = '"auto" or a number of layers'
         raise _type_error(path, text, section, key, expected, value)
+    choices = _CHOICES.get((section, key))
+    if choices and value not in choices:
+        raise _type_error(path, text, section, key, " or ".join(f'"{c}"' for c in choices), value)
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}

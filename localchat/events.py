@@ -1,8 +1,8 @@
 """The one event vocabulary that the local engine and the remote client emit, and that the TUI,
 ``ask`` and ``bench`` consume.
 
-A turn produces, in order: zero or more ``PrefillProgress``, zero or more ``Token``, and exactly
-one final ``Done`` (finish_reason "stop", "length" or "aborted") or ``Failed``. ``Notice`` may
+A turn produces, in order: zero or more ``PrefillProgress``, zero or more ``Thinking`` (a reasoning
+model's chain of thought) and ``Token`` (the answer), and exactly one final ``Done`` (finish_reason "stop", "length" or "aborted") or ``Failed``. ``Notice`` may
 appear anywhere. Model loading produces ``LoadProgress`` then ``Loaded`` or ``Failed``.
 
 Timing field names follow llama.cpp's server (``cache_n``, ``prompt_n``, ``prompt_ms``,
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Literal
+
+from localchat.reasoning import split_reply
 
 FinishReason = Literal["stop", "length", "aborted"]
 
@@ -26,7 +28,9 @@ class Timings:
     prompt_ms: float = 0.0
     predicted_n: int = 0  # tokens generated
     predicted_ms: float = 0.0
-    ttft_ms: float = 0.0  # turn submitted -> first token text available
+    ttft_ms: float = 0.0  # turn submitted -> first token text available (reasoning or answer)
+    time_to_answer_ms: float = 0.0  # turn submitted -> first answer text (0: no answer came)
+    thinking_n: int = 0  # of predicted_n, tokens spent reasoning (remote: reasoning chunks)
     tpot_ms: float = 0.0  # mean decode time per token after the first
     itl_p50_ms: float = 0.0  # inter-token latency percentiles
     itl_p95_ms: float = 0.0
@@ -93,10 +97,27 @@ class Token:
 
 
 @dataclass(frozen=True)
+class Thinking:
+    """Reasoning text, streamed before the answer; never part of the answer's Tokens."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class Done:
-    reply: str
+    reply: str  # as the model wrote it, reasoning included: what the history keeps
     finish_reason: FinishReason
     timings: Timings = field(default_factory=Timings)
+    thinking: str = ""  # the reasoning part of ``reply``, as streamed in Thinking events
+
+    @property
+    def answer(self) -> str:
+        """The reply without its reasoning."""
+        if not self.thinking:
+            return self.reply
+        reasoning, answer = split_reply(self.reply)
+        # No closing tag: the reply stopped while still reasoning inside a block the prompt opened.
+        return answer if reasoning else ""
 
 
 @dataclass(frozen=True)
@@ -110,4 +131,4 @@ class Notice:
     kind: str = "info"
 
 
-Event = LoadProgress | Loaded | PrefillProgress | Token | Done | Failed | Notice
+Event = LoadProgress | Loaded | PrefillProgress | Thinking | Token | Done | Failed | Notice

@@ -9,9 +9,12 @@ chosen pace, and end with a ``Done`` whose ``Timings`` are measured like the rea
 Knobs for tests:
 - ``token_delay``: seconds between tokens (0 streams as fast as the consumer reads).
 - ``hold_after=N``: emit N tokens, then wait until stopped (a reply that is reliably mid-stream
-  when a test presses Esc, with no timing involved).
+  when a test presses Esc, with no timing involved), or until ``release`` (an Event) is set.
 - ``load_error`` / ``turn_error``: make ``load`` raise ``EngineError`` / a turn end in ``Failed``.
 - ``load_gate``: a ``threading.Event`` that ``load`` waits for (a model that is "still loading").
+- Reasoning: a script with ``<think>…</think>`` streams its reasoning as ``Thinking`` events (the
+  engine's own splitter); ``thinking_switch=True`` makes it a model whose template takes
+  ``enable_thinking`` (``supports_thinking``); ``samplings`` records each turn's Sampling.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from pathlib import Path
 
 from localchat.errors import EngineError
 from localchat.engine.turn import TurnHandle
-from localchat.events import Done, Failed, Loaded, PrefillProgress, Timings, Token
+from localchat.events import Done, Failed, Loaded, PrefillProgress, Thinking, Timings, Token
+from localchat.reasoning import ReasoningSplitter
 
 ReplyScript = str | Callable[[list[dict[str, str]]], str]
 
@@ -55,6 +59,8 @@ class FakeEngine:
         n_ctx: int = 4096,
         gpu_layers: int = 0,
         n_layers: int = 30,
+        thinking_switch: bool = False,
+        release: threading.Event | None = None,
     ) -> None:
         self.model_path = Path(f"/models/{name}.gguf")
         self.name = name
@@ -65,6 +71,9 @@ class FakeEngine:
         self.load_gate = load_gate
         self.turn_error = turn_error
         self.n_ctx = n_ctx
+        self.supports_thinking = thinking_switch
+        self.release = release
+        self.samplings: list[object] = []
         self._layers = (gpu_layers, n_layers)
         self.info: Loaded | None = None
         # What tests inspect afterwards.
@@ -97,6 +106,7 @@ class FakeEngine:
         if self.info is None:
             raise RuntimeError("submit() before load()")
         self.submitted.append([dict(m) for m in messages])
+        self.samplings.append(sampling)
         stopped = threading.Event()
         handle = TurnHandle(on_stop=lambda _handle: stopped.set())
         threading.Thread(target=self._run_turn, args=(messages, handle, stopped), daemon=True).start()
@@ -141,23 +151,38 @@ class FakeEngine:
             return Failed(self.turn_error)
 
         script = self.reply(messages) if callable(self.reply) else self.reply
-        pieces, sent_at = [], []
+        pieces, sent_at, reasoning = [], [], []
+        thinking_n, answer_at = 0, None
+        splitter = ReasoningSplitter()
         finish = "stop"
         for index, piece in enumerate(split_tokens(script)):
             if self.hold_after is not None and index >= self.hold_after:
-                stop.wait()
+                while not stop.wait(0.01) and not (self.release and self.release.is_set()):
+                    pass
             if stop.is_set():
                 finish = "aborted"
                 break
             if self.token_delay:
                 time.sleep(self.token_delay)
-            out.emit(Token(piece, token_id=index))
+            was_thinking = splitter.thinking
+            thinking, answer = splitter.feed(piece)
+            thinking_n += was_thinking or splitter.thinking
+            if answer and answer_at is None:
+                answer_at = time.perf_counter()
+            if thinking:
+                reasoning.append(thinking)
+                out.emit(Thinking(thinking))
+            if answer or not splitter.thinking:
+                out.emit(Token(answer, token_id=index))
             pieces.append(piece)
             sent_at.append(time.perf_counter())
 
         reply = "".join(pieces)
         self._cached_tokens = prompt_tokens + len(pieces)
-        return Done(reply, finish, self._timings(started, prompt_ms, cache_n, prompt_n, sent_at))
+        timings = self._timings(started, prompt_ms, cache_n, prompt_n, sent_at)
+        timings.thinking_n = thinking_n
+        timings.time_to_answer_ms = (answer_at - started) * 1000 if answer_at else 0.0
+        return Done(reply, finish, timings, "".join(reasoning))
 
     def _timings(self, started: float, prompt_ms: float, cache_n: int, prompt_n: int, sent_at: list[float]) -> Timings:
         gaps = sorted((b - a) * 1000 for a, b in zip(sent_at, sent_at[1:]))

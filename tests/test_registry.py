@@ -17,7 +17,8 @@ from localchat.models.registry import (
 
 REQUIRED = ["smollm2-135m", "smollm2-1.7b", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b",
             "qwen2.5-7b", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "gemma3-1b", "gemma3-4b",
-            "phi3.5-mini"]
+            "gemma3-12b", "phi4-mini", "qwen3-4b", "qwen3-4b-thinking", "qwen3-1.7b",
+            "deepseek-r1-1.5b", "gemma4-e2b", "gemma4-e4b"]
 
 
 def write_user_registry(text: str):
@@ -33,9 +34,57 @@ def test_shipped_registry_has_the_curated_models_with_complete_entries():
     for spec in registry.values():
         assert spec.repo and spec.filename.endswith(".gguf"), spec.name
         assert spec.quant.startswith("Q4"), spec.name
-        assert spec.size_bytes > 50_000_000 and spec.license, spec.name
+        # A size is the named uploader's exact file size, or absent (the Hub tells at download).
+        assert spec.size_bytes == 0 or spec.size_bytes > 50_000_000, spec.name
+        assert spec.license and spec.family, spec.name
+        assert spec.thinking in ("no", "always", "switch"), spec.name
         assert 0 < spec.n_ctx <= spec.context_length, spec.name
         assert spec.source_file == shipped_registry_file()
+
+
+def test_the_catalogue_is_the_top_level_models_toml_with_no_second_copy():
+    from pathlib import Path
+
+    import localchat
+
+    root = Path(localchat.__file__).resolve().parents[1]
+    assert shipped_registry_file() == root / "models.toml"
+    assert not (root / "localchat" / "models" / "models.toml").exists()
+
+
+def test_sizes_are_those_of_the_named_uploaders_files():
+    registry = load_registry()
+    sizes = {"qwen2.5-0.5b": 397_808_192, "qwen2.5-7b": 4_683_074_240, "llama3.1-8b": 4_920_739_232,
+             "gemma3-1b": 806_058_496, "gemma3-4b": 2_489_758_112, "qwen3-4b": 2_497_280_736}
+    for name, size in sizes.items():
+        assert registry[name].size_bytes == size, name
+        assert registry[name].repo.startswith("bartowski/"), name
+
+
+def test_smollm2_1_7b_context_keeps_its_kv_cache_below_its_weights():
+    spec = load_registry()["smollm2-1.7b"]
+    kv_bytes_per_token = 2 * 24 * 32 * 64 * 2  # K and V, 24 layers, 32 KV heads of 64, f16
+    assert spec.n_ctx * kv_bytes_per_token < spec.size_bytes
+
+
+def test_thinking_models_and_restrictive_licences_are_marked():
+    registry = load_registry()
+    assert registry["qwen3-4b-thinking"].thinking == "always"
+    assert registry["deepseek-r1-1.5b"].thinking == "always"
+    assert registry["qwen3-1.7b"].thinking == "switch"
+    assert registry["qwen3-4b"].thinking == "no"
+    assert "research" in registry["qwen2.5-3b"].license_note
+    assert registry["llama3.1-8b"].license_note and registry["gemma3-4b"].license_note
+    assert registry["phi4-mini"].license_note == "" and registry["qwen3-4b"].license_note == ""
+    assert "phi3.5-mini" not in registry
+
+
+def test_bad_thinking_value_names_file_line_and_choices():
+    write_user_registry('[models.smollm2-135m]\nthinking = "sometimes"\n')
+
+    with pytest.raises(ConfigError, match=r"models\.toml:2: models\.smollm2-135m\.thinking: must be one "
+                                          r"of no, always, switch"):
+        load_registry()
 
 
 def test_default_model_is_pinned_and_has_an_offline_source():
@@ -177,6 +226,22 @@ def test_models_json_lists_every_model_with_its_state(capsys):
     assert default["default"] and not default["downloaded"] and default["pypi"]
     assert default["path"] == str(local_path(resolve_model("smollm2-135m")))
     assert default["size_bytes"] == 98362432
+    assert (default["family"], default["thinking"], default["license"]) == ("SmolLM2", "no", "apache-2.0")
+    assert rows["qwen3-4b-thinking"]["thinking"] == "always"
+    assert rows["qwen2.5-3b"]["license_note"] == "research and non-commercial use only"
+
+
+def test_models_table_shows_family_size_context_licence_and_thinking(capsys):
+    assert main(["models"]) == 0
+
+    out = capsys.readouterr().out
+    header = out.splitlines()[0].split()
+    assert header[:7] == ["NAME", "FAMILY", "SIZE", "CONTEXT", "LICENCE", "THINKS", "LOCAL"]
+    line = next(row for row in out.splitlines() if row.startswith("qwen3-4b-thinking "))
+    assert "Qwen3" in line and "2.5 GB" in line and "16k/256k" in line and "always" in line
+    line = next(row for row in out.splitlines() if row.startswith("qwen2.5-3b "))
+    assert "qwen-research (restricted)" in line
+    assert "qwen-research: research and non-commercial use only" in out
 
 
 def test_unknown_model_on_the_command_line_is_exit_code_1(capsys):

@@ -8,7 +8,7 @@ import signal
 import sys
 from typing import TextIO
 
-from localchat.events import Done, Event, Failed, Notice, PrefillProgress, Timings, Token
+from localchat.events import Done, Event, Failed, Notice, PrefillProgress, Thinking, Timings, Token
 
 EXIT_INTERRUPTED = 130
 
@@ -29,6 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--n-ctx", type=int, help="context size in tokens")
     p.add_argument("--json", action="store_true", help="JSON Lines events on stdout")
     p.add_argument("--session", "-s", help="continue (or start) the stored session with this name")
+    p.add_argument("--think", choices=("on", "off", "auto"),
+                   help="the model's thinking switch, for templates that have one (Qwen3 style)")
+    p.add_argument("--hide-thinking", action="store_true",
+                   help="drop the model's reasoning; print only the answer")
     p.add_argument("--route", choices=("local", "remote", "auto"),
                    help="who answers: the local model, the configured remote, or decide by rules "
                    "and confidence (default: auto when [remote] is on, else local)")
@@ -42,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from localchat.remote.escalate import Escalator
     from localchat.remote.settings import RemoteSettings
 
-    out = JsonEvents(sys.stdout) if args.json else PlainText(sys.stdout, sys.stderr)
+    out = (JsonEvents(sys.stdout, args.hide_thinking) if args.json
+           else PlainText(sys.stdout, sys.stderr, args.hide_thinking))
     try:
         check_flags(args)
         prompt, notice = read_prompt(args.prompt)
@@ -58,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
         if args.n_ctx and engine.n_ctx != args.n_ctx:
             out.event(Notice(f"n_ctx {args.n_ctx} was rounded up to {engine.n_ctx} "
                              "(llama.cpp allocates contexts in steps of 256 tokens)", kind="n_ctx"))
+        if sampling.thinking != "auto" and not engine.supports_thinking:
+            out.event(Notice(f"{engine.name} has no thinking switch; --think {sampling.thinking} "
+                             "is ignored", kind="thinking"))
     except UserError as exc:
         return out.error(str(exc))
     try:
@@ -167,7 +175,8 @@ class _StoredSession:
 
 
 def _sampling_flags(args: argparse.Namespace) -> dict:
-    flags = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}
+    flags = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed,
+             "thinking": args.think}
     return {k: v for k, v in flags.items() if v is not None}
 
 
@@ -241,18 +250,29 @@ def stream(handle, out: "PlainText | JsonEvents") -> Done | Failed:
 class PlainText:
     """Reply text on stdout (terminal control sequences neutralised on a tty), summary on stderr."""
 
-    def __init__(self, stdout: TextIO, stderr: TextIO) -> None:
+    def __init__(self, stdout: TextIO, stderr: TextIO, hide_thinking: bool = False) -> None:
         self.stdout = stdout
         self.stderr = stderr
         self.on_terminal = stdout.isatty()
         self._remote_text = ""  # remote reply text on stdout since the escalation
         self._unshown_reply = False  # a fallback kept a reply that is not on stdout after it
+        self.hide_thinking = hide_thinking
+        self._thinking_open = False  # reasoning was written to stderr and not yet ended
 
     def _write(self, text: str) -> None:
         self.stdout.write(neutralise_controls(text) if self.on_terminal else text)
         self.stdout.flush()
 
     def event(self, event: Event) -> None:
+        if isinstance(event, Thinking):
+            if not self.hide_thinking and event.text:
+                self._write_thinking(event.text)
+            return
+        if self._thinking_open and (isinstance(event, (Done, Failed)) or
+                                    (isinstance(event, Token) and event.text)):
+            self.stderr.write("\n")  # the reasoning ends where the answer begins
+            self.stderr.flush()
+            self._thinking_open = False
         if isinstance(event, Token) and event.text:
             self._write(event.text)
             self._remote_text += event.text
@@ -290,22 +310,35 @@ class PlainText:
         self.stderr.write(f"localchat: error: {message}\n")
         return 1
 
+    def _write_thinking(self, text: str) -> None:
+        """Reasoning goes to stderr, dimmed on a terminal, so stdout holds only the answer."""
+        if self.stderr.isatty():
+            text = f"\x1b[2m{neutralise_controls(text)}\x1b[22m"
+        self.stderr.write(text)
+        self.stderr.flush()
+        self._thinking_open = True
+
 
 class JsonEvents:
-    """One JSON object per line: token, prefill, notice, retract, done, error. A ``retract``
-    (before a fallback notice) voids the token text since the last escalate notice: the remote
-    reply that failed part-way, so the token texts left always add up to the reply kept."""
+    """One JSON object per line: thinking, token, prefill, notice, retract, done, error. A
+    ``retract`` (before a fallback notice) voids the token text since the last escalate notice:
+    the remote reply that failed part-way, so the token texts left always add up to the reply
+    kept."""
 
-    def __init__(self, stdout: TextIO) -> None:
+    def __init__(self, stdout: TextIO, hide_thinking: bool = False) -> None:
         self.stdout = stdout
         self._remote_text = ""  # token text since the last escalate notice
+        self.hide_thinking = hide_thinking
 
     def _write(self, obj: dict) -> None:
         self.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
         self.stdout.flush()
 
     def event(self, event: Event) -> None:
-        if isinstance(event, Token):
+        if isinstance(event, Thinking):
+            if not self.hide_thinking:
+                self._write({"event": "thinking", "text": event.text})
+        elif isinstance(event, Token):
             self._remote_text += event.text
             self._write({"event": "token", "text": event.text, "id": event.token_id})
         elif isinstance(event, PrefillProgress):
@@ -331,7 +364,11 @@ class JsonEvents:
 
 
 def summary_line(t: Timings) -> str:
-    parts = [f"TTFT {t.ttft_ms:.0f} ms", f"TPOT {t.tpot_ms:.1f} ms"]
+    parts = [f"TTFT {t.ttft_ms:.0f} ms"]
+    if t.thinking_n:
+        answer = f"answer {t.time_to_answer_ms / 1000:.1f} s" if t.time_to_answer_ms else "no answer"
+        parts.append(f"{answer} after {t.thinking_n} tok of thinking")
+    parts.append(f"TPOT {t.tpot_ms:.1f} ms")
     if t.predicted_per_second:
         parts.append(f"{t.predicted_n} tokens at {t.predicted_per_second:.1f} tok/s")
     parts.append(f"prompt {t.prompt_n} tok in {t.prompt_ms:.0f} ms, {t.cache_n} cached")

@@ -73,22 +73,35 @@ def run_models(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
 
-    table = [("NAME", "SIZE", "LOCAL", "PATH / DESCRIPTION")]
+    table = [("NAME", "FAMILY", "SIZE", "CONTEXT", "LICENCE", "THINKS", "LOCAL", "PATH / DESCRIPTION")]
     for row in rows:
         name = row["name"] + (" *" if row["default"] else "")
         size = format_bytes(row["size_bytes"]) if row["size_bytes"] else "?"
+        context = _tokens(row["n_ctx"]) + (f"/{_tokens(row['context_length'])}"
+                                           if row["context_length"] else "")
+        licence = (row["license"] or "?") + (" (restricted)" if row["license_note"] else "")
         if row["downloaded"]:
             state, detail = "yes", row["path"]
         elif row["partial_bytes"]:
             state, detail = "partial", f"{format_bytes(row['partial_bytes'])} so far; pull resumes"
         else:
             state, detail = "-", row["description"]
-        table.append((name, size, state, detail))
-    widths = [max(len(r[i]) for r in table) for i in range(3)]
+        table.append((name, row["family"] or "-", size, context, licence, row["thinking"], state,
+                      detail))
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
     for r in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(r, widths)) + "  " + r[3])
+        print("  ".join(cell.ljust(width) for cell, width in zip(r, widths)) + "  " + r[-1])
     print("\n* default model (config: default_model).  `localchat pull NAME` downloads one.")
+    print("CONTEXT: what localchat opens / what the model was trained for.  THINKS: always, no, or "
+          "switch (/think on|off).")
+    restricted = sorted({(row["license"], row["license_note"]) for row in rows if row["license_note"]})
+    for licence, note in restricted:
+        print(f"{licence}: {note}")
     return 0
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
 def model_rows() -> list[dict[str, Any]]:
@@ -115,6 +128,9 @@ def model_rows() -> list[dict[str, Any]]:
             "filename": spec.filename,
             "hub_ref": spec.hub_ref,
             "license": spec.license,
+            "license_note": spec.license_note,
+            "family": spec.family,
+            "thinking": spec.thinking,
             "description": spec.description,
             "origin": origin,
             "pypi": spec.pypi is not None,

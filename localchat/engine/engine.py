@@ -22,10 +22,12 @@ from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, plan_layout
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.runtime import DecodeAborted, LlamaRuntime
-from localchat.engine.templates import choose_template, make_renderer
-from localchat.engine.turn import TurnClock, TurnHandle
+from localchat.engine.templates import (choose_template, has_thinking_switch, make_renderer,
+                                       with_thinking)
+from localchat.engine.turn import ReplyEvents, TurnClock, TurnHandle
 from localchat.errors import EngineError, UserError
-from localchat.events import Done, Failed, Loaded, PrefillProgress, Timings, Token
+from localchat.events import Done, Failed, Loaded, PrefillProgress, Timings
+from localchat.reasoning import prompt_opens_thinking
 
 __all__ = ["Engine", "KVSnapshot"]
 
@@ -198,6 +200,11 @@ class Engine:
         return self._require_runtime().n_ctx
 
     @property
+    def supports_thinking(self) -> bool:
+        """Whether the model's template has a thinking switch (``Sampling.thinking`` on/off)."""
+        return has_thinking_switch(self._template)
+
+    @property
     def tokens_in_context(self) -> int:
         return self._kv.n_tokens if self._kv is not None else 0
 
@@ -368,7 +375,8 @@ class Engine:
         clock = TurnClock(handle.submitted_at)
         timings = Timings(model=self.name)
         if layout is None:
-            layout = plan_layout(kv.records, messages, self._render, runtime.tokenize,
+            render = with_thinking(self._render, sampling.thinking, self.supports_thinking)
+            layout = plan_layout(kv.records, messages, render, runtime.tokenize,
                                  allow_shift=runtime.can_shift)
         self._check_fits(len(layout.tokens))
         clock.prefill_start()
@@ -378,13 +386,12 @@ class Engine:
             handle.emit(Done("", "aborted", self._timings(clock.fill(timings))))
             return
 
-        def on_token(text: str, token: int, prob: float | None) -> None:
-            clock.token(bool(text))
-            handle.emit(Token(text, token, prob))
-
+        # Reasoning streams as Thinking events, the answer as Tokens; the reply keeps both.
+        stream = ReplyEvents(handle, clock, inside=prompt_opens_thinking(layout.messages[-1].text))
         reply, finish = kv.generate(sampling, self.options.track_confidence,
-                                    lambda: handle.stop_requested, on_token)
-        handle.emit(Done(reply, finish, self._timings(clock.fill(timings))))
+                                    lambda: handle.stop_requested, stream.token)
+        thinking = stream.finish()
+        handle.emit(Done(reply, finish, self._timings(clock.fill(timings)), thinking))
 
     def _check_fits(self, n_tokens: int) -> None:
         n_ctx = self._require_runtime().n_ctx

@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 KV_TYPES = ("f16", "q8_0", "q4_0")
+THINKING_MODES = ("auto", "on", "off")
 
 
 @dataclass
@@ -17,6 +18,8 @@ class Sampling:
     repeat_penalty: float = 1.1
     seed: int | None = None
     max_tokens: int = 512
+    # "auto" | "on" | "off": enable_thinking for templates that take it (Qwen3 style).
+    thinking: str = "auto"
 
     @property
     def greedy(self) -> bool:

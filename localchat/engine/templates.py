@@ -3,6 +3,11 @@
 The template comes from, in order: an explicit Jinja override (registry/config ``chat_template``),
 the GGUF's ``tokenizer.chat_template`` metadata, or a named ``chat_format`` from the table below.
 Rendering uses llama-cpp-python's sandboxed Jinja formatter so templates behave as they do there.
+
+Templates of models with a thinking switch (Qwen3 style) read an ``enable_thinking`` variable:
+true or unset lets the model reason first, false makes the template write an empty reasoning block
+so that it answers at once. ``render`` passes it only when asked to, so "auto" is the template's
+own default.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ NAMED_FORMATS: dict[str, str] = {
     ),
 }
 
-Render = Callable[[list[dict], bool], str]
+Render = Callable[..., str]  # (messages, add_generation_prompt, enable_thinking=None) -> prompt
 
 
 def choose_template(
@@ -64,8 +69,14 @@ def choose_template(
     )
 
 
+def has_thinking_switch(template: str) -> bool:
+    """Whether the template reads ``enable_thinking`` (the Qwen3-style switch)."""
+    return "enable_thinking" in template
+
+
 def make_renderer(template: str, bos_token: str, eos_token: str) -> Render:
-    """``render(messages, add_generation_prompt) -> str`` for one template."""
+    """``render(messages, add_generation_prompt, enable_thinking=None) -> str`` for one template;
+    ``enable_thinking`` None leaves the variable unset (the template's default)."""
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     try:
@@ -74,11 +85,23 @@ def make_renderer(template: str, bos_token: str, eos_token: str) -> Render:
     except Exception as exc:  # jinja2.TemplateSyntaxError and friends
         raise EngineError(f"the chat template does not parse: {exc}") from None
 
-    def render(messages: list[dict], add_generation_prompt: bool) -> str:
+    def render(messages: list[dict], add_generation_prompt: bool,
+               enable_thinking: bool | None = None) -> str:
         formatter = with_prompt if add_generation_prompt else without_prompt
+        extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         try:
-            return formatter(messages=messages).prompt
+            return formatter(messages=messages, **extra).prompt
         except Exception as exc:  # templates raise for role orders they do not support
             raise EngineError(f"the chat template rejected the conversation: {exc}") from None
 
     return render
+
+
+def with_thinking(render: Render, thinking: str, supported: bool) -> Render:
+    """``render`` with the thinking switch set for "on"/"off"; as it is for "auto" or a template
+    without the switch."""
+    flag = {"on": True, "off": False}.get(thinking)
+    if flag is None or not supported:
+        return render
+    return lambda messages, add_generation_prompt: render(messages, add_generation_prompt,
+                                                         enable_thinking=flag)

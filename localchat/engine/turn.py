@@ -8,11 +8,12 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from localchat.events import Done, Event, Failed, Timings
+from localchat.events import Done, Event, Failed, Thinking, Timings, Token
+from localchat.reasoning import ReasoningSplitter
 
 
 class TurnHandle:
-    """Events of one turn: PrefillProgress*, Token*, then exactly one Done or Failed.
+    """Events of one turn: PrefillProgress*, Thinking* and Token*, then exactly one Done or Failed.
 
     Iterating blocks per event; ``poll()`` never blocks. ``stop()`` asks the producer to end
     the turn; a Done with finish_reason "aborted" and the partial reply follows.
@@ -95,6 +96,8 @@ class TurnClock:
         self.prefill_ended: float | None = None
         self.token_times: list[float] = []
         self.first_text_at: float | None = None
+        self.first_answer_at: float | None = None
+        self.thinking_n = 0
 
     def prefill_start(self) -> None:
         self.prefill_started = time.perf_counter()
@@ -102,11 +105,18 @@ class TurnClock:
     def prefill_end(self) -> None:
         self.prefill_ended = time.perf_counter()
 
-    def token(self, has_text: bool) -> None:
+    def token(self, has_text: bool, *, thinking: bool = False, answer_text: bool | None = None) -> None:
+        """One sampled token. ``thinking``: it belongs to the reasoning; ``answer_text``: it
+        released answer text (default: ``has_text``, for replies without reasoning)."""
         now = time.perf_counter()
         self.token_times.append(now)
         if has_text and self.first_text_at is None:
             self.first_text_at = now
+        if thinking:
+            self.thinking_n += 1
+        answered = has_text if answer_text is None else answer_text
+        if answered and self.first_answer_at is None:
+            self.first_answer_at = now
 
     def fill(self, timings: Timings) -> Timings:
         ms = lambda a, b: (b - a) * 1000.0  # noqa: E731
@@ -119,12 +129,51 @@ class TurnClock:
             timings.predicted_ms = ms(start, times[-1])
             first = self.first_text_at or times[0]
             timings.ttft_ms = ms(self.submitted_at, first)
+        timings.thinking_n = self.thinking_n
+        if self.thinking_n == 0:
+            timings.time_to_answer_ms = timings.ttft_ms  # no reasoning: the first text is the answer
+        elif self.first_answer_at is not None:
+            timings.time_to_answer_ms = ms(self.submitted_at, self.first_answer_at)
         gaps = [ms(a, b) for a, b in zip(times, times[1:])]
         if gaps:
             timings.tpot_ms = sum(gaps) / len(gaps)
             timings.itl_p50_ms = percentile(gaps, 50)
             timings.itl_p95_ms = percentile(gaps, 95)
         return timings
+
+
+class ReplyEvents:
+    """Turns each sampled token's text into the turn's events: reasoning as ``Thinking``, the
+    answer as ``Token`` (one per sampled token, possibly empty, carrying its id and probability),
+    and tells the clock which tokens were reasoning and when the answer began."""
+
+    def __init__(self, handle: TurnHandle, clock: TurnClock, *, inside: bool) -> None:
+        self._handle = handle
+        self._clock = clock
+        self._splitter = ReasoningSplitter(inside=inside)
+        self._reasoning: list[str] = []
+
+    def token(self, text: str, token: int, prob: float | None) -> None:
+        was_thinking = self._splitter.thinking
+        thinking, answer = self._splitter.feed(text)
+        in_reasoning = was_thinking or self._splitter.thinking
+        self._clock.token(bool(text), thinking=in_reasoning, answer_text=bool(answer))
+        self._emit_thinking(thinking)
+        if answer or not in_reasoning:
+            self._handle.emit(Token(answer, token, prob))
+
+    def finish(self) -> str:
+        """Release what the splitter held back; the whole reasoning text."""
+        thinking, answer = self._splitter.flush()
+        self._emit_thinking(thinking)
+        if answer:
+            self._handle.emit(Token(answer))
+        return "".join(self._reasoning)
+
+    def _emit_thinking(self, text: str) -> None:
+        if text:
+            self._reasoning.append(text)
+            self._handle.emit(Thinking(text))
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -1,6 +1,7 @@
 """The model registry: which models exist, where their files come from and where they live.
 
-The shipped ``models.toml`` (next to this module) is merged with the user's
+The shipped ``models.toml`` (the repository's top-level catalogue, packaged into the wheel as
+``localchat/models/models.toml``) is merged with the user's
 (:func:`paths.user_registry_file`): a user entry adds a model, or overrides fields of a shipped one
 field by field. Everywhere a model is named, three forms are accepted (:func:`resolve_model`):
 
@@ -54,6 +55,8 @@ class ModelSpec:
     chat_format: str | None = None
     chat_template: str | None = None
     license: str = ""
+    family: str = ""
+    thinking: str = "no"  # "no" | "always" | "switch" (the template takes enable_thinking)
     sha256: str | None = None
     gpu_layers: int | None = None
     pypi: dict[str, str] | None = None  # {"package", "version", "member"}: a wheel holding the file
@@ -71,18 +74,41 @@ class ModelSpec:
         """``hf:ORG/REPO/FILE`` for Hub models, "" otherwise."""
         return f"{HF_PREFIX}{self.repo}/{self.filename}" if self.is_hub else ""
 
+    @property
+    def license_note(self) -> str:
+        """What the licence restricts, in a few words ("" for permissive or unknown licences)."""
+        return LICENSE_RESTRICTIONS.get(self.license, "")
+
+
+THINKING_KINDS = ("no", "always", "switch")
+
+# Licences in the shipped catalogue that restrict use (the others there are apache-2.0 or mit).
+LICENSE_RESTRICTIONS = {
+    "qwen-research": "research and non-commercial use only",
+    "llama3.1": "Meta community licence: acceptable-use policy, 700M monthly users cap",
+    "llama3.2": "Meta community licence: acceptable-use policy, 700M monthly users cap",
+    "gemma": "Gemma terms of use: prohibited-use policy",
+}
+
 
 # Entry fields a models.toml may set, with the type each must have.
 _ENTRY_FIELDS: dict[str, type] = {
     "repo": str, "filename": str, "revision": str, "quant": str, "size_bytes": int,
     "context_length": int, "n_ctx": int, "chat_format": str, "chat_template": str, "license": str,
     "sha256": str, "gpu_layers": int, "pypi": dict, "path": str, "description": str,
+    "family": str, "thinking": str,
 }
 _PYPI_KEYS = ("package", "version", "member")
 
 
 def shipped_registry_file() -> Path:
-    return Path(str(resources.files("localchat.models").joinpath("models.toml")))
+    """The catalogue: inside an installed wheel (copied there at build time), else the top-level
+    ``models.toml`` of the source tree this package is imported from (a checkout, an editable
+    install)."""
+    packaged = Path(str(resources.files("localchat.models").joinpath("models.toml")))
+    if packaged.is_file():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "models.toml"
 
 
 def load_registry() -> dict[str, ModelSpec]:
@@ -143,6 +169,8 @@ def _check_field(name: str, key: str, value: Any, where: str) -> None:
         raise ConfigError(f"{prefix}: must not be negative")
     if key == "n_ctx" and value <= 0:
         raise ConfigError(f"{prefix}: must be a positive number of tokens")
+    if key == "thinking" and value not in THINKING_KINDS:
+        raise ConfigError(f"{prefix}: must be one of {', '.join(THINKING_KINDS)}, not {value!r}")
     if key == "sha256" and not _SHA256.match(value):
         raise ConfigError(f"{prefix}: must be 64 lowercase hex digits")
     if key == "pypi":

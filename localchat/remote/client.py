@@ -29,7 +29,8 @@ import httpx
 
 from localchat.engine.options import Sampling
 from localchat.errors import UserError
-from localchat.events import Done, Event, Failed, Notice, Timings, Token
+from localchat.events import Done, Event, Failed, Notice, Thinking, Timings, Token
+from localchat.reasoning import ReasoningSplitter, join_reply
 from localchat.remote.breaker import CircuitBreaker
 from localchat.remote.settings import RemoteSettings
 from localchat.remote.sse import RemoteStreamError, decode_chunk, error_text, iter_sse_data
@@ -128,13 +129,18 @@ class RemoteTurn:
 
     def __iter__(self) -> Iterator[Event]:
         reply: list[str] = []
+        thinking: list[str] = []
         while True:
             item = self._events.get()
             if item is _STOPPED:
-                yield Done("".join(reply), "aborted", self._timings(None, None))
+                reasoning = "".join(thinking)
+                yield Done(join_reply(reasoning, "".join(reply)), "aborted",
+                           self._timings(None, None), reasoning)
                 return
             if isinstance(item, Token):
                 reply.append(item.text)
+            elif isinstance(item, Thinking):
+                thinking.append(item.text)
             yield item
             if isinstance(item, (Done, Failed)):
                 return
@@ -204,6 +210,9 @@ class RemoteTurn:
 
     def _read_stream(self, response: httpx.Response) -> Done:
         reply: list[str] = []
+        thinking: list[str] = []
+        # Reasoning arrives apart (reasoning_content) or inline as <think> in the content.
+        inline = ReasoningSplitter()
         finish_reason: str | None = None
         usage = None
         for payload in iter_sse_data(self._until_silent(response.iter_lines())):
@@ -218,16 +227,35 @@ class RemoteTurn:
             self._model = self._client.settings.model or chunk.model or self._model
             usage = chunk.usage or usage
             finish_reason = chunk.finish_reason or finish_reason
+            if chunk.reasoning:
+                self._reasoning(chunk.reasoning, thinking)
             if chunk.content:
-                self._clock.text_arrived()
-                reply.append(chunk.content)
-                self._events.put(Token(chunk.content))
+                reasoning, answer = inline.feed(chunk.content)
+                self._reasoning(reasoning, thinking)
+                self._answer(answer, reply)
         else:
             if finish_reason is None:
                 raise _AttemptFailed("the remote closed the stream before the reply was complete", True)
+        reasoning, answer = inline.flush()
+        self._reasoning(reasoning, thinking)
+        self._answer(answer, reply)
         timings = self._timings(usage.prompt_tokens if usage else None,
                                 usage.completion_tokens if usage else None)
-        return Done("".join(reply), _FINISH_REASONS.get(finish_reason or "stop", "stop"), timings)
+        reasoning = "".join(thinking)
+        return Done(join_reply(reasoning, "".join(reply)),
+                    _FINISH_REASONS.get(finish_reason or "stop", "stop"), timings, reasoning)
+
+    def _reasoning(self, text: str, thinking: list[str]) -> None:
+        if text:
+            self._clock.text_arrived(thinking=True)
+            thinking.append(text)
+            self._events.put(Thinking(text))
+
+    def _answer(self, text: str, reply: list[str]) -> None:
+        if text:
+            self._clock.text_arrived()
+            reply.append(text)
+            self._events.put(Token(text))
 
     def _until_silent(self, lines: Iterator[str]) -> Iterator[str]:
         """``lines``, failing once ``timeout_s`` passes without a data event: the read timeout

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from localchat.reasoning import strip_reasoning
 from localchat.session.budget import TurnSpan
 from localchat.session.remote_budget import select_for_remote
 
@@ -30,7 +31,7 @@ def trim_to_budget(messages: list[dict], max_context_tokens: int, reserve_tokens
     """The conversation with its oldest turns dropped until it fits the remote's budget.
 
     ``messages`` is the conversation as the local model sees it (system prompt, summary, kept
-    turns, and the new user message last). System messages and the last message are always kept;
+    turns, and the new user message last); earlier replies lose their reasoning. System messages and the last message are always kept;
     other messages are dropped oldest first, a user message together with the replies that follow
     it so that the remote never sees a reply without its question. ``reserve_tokens`` is kept free
     for the reply. If even the kept messages exceed the budget they are sent as they are and the
@@ -38,6 +39,9 @@ def trim_to_budget(messages: list[dict], max_context_tokens: int, reserve_tokens
     """
     if not messages:
         return []
+    # Earlier replies' reasoning stays home: remotes take answers only (and it costs tokens).
+    messages = [{**m, "content": strip_reasoning(m["content"])} if m.get("role") == "assistant"
+                else m for m in messages]
     system = [m for m in messages[:-1] if m.get("role") == "system"]
     turns = _group_turns([m for m in messages[:-1] if m.get("role") != "system"])
     last = messages[-1]

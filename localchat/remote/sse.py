@@ -31,6 +31,7 @@ class StreamChunk:
     chunk has no choices, and the ``[DONE]`` sentinel only sets ``done``."""
 
     content: str = ""
+    reasoning: str = ""  # delta.reasoning_content (llama.cpp server, vLLM, DeepSeek) or .reasoning
     finish_reason: str | None = None
     usage: Usage | None = None
     model: str = ""
@@ -74,15 +75,18 @@ def decode_chunk(payload: str) -> StreamChunk:
         raise RemoteStreamError(f"remote sent a malformed stream chunk: {_preview(payload)}")
     if obj.get("error"):
         raise RemoteStreamError(f"remote error: {error_text(obj['error'])}")
-    content, finish_reason = "", None
+    content, reasoning, finish_reason = "", "", None
     choices = obj.get("choices") or []  # the usage chunk has "choices": []
     if choices and isinstance(choices[0], dict):
         choice = choices[0]
         delta = choice.get("delta")
-        content = (delta.get("content") or "") if isinstance(delta, dict) else ""
+        if isinstance(delta, dict):
+            content = delta.get("content") or ""
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
         finish_reason = choice.get("finish_reason")
     return StreamChunk(
         content=content if isinstance(content, str) else "",
+        reasoning=reasoning if isinstance(reasoning, str) else "",
         finish_reason=finish_reason if isinstance(finish_reason, str) else None,
         usage=_usage(obj.get("usage")),
         model=obj.get("model") if isinstance(obj.get("model"), str) else "",

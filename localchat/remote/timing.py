@@ -20,9 +20,17 @@ class ReplyClock:
     def __init__(self) -> None:
         self.submitted = time.perf_counter()
         self.arrivals: list[float] = []
+        self.first_answer: float | None = None
+        self.thinking_chunks = 0
 
-    def text_arrived(self) -> None:
-        self.arrivals.append(time.perf_counter())
+    def text_arrived(self, *, thinking: bool = False) -> None:
+        """A chunk of reply text arrived: reasoning (``thinking``) or answer."""
+        now = time.perf_counter()
+        self.arrivals.append(now)
+        if thinking:
+            self.thinking_chunks += 1
+        elif self.first_answer is None:
+            self.first_answer = now
 
     def timings(self, *, prompt_n: int | None, predicted_n: int | None, **labels: str) -> Timings:
         """Timings so far. ``prompt_n``/``predicted_n`` come from the server's usage chunk when it
@@ -37,6 +45,8 @@ class ReplyClock:
             predicted_n=predicted_n if predicted_n is not None else len(arrivals),
             predicted_ms=predicted_ms,
             ttft_ms=ttft,
+            time_to_answer_ms=(self.first_answer - self.submitted) * 1000.0 if self.first_answer else 0.0,
+            thinking_n=self.thinking_chunks,
             tpot_ms=statistics.fmean(gaps) if gaps else 0.0,
             itl_p50_ms=_percentile(gaps, 0.50),
             itl_p95_ms=_percentile(gaps, 0.95),

@@ -188,7 +188,7 @@ class ContextKeeper:
 
     def _summary_finished(self, session: "ChatSession", request: SummaryRequest,
                           event: Done | Failed, generation: int) -> None:
-        text = event.reply.strip() if isinstance(event, Done) and event.finish_reason != "aborted" else ""
+        text = event.answer.strip() if isinstance(event, Done) and event.finish_reason != "aborted" else ""
         if text:
             ids = self.engine.tokenize(text)[: self.settings.summary_max_tokens]
             text = self.engine.detokenize(ids).strip()

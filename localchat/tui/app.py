@@ -31,6 +31,7 @@ from localchat.tui.messages import (
     ModelLoading,
     ModelReady,
     SessionChanged,
+    ThinkingRun,
     TokenRun,
     TurnMailbox,
     TurnWake,
@@ -63,6 +64,7 @@ class LocalChatApp(SessionActions, App[int]):
         Binding("ctrl+c", "interrupt", "Stop/Quit", show=False, priority=True),
         Binding("ctrl+n", "new_session", "New"),
         Binding("ctrl+b", "toggle_sidebar", "Sessions"),
+        Binding("ctrl+t", "toggle_thinking", "Thinking", show=False),
         Binding("f1", "help", "Help"),
         Binding("question_mark", "help", "Help", show=False),
     ]
@@ -88,6 +90,7 @@ class LocalChatApp(SessionActions, App[int]):
         self._engine_factory = engine_factory
         self._sampling_factory = sampling_factory
         self.sampling: Sampling | None = None
+        self.thinking_mode = ""  # set by /think; "" = the config's [sampling] thinking
         self._list_models = list_models
         self._model_names: list[str] = []
         self.engine: Engine | None = None
@@ -134,6 +137,7 @@ class LocalChatApp(SessionActions, App[int]):
         # switch interval a redrawing UI thread could hold it that long per token.
         self._previous_switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        self.chat_log.show_thinking = self.store.get_setting("show_thinking") == "yes"
         saved_theme = self.store.get_setting("theme")
         if saved_theme in self.available_themes:
             self.theme = saved_theme
@@ -222,6 +226,11 @@ class LocalChatApp(SessionActions, App[int]):
         await self.chat_log.clear_notices()  # an earlier "model not loaded" no longer applies
         self.engine, self.loading_model, self.model_error = message.engine, None, ""
         self.sampling = message.sampling
+        if self.thinking_mode:  # /think outlives a model switch
+            from localchat.engine.options import Sampling
+
+            self.sampling = self.sampling or Sampling()
+            self.sampling.thinking = self.thinking_mode
         self.status.info.show_loaded(message.loaded)
         self.set_state("idle")
         if self.conversation is not None:
@@ -327,8 +336,8 @@ class LocalChatApp(SessionActions, App[int]):
         for event in turn.mailbox.take():
             await self._show_turn_event(turn, event)
 
-    async def _show_turn_event(self, turn: ActiveTurn, event: Event | TokenRun) -> None:
-        if isinstance(event, TokenRun | PrefillProgress):
+    async def _show_turn_event(self, turn: ActiveTurn, event: Event | TokenRun | ThinkingRun) -> None:
+        if isinstance(event, TokenRun | ThinkingRun | PrefillProgress):
             await turn.show_progress(event, self.status.info)
             self.status.refresh()
         elif isinstance(event, Notice):
@@ -345,7 +354,8 @@ class LocalChatApp(SessionActions, App[int]):
         self.set_state("stopped" if stopped else "idle")
         if turn.reply is not None:
             model = done.timings.model or self.status.info.model
-            await turn.reply.finish(done.reply, reply_caption(model, done.timings, stopped=stopped), stopped=stopped)
+            await turn.reply.finish(done.answer, reply_caption(model, done.timings, stopped=stopped),
+                                    stopped=stopped, thinking=done.thinking, timings=done.timings)
         if done.finish_reason == "length":
             self.notify("The reply reached the max_tokens limit.", severity="warning")
         self._after_turn()

@@ -13,7 +13,9 @@ from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 from localchat.events import Timings
+from localchat.reasoning import split_reply
 from localchat.store import TurnRecord
+from localchat.tui.thinking import ThinkingBlock, thinking_title
 
 
 def reply_caption(model: str, timings: Timings | None, *, stopped: bool) -> str:
@@ -39,15 +41,20 @@ class UserMessage(Static):
 class ReplyView(Vertical):
     """One assistant reply: its Markdown body and a caption. Streams, then finishes once."""
 
-    def __init__(self, text: str = "", caption: str = "", *, stopped: bool = False, finished: bool = True) -> None:
+    def __init__(self, text: str = "", caption: str = "", *, stopped: bool = False, finished: bool = True,
+                 thinking: str = "", show_thinking: bool = False) -> None:
         super().__init__(classes="-stopped" if stopped else "")
         self._initial = text
         self._caption = caption
         self._stream: MarkdownStream | None = None
-        self.text = text
+        self.text = text  # the answer (reasoning, if any, is in the thinking block)
         self.finished = finished  # False while it streams
+        self.show_thinking = show_thinking  # keep the reasoning open when the answer starts
+        self._thinking = ThinkingBlock(thinking, expanded=show_thinking) if thinking else None
 
     def compose(self):
+        if self._thinking is not None:
+            yield self._thinking
         yield Markdown(self._initial)
         yield Static(self._caption, classes="caption", markup=False)
 
@@ -55,17 +62,37 @@ class ReplyView(Vertical):
     def body(self) -> Markdown:
         return self.query_one(Markdown)
 
+    @property
+    def thinking(self) -> ThinkingBlock | None:
+        return self._thinking
+
+    async def think(self, fragment: str) -> None:
+        """Stream reasoning into the thinking block (opened above the answer on first use)."""
+        if self._thinking is None:
+            self._thinking = ThinkingBlock(streaming=True)
+            await self.mount(self._thinking, before=self.body)
+        self._thinking.append(fragment)
+
     async def append(self, fragment: str) -> None:
+        if self._thinking is not None and self._thinking.streaming:
+            self._thinking.answer_started(keep_open=self.show_thinking)
         if self._stream is None:
             self._stream = Markdown.get_stream(self.body)
         self.text += fragment
         await self._stream.write(fragment)
 
-    async def finish(self, reply: str, caption: str, *, stopped: bool) -> None:
-        """End streaming and render ``reply`` whole; mark it if the user stopped it."""
+    async def finish(self, reply: str, caption: str, *, stopped: bool, thinking: str = "",
+                     timings: Timings | None = None) -> None:
+        """End streaming and render the answer ``reply`` whole (its reasoning ``thinking`` in the
+        block above); mark it if the user stopped it."""
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
+        if thinking and self._thinking is None:
+            self._thinking = ThinkingBlock(thinking, expanded=self.show_thinking)
+            await self.mount(self._thinking, before=self.body)
+        if self._thinking is not None:
+            self._thinking.finish(thinking, timings, stopped=stopped, keep_open=self.show_thinking)
         self.text = reply
         await self.body.update(reply)
         self.set_class(stopped, "-stopped")
@@ -84,25 +111,39 @@ class ReplyView(Vertical):
 class ChatLog(VerticalScroll):
     """The conversation, scrolled to the newest text unless the user scrolled up to read."""
 
+    show_thinking = False  # reasoning blocks open (Ctrl+T) or folded (the default)
+
     def on_mount(self) -> None:
         self.anchor()
 
     async def show_turns(self, turns: list[TurnRecord]) -> None:
         """Replace the log with a stored session's turns."""
         await self.remove_children()
-        widgets = [
-            UserMessage(t.content)
-            if t.role == "user"
-            else ReplyView(t.content, reply_caption(t.model, t.timings, stopped=t.stopped), stopped=t.stopped)
-            for t in turns
-        ]
+        widgets = [UserMessage(t.content) if t.role == "user" else self._stored_reply(t) for t in turns]
         if widgets:
             await self.mount_all(widgets)
         self.anchor()
 
+    def _stored_reply(self, turn: TurnRecord) -> ReplyView:
+        thinking, answer = split_reply(turn.content)
+        view = ReplyView(answer, reply_caption(turn.model, turn.timings, stopped=turn.stopped),
+                         stopped=turn.stopped, thinking=thinking, show_thinking=self.show_thinking)
+        if view.thinking is not None:
+            view.thinking.title = thinking_title(turn.timings, stopped=turn.stopped)
+        return view
+
+    def set_show_thinking(self, show: bool) -> None:
+        """Open (or fold) every reasoning block, and the ones still to come."""
+        self.show_thinking = show
+        for reply in self.query(ReplyView):
+            reply.show_thinking = show
+        for block in self.query(ThinkingBlock):
+            if not block.streaming:
+                block.collapsed = not show
+
     async def add_prompt(self, text: str) -> ReplyView:
         """Show a sent prompt and an empty reply below it, and follow the new text."""
-        reply = ReplyView(finished=False)
+        reply = ReplyView(finished=False, show_thinking=self.show_thinking)
         await self.mount_all([UserMessage(text), reply])
         self.anchor()
         return reply

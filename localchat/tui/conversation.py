@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from localchat.errors import UserError
 from localchat.events import Done, Notice
+from localchat.reasoning import split_reply, strip_reasoning
 from localchat.session.chat import ChatSession, Message
 from localchat.store import SessionRecord, Store, TurnRecord
 from localchat.store.locks import SessionLock
@@ -183,14 +184,14 @@ class Conversation:
     def last_reply(self) -> str:
         """The latest assistant reply. Raises ``UserError`` if there is none yet."""
         for turn in reversed(self.turns()):
-            if turn.role == "assistant" and turn.content:
-                return turn.content
+            if turn.role == "assistant" and strip_reasoning(turn.content):
+                return strip_reasoning(turn.content)  # the answer, without the model's reasoning
         raise UserError("There is no reply to copy yet.")
 
     def last_code_block(self) -> str:
         """The last fenced code block of the latest reply that has one."""
         for turn in reversed(self.turns()):
-            blocks = _CODE_BLOCK.findall(turn.content) if turn.role == "assistant" else []
+            blocks = _CODE_BLOCK.findall(strip_reasoning(turn.content)) if turn.role == "assistant" else []
             if blocks:
                 return blocks[-1].rstrip("\n")
         raise UserError("No reply in this session contains a code block.")
@@ -207,7 +208,10 @@ class Conversation:
                 parts.append("## You\n\n" + turn.content + "\n")
             else:
                 note = " (stopped)" if turn.stopped else ""
-                parts.append(f"## {turn.model or 'Assistant'}{note}\n\n" + turn.content + "\n")
+                thinking, answer = split_reply(turn.content)
+                if thinking:  # folded in viewers that render HTML, readable in those that do not
+                    answer = f"<details><summary>Thinking</summary>\n\n{_quote(thinking)}\n\n</details>\n\n{answer}"
+                parts.append(f"## {turn.model or 'Assistant'}{note}\n\n" + answer + "\n")
         return "\n".join(parts)
 
     def _require_chat(self) -> ChatSession:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from textual.message import Message
 
-from localchat.events import Event, Loaded, Token
+from localchat.events import Event, Loaded, Thinking, Token
 
 if TYPE_CHECKING:
     from localchat.engine.engine import Engine
@@ -85,7 +85,7 @@ class TurnMailbox:
             self._wake_pending = True
         self._wake()
 
-    def take(self) -> list[Event | TokenRun]:
+    def take(self) -> list[Event | TokenRun | ThinkingRun]:
         """UI thread: everything since the last ``take``, in order, runs of tokens merged."""
         with self._lock:
             events, self._events = self._events, []
@@ -101,16 +101,30 @@ class TokenRun:
     count: int
 
 
-def merge_tokens(events: list[Event]) -> list[Event | TokenRun]:
-    merged: list[Event | TokenRun] = []
+@dataclass(frozen=True)
+class ThinkingRun:
+    """Consecutive ``Thinking`` events merged: the reasoning text, and how many there were."""
+
+    text: str
+    count: int
+
+
+def merge_tokens(events: list[Event]) -> list[Event | TokenRun | ThinkingRun]:
+    """Runs of Token (and of Thinking) events merged into one TokenRun (ThinkingRun) each."""
+    merged: list[Event | TokenRun | ThinkingRun] = []
     run: list[str] = []
+    kind: type | None = None
     for event in [*events, None]:
-        if isinstance(event, Token):
+        if isinstance(event, (Token, Thinking)) and (kind is None or isinstance(event, kind)):
+            kind = type(event)
             run.append(event.text)
             continue
         if run:
-            merged.append(TokenRun("".join(run), len(run)))
-            run = []
-        if event is not None:
+            merged.append((TokenRun if kind is Token else ThinkingRun)("".join(run), len(run)))
+            run, kind = [], None
+        if isinstance(event, (Token, Thinking)):
+            kind = type(event)
+            run.append(event.text)
+        elif event is not None:
             merged.append(event)
     return merged

@@ -20,6 +20,7 @@ KEYS = (
     ("Ctrl+Q", "quit"),
     ("Ctrl+N", "new session"),
     ("Ctrl+B", "show / hide the sessions sidebar"),
+    ("Ctrl+T", "open / fold the reasoning of thinking models (click a block's title for one)"),
     ("Ctrl+P", "command palette (every command below, plus themes)"),
     ("F1 or ?", "this help (? when the input is not focused)"),
 )
@@ -34,6 +35,7 @@ SIDEBAR_KEYS = (
 
 STATUS_FIELDS = (
     ("TTFT", "time to first token of the current or last reply, in ms"),
+    ("answer", "thinking models: time to the first token of the answer, after the reasoning"),
     ("TPOT", "time per output token after the first, in ms"),
     ("tok/s", "generation speed"),
     ("reused · new", "prompt tokens reused from the KV cache (cache_n) · prefilled this turn (prompt_n)"),

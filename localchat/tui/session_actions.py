@@ -233,6 +233,15 @@ class SessionActions:
     async def slash_help(self: LocalChatApp, argument: str) -> None:
         self.push_screen(HelpScreen())
 
+    async def slash_think(self: LocalChatApp, argument: str) -> None:
+        self.notify(set_thinking(self, argument.lower()))
+
+    def action_toggle_thinking(self: LocalChatApp) -> None:
+        """Ctrl+T: open or fold the reasoning blocks of every reply (remembered)."""
+        show = not self.chat_log.show_thinking
+        self.chat_log.set_show_thinking(show)
+        self.store.set_setting("show_thinking", "yes" if show else "no")
+
     # --- command palette --------------------------------------------------------------------
 
     def get_system_commands(self: LocalChatApp, screen: Screen) -> Iterable[SystemCommand]:
@@ -244,6 +253,8 @@ class SessionActions:
             else:
                 callback = lambda c=command: self.run_worker(self.run_slash_command(f"/{c.name}"))  # noqa: E731
             yield SystemCommand(f"/{command.name}", command.help, callback)
+        yield SystemCommand("Show or hide thinking", "Open or fold the reasoning of thinking models "
+                            "(Ctrl+T)", self.action_toggle_thinking)
 
     def _prefill_prompt(self: LocalChatApp, text: str) -> None:
         self.prompt.text = text
@@ -254,6 +265,30 @@ class SessionActions:
         if self.conversation is None:
             raise UserError("No session is open.")
         return self.conversation
+
+
+def set_thinking(app: LocalChatApp, mode: str) -> str:
+    """``/think MODE``: set the thinking switch for the next turns; the line to show the user."""
+    from localchat.engine.options import THINKING_MODES, Sampling
+
+    engine = app.engine
+    has_switch = bool(getattr(engine, "supports_thinking", False))
+    model = engine.name if engine is not None else "the model"
+    if not mode:
+        current = app.sampling.thinking if app.sampling is not None else "auto"
+        switch = "has a thinking switch" if has_switch else "has no thinking switch"
+        return f"Thinking: {current} ({model} {switch})."
+    if mode not in THINKING_MODES:
+        raise UserError("Usage: /think on|off|auto")
+    if app.sampling is None:
+        app.sampling = Sampling()
+    app.sampling.thinking = app.thinking_mode = mode
+    chat = app.conversation.chat if app.conversation is not None else None
+    if chat is not None:
+        chat.sampling.thinking = mode
+    if mode != "auto" and not has_switch:
+        return f"{model} has no thinking switch: /think {mode} applies to models that have one."
+    return f"Thinking {mode} from the next message."
 
 
 def export_file_name(record: SessionRecord) -> str:

@@ -37,6 +37,8 @@ COMMANDS: tuple[SlashCommand, ...] = (
     SlashCommand("rename", "Rename this session", "NAME", argument_required=True),
     SlashCommand("export", "Save this session as Markdown (default: a new file in the current folder)", "PATH"),
     SlashCommand("summary", "Show the summary of turns trimmed from the context"),
+    SlashCommand("think", "Thinking switch for models that have one: on, off or auto (the model's "
+                 "default); no argument shows it", "on|off|auto"),
     SlashCommand("big", "Send this message to the remote large model ([remote] in config.toml)",
                  "TEXT", argument_required=True),
     SlashCommand("help", "Show keys and commands"),

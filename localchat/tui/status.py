@@ -5,6 +5,7 @@ Two lines, so every field fits in 80 columns::
     smollm2-135m · CPU │ generating │ ctx 412/4096 ▮▯▯▯▯▯▯▯ 10% │ local
     TTFT 182 ms │ TPOT 11.4 ms │ 87.7 tok/s │ reused 310 · new 24
 
+A thinking model's reply also shows when its answer began: ``TTFT 180 ms · answer 4.2 s``.
 While a reply streams, TTFT/TPOT/tok/s are measured here as tokens arrive; when it ends they are
 replaced by the engine's own timings (``Done.timings``), which are the authoritative numbers.
 """
@@ -28,6 +29,7 @@ class StatusInfo:
     backend: str = ""  # "CPU" or "GPU 28/28"
     state: str = "starting"  # loading 40% / prefilling 12/300 / generating / idle / stopped
     ttft_ms: float | None = None
+    answer_ms: float | None = None  # thinking models: submitted -> first answer token
     tpot_ms: float | None = None
     tokens_per_s: float | None = None
     cache_n: int | None = None  # prompt tokens reused from the KV cache
@@ -42,6 +44,7 @@ class StatusInfo:
     def show_timings(self, timings: Timings) -> None:
         """The finished turn's numbers, as the engine measured them."""
         self.ttft_ms = timings.ttft_ms if timings.predicted_n else None  # stopped before any token
+        self.answer_ms = timings.time_to_answer_ms if timings.thinking_n else None
         self.tpot_ms = timings.tpot_ms if timings.predicted_n > 1 else None
         self.tokens_per_s = timings.predicted_per_second or None
         self.cache_n, self.prompt_n = timings.cache_n, timings.prompt_n
@@ -81,9 +84,12 @@ def render_status(info: StatusInfo, width: int = 200) -> tuple[str, str]:
     model = _fit(info.model or "no model", max(12, width - len(backend) - len(tail)))
     first = model + backend + tail
     reuse = DASH if info.cache_n is None else f"{info.cache_n} · new {info.prompt_n}"
+    ttft = f"TTFT {_number(info.ttft_ms)} ms"
+    if info.answer_ms is not None:
+        ttft += f" · answer {info.answer_ms / 1000:.1f} s" if info.answer_ms else " · no answer"
     second = " │ ".join(
         (
-            f"TTFT {_number(info.ttft_ms)} ms",
+            ttft,
             f"TPOT {_number(info.tpot_ms, 1)} ms",
             f"{_number(info.tokens_per_s, 1)} tok/s",
             f"reused {reuse}",
@@ -113,6 +119,7 @@ class LiveMeter:
         if self.first_token_at is None or self.last_token_at is None:
             return
         info.ttft_ms = (self.first_token_at - self.submitted_at) * 1000
+        info.answer_ms = None  # the last turn's; this one's comes with its timings
         if self.tokens > 1:
             info.tpot_ms = (self.last_token_at - self.first_token_at) * 1000 / (self.tokens - 1)
             info.tokens_per_s = 1000 / info.tpot_ms if info.tpot_ms > 0 else None

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from localchat.events import PrefillProgress
 from localchat.tui.chat_log import ReplyView
 from localchat.tui.conversation import Conversation
-from localchat.tui.messages import TokenRun, TurnMailbox
+from localchat.tui.messages import ThinkingRun, TokenRun, TurnMailbox
 from localchat.tui.status import LiveMeter, StatusInfo
 
 if TYPE_CHECKING:
@@ -36,16 +36,17 @@ class ActiveTurn:
         if self.handle is not None:
             self.handle.stop()
 
-    async def show_progress(self, event: TokenRun | PrefillProgress, info: StatusInfo) -> None:
-        """Show new reply text or prefill progress, and the live numbers in ``info``."""
+    async def show_progress(self, event: TokenRun | ThinkingRun | PrefillProgress, info: StatusInfo) -> None:
+        """Show new reply text (reasoning or answer) or prefill progress, and the live numbers."""
         if isinstance(event, PrefillProgress):
             self.prefill_total = event.total
             info.state = f"prefilling {event.done}/{event.total}"
             return
         self.meter.token(event.count)
-        info.state = "generating"
+        thinking = isinstance(event, ThinkingRun)
+        info.state = "thinking" if thinking else "generating"
         self.meter.apply(info)
         # An estimate until Done brings the engine's count (trimming may lower it).
         info.n_ctx_used = self.context_before + self.prefill_total + self.meter.tokens
         if event.text and self.reply is not None:
-            await self.reply.append(event.text)
+            await (self.reply.think(event.text) if thinking else self.reply.append(event.text))
