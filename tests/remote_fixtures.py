@@ -28,9 +28,11 @@ class ScriptedTurn:
     probabilities), then ``Done``. After ``stop()`` it yields ``Done("aborted")`` with the text
     yielded so far, as the engine does."""
 
-    def __init__(self, pieces: list[tuple[str, float | None]], finish_reason: str = "stop") -> None:
+    def __init__(self, pieces: list[tuple[str, float | None]], finish_reason: str = "stop",
+                 context_full: bool = True) -> None:
         self.pieces = pieces
         self.finish_reason = finish_reason
+        self.context_full = context_full
         self.stopped = threading.Event()
 
     def __iter__(self) -> Iterator[Event]:
@@ -41,7 +43,11 @@ class ScriptedTurn:
             reply.append(text)
             yield Token(text, prob=prob)
         finish = "aborted" if self.stopped.is_set() else self.finish_reason
-        yield Done("".join(reply), finish, Timings(predicted_n=len(reply), model="local-test"))
+        # A "length" reply here stands for one that ran out of context (the local model could
+        # not say more); a cut at the user's max_tokens is modelled with a roomy context.
+        n_ctx = 4096 if finish != "length" or not self.context_full else 64 + len(reply)
+        yield Done("".join(reply), finish, Timings(predicted_n=len(reply), model="local-test",
+                                                   n_ctx=n_ctx, n_ctx_used=64 + len(reply) - 1))
 
     def stop(self) -> None:
         self.stopped.set()
@@ -50,13 +56,15 @@ class ScriptedTurn:
 class LocalFactory:
     """Counts how often the orchestrator started a local reply, and returns ``ScriptedTurn``s."""
 
-    def __init__(self, pieces: list[tuple[str, float | None]], finish_reason: str = "stop") -> None:
+    def __init__(self, pieces: list[tuple[str, float | None]], finish_reason: str = "stop",
+                 context_full: bool = True) -> None:
         self.pieces = pieces
         self.finish_reason = finish_reason
+        self.context_full = context_full
         self.turns: list[ScriptedTurn] = []
 
     def __call__(self) -> ScriptedTurn:
-        turn = ScriptedTurn(self.pieces, self.finish_reason)
+        turn = ScriptedTurn(self.pieces, self.finish_reason, self.context_full)
         self.turns.append(turn)
         return turn
 

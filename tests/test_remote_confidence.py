@@ -41,13 +41,18 @@ def test_a_repetition_loop_fires():
     assert trigger.kind == "loop" and "repeated" in trigger.reason
 
 
-def test_a_reply_cut_by_length_fires_when_it_ends():
+def test_a_reply_that_ran_out_of_context_fires_when_it_ends():
     monitor = ConfidenceMonitor()
-    done = Done("long reply", "length", Timings(predicted_n=512))
+    done = Done("long reply", "length", Timings(predicted_n=512, n_ctx=1024, n_ctx_used=1023))
     trigger = monitor.finished(done)
-    assert trigger.kind == "length" and "512" in trigger.reason
+    assert trigger.kind == "length" and "1024" in trigger.reason
     assert ConfidenceMonitor(ConfidenceThresholds(escalate_on_length=False)).finished(done) is None
     assert ConfidenceMonitor().finished(Done("short", "stop")) is None
+
+
+def test_a_reply_cut_by_the_users_max_tokens_does_not_fire():
+    done = Done("cut reply", "length", Timings(predicted_n=48, n_ctx=4096, n_ctx_used=120))
+    assert ConfidenceMonitor().finished(done) is None
 
 
 def test_it_fires_once():

@@ -104,6 +104,15 @@ def test_a_reply_cut_by_length_is_escalated_after_it_ends(tmp_path):
     assert "length" in events[-1].timings.route_reason
 
 
+def test_a_reply_cut_by_max_tokens_stays_local(tmp_path):
+    local = LocalFactory(confident(" word", 20), finish_reason="length", context_full=False)
+    with FaultServer([reply("complete answer")]) as server:
+        turn = escalator(server, tmp_path).start_turn(EASY, local)
+        events = list(turn)
+        assert server.requests == []
+    assert events[-1].timings.route == "local" and events[-1].finish_reason == "length"
+
+
 def test_a_failed_automatic_escalation_keeps_the_local_reply_with_a_notice(tmp_path):
     local = LocalFactory(unsure(" maybe", 40))
     with FaultServer([Status(500, "overloaded")]) as server:

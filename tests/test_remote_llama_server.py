@@ -11,6 +11,7 @@ from localchat.engine.options import Sampling
 from localchat.events import Done, Notice, Token
 from localchat.remote.client import RemoteClient
 from localchat.remote.escalate import Escalator
+from oracle import loaded_engine
 from remote_fixtures import LocalFactory, settings_for, unsure, wait_until
 
 pytestmark = pytest.mark.model
@@ -92,12 +93,24 @@ def test_an_unsure_local_reply_is_handed_to_the_real_server(llama_server, tmp_pa
     assert turn.outcome.local_partial is not None and turn.outcome.local_partial.startswith(" um0")
 
 
-def test_the_real_engine_cut_by_length_escalates_to_the_real_server(llama_server, engine, tmp_path):
+def test_the_real_engine_running_out_of_context_escalates_to_the_real_server(llama_server,
+                                                                            test_model_path, tmp_path):
+    esc = Escalator.from_settings(settings_for(llama_server, max_tokens=12, timeout_s=60),
+                                  breaker_file=tmp_path / "breaker.json")
+    messages = [{"role": "user", "content": "Repeat this list forever: " + "tick, " * 100}]
+    with loaded_engine(test_model_path, 256, "small") as small:
+        turn = esc.start_turn(messages, lambda: small.submit(
+            messages, Sampling(temperature=0, repeat_penalty=1.0, max_tokens=400)), sampling=SHORT)
+        events = list(turn)
+    done = events[-1]
+    assert done.timings.route == "remote" and "ran out of context" in done.timings.route_reason
+    assert turn.outcome.local_partial  # what the engine said before the context was full, kept
+
+
+def test_the_real_engine_cut_by_the_users_max_tokens_stays_local(llama_server, engine, tmp_path):
     esc = Escalator.from_settings(settings_for(llama_server, max_tokens=12, timeout_s=60),
                                   breaker_file=tmp_path / "breaker.json")
     turn = esc.start_turn(HELLO, lambda: engine.submit(HELLO, Sampling(max_tokens=4, seed=1)),
                           sampling=SHORT)
-    events = list(turn)
-    done = events[-1]
-    assert done.timings.route == "remote" and "length" in done.timings.route_reason
-    assert turn.outcome.local_partial  # the engine's four tokens, kept
+    done = list(turn)[-1]
+    assert done.finish_reason == "length" and done.timings.route == "local"

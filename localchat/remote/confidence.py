@@ -8,7 +8,8 @@ Three signals, all from what the local engine already produces:
   10th percentile by default) is below ``low_prob``, the model has been guessing on a good share
   of its tokens — the typical shape of a confabulated answer.
 - **Repetition loop**: the reply's text ends with one unit repeated several times.
-- **Length cut**: the reply ended with ``finish_reason == "length"``.
+- **Out of context**: the reply ended with ``finish_reason == "length"`` because the local
+  context was full (not because of the user's ``max_tokens``, which the remote gets too).
 """
 
 from __future__ import annotations
@@ -69,12 +70,17 @@ class ConfidenceMonitor:
         return trigger
 
     def finished(self, done: Done) -> Trigger | None:
-        """The length rule, judged on the finished local reply."""
+        """The length rule, judged on the finished local reply: only a reply that ran out of
+        local context escalates. One cut by the user's own max_tokens does not: the remote
+        would be cut at the same limit."""
         if self._fired or not self.thresholds.escalate_on_length or done.finish_reason != "length":
             return None
+        t = done.timings
+        if not (t.n_ctx and t.n_ctx_used >= t.n_ctx - 1):
+            return None
         self._fired = True
-        return Trigger("length",
-                       f"local reply cut at the token limit ({done.timings.predicted_n} tokens)")
+        return Trigger("length", f"local reply ran out of context ({t.n_ctx} tokens, "
+                                 f"{t.predicted_n} generated)")
 
     def _low_confidence(self) -> Trigger | None:
         t = self.thresholds
