@@ -108,7 +108,7 @@ class _StoredSession:
         from localchat.session.snapshots import SessionSnapshots
         from localchat.store import Store
         from localchat.store.locks import SessionLock
-        from localchat.store.safe_snapshots import SafeSnapshotStore
+        from localchat.store.snapshots import SnapshotStore
 
         store = Store.open()
         lock = None
@@ -124,7 +124,7 @@ class _StoredSession:
             chat = open_chat(engine, config, system=system if system is not None else record.system,
                              history=history, sampling=sampling)
             cap = int(config.snapshots.get("max_bytes", 2 * 1024**3))
-            snapshots = SessionSnapshots(SafeSnapshotStore(paths.snapshots_dir(), cap))
+            snapshots = SessionSnapshots(SnapshotStore(paths.snapshots_dir(), cap))
             if config.snapshots.get("enabled", True):
                 restored = snapshots.restore(record.id, engine, chat)
                 if restored.notice:

@@ -11,10 +11,12 @@ under a byte cap by evicting the least recently used files.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import struct
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,9 @@ class SnapshotStore:
     def __init__(self, directory: Path, cap_bytes: int = DEFAULT_CAP_BYTES) -> None:
         self.directory = Path(directory)
         self.cap_bytes = cap_bytes
+        self._lock = threading.Lock()
+        self._failing = False
+        self._notice: str | None = None
 
     def path_for(self, key: str) -> Path:
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in key)
@@ -53,8 +58,34 @@ class SnapshotStore:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def save(self, key: str, fingerprint: dict, snapshot: KVSnapshot, meta: dict | None = None) -> Path:
-        """Write the snapshot for ``key`` atomically, then evict old files beyond the cap."""
+    def save(self, key: str, fingerprint: dict, snapshot: KVSnapshot,
+             meta: dict | None = None) -> Path | None:
+        """Write the snapshot for ``key`` atomically, then evict old files beyond the cap.
+
+        Snapshots are a cache: a write that fails (a full disk, a folder where the file should
+        be) keeps the previous file, returns None, is tried again with the next save, and is
+        reported once per run of failures (``take_notice``), never as a traceback."""
+        try:
+            path = self._write(key, fingerprint, snapshot, meta)
+        except OSError as exc:
+            with self._lock:
+                if not self._failing:  # one notice per run of failures
+                    self._notice = (f"could not save this session's context ({_cause(exc)}); "
+                                    "the previous one is kept and saving is retried after the "
+                                    "next reply")
+                self._failing = True
+            return None
+        with self._lock:
+            self._failing = False
+        return path
+
+    def take_notice(self) -> str | None:
+        """The save failure to report, once (None when there is nothing new)."""
+        with self._lock:
+            notice, self._notice = self._notice, None
+        return notice
+
+    def _write(self, key: str, fingerprint: dict, snapshot: KVSnapshot, meta: dict | None) -> Path:
         header = json.dumps({
             "key": key,
             "fingerprint": fingerprint,
@@ -99,7 +130,10 @@ class SnapshotStore:
         return SavedSnapshot(KVSnapshot(records, state, exact_n), header.get("meta", {}))
 
     def discard(self, key: str) -> None:
-        self.path_for(key).unlink(missing_ok=True)
+        try:
+            self.path_for(key).unlink(missing_ok=True)
+        except OSError:
+            pass  # e.g. a folder in its place: it is not restored either (load refuses it)
 
     # -- housekeeping --------------------------------------------------------------------------
 
@@ -112,7 +146,14 @@ class SnapshotStore:
         return sum(p.stat().st_size for p in self.files())
 
     def evict(self, keep: Path | None = None) -> list[Path]:
-        """Delete least recently used snapshots until the folder is under the cap."""
+        """Delete least recently used snapshots until the folder is under the cap (best effort:
+        a stray folder or a file removed meanwhile is skipped)."""
+        try:
+            return self._evict(keep)
+        except OSError:
+            return []
+
+    def _evict(self, keep: Path | None) -> list[Path]:
         removed = []
         files = self.files()
         total = sum(p.stat().st_size for p in files)
@@ -164,3 +205,9 @@ def _parse(data: bytes) -> tuple[dict, bytes]:
     if header.get("state_bytes") != len(state):
         raise SnapshotUnusable("the saved context is truncated")
     return header, state
+
+
+def _cause(exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "disk full"
+    return exc.strerror or type(exc).__name__

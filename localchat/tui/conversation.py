@@ -114,7 +114,7 @@ class Conversation:
         """Notices about the last send (e.g. a saved context that had to be rebuilt, or one
         that could not be saved after the previous reply)."""
         store = self.services.snapshots.store if self.services is not None else None
-        failure = store.take_notice() if hasattr(store, "take_notice") else None
+        failure = store.take_notice() if store is not None else None
         if failure:
             self._notices.append(Notice(failure, kind="snapshot"))
         notices, self._notices = self._notices, []

@@ -39,11 +39,11 @@ def build_services(ask_user: Callable[[str], bool] | None = None) -> ChatService
     from localchat.remote.escalate import Escalator
     from localchat.remote.settings import RemoteSettings
     from localchat.session.snapshots import SessionSnapshots
-    from localchat.store.safe_snapshots import SafeSnapshotStore
+    from localchat.store.snapshots import SnapshotStore
 
     config = load_config()
     cap = int(config.snapshots.get("max_bytes", 2 * 1024**3))
-    snapshots = SessionSnapshots(SafeSnapshotStore(paths.snapshots_dir(), cap))
+    snapshots = SessionSnapshots(SnapshotStore(paths.snapshots_dir(), cap))
     remote = RemoteSettings.from_config(config.remote)
     return ChatServices(config, snapshots, lambda: Escalator.from_settings(remote, ask_user=ask_user))
 
