@@ -123,9 +123,8 @@ class ContextKeeper:
         """The layout, corrected to the exact prompt length when the KV records cannot give it
         (first turn, after a restore): per-message estimates miss what a template adds on its
         own, such as a default system prompt when none is set."""
-        layout = self.layout(session)
-        window = session.model_messages()
-        if window and _records_match(self.engine.cached_messages(), window):
+        layout, measured, window = self._measure(session)
+        if window and measured:
             return layout
         exact = self.engine.prompt_tokens(window + [{"role": "user", "content": text}])
         estimate = (layout.system_tokens + layout.summary_tokens
@@ -134,10 +133,13 @@ class ContextKeeper:
             return layout
         return replace(layout, system_tokens=layout.system_tokens + exact - estimate)
 
-
     def layout(self, session: "ChatSession") -> ContextLayout:
         """The context as the policy sees it: exact token counts from the engine's KV records
         when they match the session's window, estimates otherwise (e.g. right after a restore)."""
+        return self._measure(session)[0]
+
+    def _measure(self, session: "ChatSession") -> tuple[ContextLayout, bool, list[dict[str, str]]]:
+        """(layout, whether its counts came from the KV records, the window it measured)."""
         messages = session.model_messages()
         records = self.engine.cached_messages()
         exact = _records_match(records, messages)
@@ -162,7 +164,7 @@ class ContextKeeper:
             last = turns[-1]
             turns[-1] = TurnSpan(last.index, last.tokens + END_MARKER_ALLOWANCE)
         through = min(self.summary_through, turns[0].index - 1) if turns else self.summary_through
-        return ContextLayout(system_tokens, summary_tokens, through, tuple(turns))
+        return ContextLayout(system_tokens, summary_tokens, through, tuple(turns)), exact, messages
 
     # -- after a turn ----------------------------------------------------------------------------
 
