@@ -184,6 +184,7 @@ def check_flags(args: argparse.Namespace) -> None:
     """Refuse flag values that would be silently changed or make no sense (one-line UserError)."""
     import math
 
+    from localchat.engine.runtime import check_n_ctx_floor
     from localchat.errors import UserError
     from localchat.store.store import check_session_name
 
@@ -193,18 +194,9 @@ def check_flags(args: argparse.Namespace) -> None:
                                              and args.temperature >= 0):
         raise UserError(f"--temperature must be a number ≥ 0 (0 is greedy), not {args.temperature}")
     if args.n_ctx is not None:
-        check_n_ctx(args.n_ctx, "--n-ctx")
+        check_n_ctx_floor(args.n_ctx, "--n-ctx")
     if args.session is not None:
         check_session_name(args.session)
-
-
-def check_n_ctx(n_ctx: int, where: str) -> None:
-    from localchat.engine.runtime import MIN_N_CTX
-    from localchat.errors import UserError
-
-    if n_ctx < MIN_N_CTX:
-        raise UserError(f"{where} {n_ctx} is too small: llama.cpp allocates at least {MIN_N_CTX} "
-                        "tokens, so ask for at least that")
 
 
 def read_prompt(prompt: str | None) -> tuple[str, Notice | None]:

@@ -54,12 +54,10 @@ def _check_n_ctx(path, name: str, n_ctx: int, *, explicit: bool) -> None:
     """A context size that llama.cpp would silently raise (below its 256-token step) is refused;
     so is an ``explicit`` one (a flag) that the engine would silently lower to the model's
     training length (a registry default beyond it is lowered, as before)."""
-    from localchat.engine.runtime import MIN_N_CTX
+    from localchat.engine.runtime import check_n_ctx_floor
     from localchat.models.gguf import read_gguf
 
-    if 0 < n_ctx < MIN_N_CTX:
-        raise EngineError(f"n_ctx {n_ctx} is too small: llama.cpp allocates at least {MIN_N_CTX} "
-                          "tokens, so ask for at least that")
+    check_n_ctx_floor(n_ctx, zero_is_default=True)
     trained = read_gguf(path).context_length if explicit else None
     if trained and n_ctx > trained:
         raise EngineError(f"n_ctx {n_ctx} is more than {name} was trained for ({trained}); "

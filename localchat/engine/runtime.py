@@ -27,6 +27,14 @@ _KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # GGML_TYPE_* values
 MIN_N_CTX = 256
 
 
+def check_n_ctx_floor(n_ctx: int, name: str = "n_ctx", *, zero_is_default: bool = False) -> None:
+    """EngineError for a context size below llama.cpp's smallest allocation (``name`` is how the
+    user gave it: a flag or a setting; ``zero_is_default``: 0 stands for the model's default)."""
+    if n_ctx < MIN_N_CTX and not (zero_is_default and n_ctx == 0):
+        raise EngineError(f"{name} {n_ctx} is too small: llama.cpp allocates at least {MIN_N_CTX} "
+                          "tokens, so ask for at least that")
+
+
 def _silence_llama_logs() -> None:
     """Route llama.cpp's log lines away from the terminal (they would tear through the TUI and
     ``ask`` output; llama-cpp-python's own filter maps the newer log levels wrongly and lets
