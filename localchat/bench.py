@@ -178,11 +178,7 @@ def system_change(engine: Engine, system: str, users: list[str], sampling: Sampl
     report: dict = {}
     for waits in (True, False):
         engine.reset()
-        session = open_chat(engine, config, system=system, sampling=sampling)
-        for text in users[:turns]:
-            engine.wait_idle(timeout=120)
-            run_turn(session.send(text))
-        engine.wait_idle(timeout=120)
+        _, session = replay(engine, system, users[:turns], sampling, config)
         handle = session.set_system(system + " Answer in plain sentences.")
         if waits and handle is not None:
             prepared = handle.wait()

@@ -165,6 +165,8 @@ class Engine:
             prompt = plan_layout([], messages, self._render, runtime.tokenize).tokens
             kv.forget()
             try:
+                # A fresh turn's schedule (prompt in prefill chunks, the reply one token at a
+                # time), not abortable: no turn is running that a stop could be meant for.
                 for i in range(0, len(prompt), CPU_PREFILL_CHUNK):
                     runtime.decode(prompt[i:i + CPU_PREFILL_CHUNK], i)
                 for j, token in enumerate(reply):
