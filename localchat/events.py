@@ -92,8 +92,12 @@ class PrefillProgress:
 class Token:
     text: str  # may be "" when a token ends inside a multi-byte character
     token_id: int = -1
-    # Probability the model gave the sampled token (only when confidence tracking is on).
+    # Only when confidence tracking is on, and only for the reply's first
+    # EngineOptions.confidence_tokens tokens: the probability the model gave the sampled token,
+    # the top-1 minus top-2 probability, and the entropy (nats) of the next-token distribution.
     prob: float | None = None
+    margin: float | None = None
+    entropy: float | None = None
 
 
 @dataclass(frozen=True)

@@ -192,15 +192,32 @@ def test_timings_are_complete(engine, greedy):
     assert t.n_ctx == 2048 and t.n_ctx_used == engine.tokens_in_context
 
 
-def test_confidence_tracking_reports_token_probabilities(test_model_path):
-    engine = Engine(test_model_path, EngineOptions(n_ctx=512, gpu_layers=0, track_confidence=True))
+def test_confidence_tracking_reports_token_stats_for_the_first_tokens(test_model_path):
+    options = EngineOptions(n_ctx=512, gpu_layers=0, track_confidence=True, confidence_tokens=4)
+    engine = Engine(test_model_path, options)
     engine.load()
     try:
-        events = list(engine.submit([{"role": "user", "content": "Hi"}], Sampling(temperature=0, max_tokens=6)))
-        probs = [e.prob for e in events if isinstance(e, Token)]
-        assert probs and all(0.0 < p <= 1.0 for p in probs)
+        events = list(engine.submit([{"role": "user", "content": "Hi"}], Sampling(temperature=0, max_tokens=8)))
+        tokens = [e for e in events if isinstance(e, Token)]
+        assert len(tokens) > 4
+        for t in tokens[:4]:
+            # Greedy picks the top token: its probability is the top-1, the margin is below it.
+            assert 0.0 < t.prob <= 1.0 and 0.0 <= t.margin <= t.prob and t.entropy >= 0.0
+        # Past the window no token pays the pass over the vocabulary.
+        assert all(t.prob is None and t.margin is None and t.entropy is None for t in tokens[4:])
     finally:
         engine.close()
+
+
+def test_token_stats_match_a_plain_softmax():
+    import numpy as np
+    from localchat.engine.runtime import token_stats
+
+    logits = np.array([2.0, 1.0, 0.5, -3.0], dtype=np.float32)
+    p = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    stats = token_stats(logits, 1)
+    assert abs(stats.prob - p[1]) < 1e-6 and abs(stats.margin - (p[0] - p[1])) < 1e-6
+    assert abs(stats.entropy - float(-(p * np.log(p)).sum())) < 1e-5
 
 
 def test_copy_of_model_loads_under_its_own_name(test_model_path, tmp_path):

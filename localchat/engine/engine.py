@@ -390,7 +390,8 @@ class Engine:
 
         # Reasoning streams as Thinking events, the answer as Tokens; the reply keeps both.
         stream = ReplyEvents(handle, clock, inside=prompt_opens_thinking(layout.messages[-1].text))
-        reply, finish = kv.generate(sampling, self.options.track_confidence,
+        confidence_tokens = self.options.confidence_tokens if self.options.track_confidence else 0
+        reply, finish = kv.generate(sampling, confidence_tokens,
                                     lambda: handle.stop_requested, stream.token)
         thinking = stream.finish()
         handle.emit(Done(reply, finish, self._timings(clock.fill(timings)), thinking))

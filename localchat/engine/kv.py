@@ -21,7 +21,7 @@ from typing import Callable
 
 from localchat.engine.layout import CachedMessage, Shift
 from localchat.engine.options import Sampling
-from localchat.engine.runtime import DecodeAborted, LlamaRuntime, token_probability
+from localchat.engine.runtime import DecodeAborted, LlamaRuntime, TokenStats, token_stats
 from localchat.errors import EngineError
 
 
@@ -90,10 +90,11 @@ class ConversationCache:
                 self.exact_n = start + min(i + chunk, len(tokens))
             on_progress(min(i + chunk, len(tokens)), len(tokens))
 
-    def generate(self, sampling: Sampling, track_confidence: bool, should_stop: Callable[[], bool],
-                 on_token: Callable[[str, int, float | None], None]) -> tuple[str, str]:
+    def generate(self, sampling: Sampling, confidence_tokens: int, should_stop: Callable[[], bool],
+                 on_token: Callable[[str, int, TokenStats | None], None]) -> tuple[str, str]:
         """Sample the reply into the open record; (reply text, finish reason). A token is only
-        evaluated when the next one is needed, so the last sampled token is not in the cache."""
+        evaluated when the next one is needed, so the last sampled token is not in the cache.
+        The first ``confidence_tokens`` tokens carry their TokenStats."""
         runtime = self.runtime
         reply_record = self.records[-1]
         position = self.n_tokens
@@ -108,10 +109,11 @@ class ConversationCache:
                 if runtime.is_end_of_generation(token):
                     finish = "stop"
                     break
-                prob = token_probability(runtime.last_logits(), token) if track_confidence else None
+                stats = (token_stats(runtime.last_logits(), token)
+                         if len(sampled) < confidence_tokens else None)
                 piece = runtime.piece(token)
                 sampled.append(piece)
-                on_token(decoder.decode(piece), token, prob)
+                on_token(decoder.decode(piece), token, stats)
                 if len(sampled) >= sampling.max_tokens or position + 1 >= runtime.n_ctx:
                     break
                 if should_stop():

@@ -37,7 +37,10 @@ class EngineOptions:
     kv_type: str = "f16"  # f16 | q8_0 | q4_0
     chat_template: str | None = None  # a Jinja template that overrides the GGUF's
     chat_format: str | None = None  # a named format ("chatml", "llama-3", ...) when the GGUF has none
-    track_confidence: bool = False  # fill Token.prob (probability of each sampled token)
+    track_confidence: bool = False  # fill Token.prob/margin/entropy (see events.Token)
+    # How many leading reply tokens carry those numbers: each costs a pass over the whole
+    # vocabulary, and escalation decides within the first tokens anyway.
+    confidence_tokens: int = 32
 
 
 def merged(cls: type, *layers: dict[str, Any] | None) -> Any:

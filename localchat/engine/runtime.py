@@ -13,6 +13,7 @@ import ctypes
 import os
 import re
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
 
@@ -306,10 +307,26 @@ class Sampler:
             self._chain = None
 
 
-def token_probability(logits: np.ndarray, token: int) -> float:
-    """Softmax probability of ``token`` under ``logits`` (used for confidence tracking)."""
-    top = float(logits.max())
-    return float(np.exp(logits[token] - top) / np.exp(logits - top).sum())
+@dataclass(frozen=True)
+class TokenStats:
+    """How sure the model was of one sampled token (softmax over the whole vocabulary)."""
+
+    prob: float  # probability of the sampled token
+    margin: float  # top-1 minus top-2 probability
+    entropy: float  # of the next-token distribution, in nats
+
+
+def token_stats(logits: np.ndarray, token: int) -> TokenStats:
+    """TokenStats of ``token`` under ``logits`` (used for confidence tracking)."""
+    top2 = np.partition(logits, -2)[-2:]
+    shifted = logits - top2[1]
+    weights = np.exp(shifted)
+    total = float(weights.sum())
+    probs_top = np.exp(top2 - top2[1]) / total
+    # H = log Z - sum(p * x) with x the shifted logits (no second exp over the vocabulary).
+    entropy = float(np.log(total) - float(np.dot(weights, shifted)) / total)
+    return TokenStats(float(weights[token] / total), float(probs_top[1] - probs_top[0]),
+                      max(0.0, entropy))
 
 
 def _new_llama(llama_cpp, model_path: str, **params):

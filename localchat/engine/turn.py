@@ -6,10 +6,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from localchat.events import Done, Event, Failed, Thinking, Timings, Token
 from localchat.reasoning import ReasoningSplitter
+
+if TYPE_CHECKING:
+    from localchat.engine.runtime import TokenStats
 
 
 class TurnHandle:
@@ -153,14 +156,17 @@ class ReplyEvents:
         self._splitter = ReasoningSplitter(inside=inside)
         self._reasoning: list[str] = []
 
-    def token(self, text: str, token: int, prob: float | None) -> None:
+    def token(self, text: str, token: int, stats: TokenStats | None) -> None:
         was_thinking = self._splitter.thinking
         thinking, answer = self._splitter.feed(text)
         in_reasoning = was_thinking or self._splitter.thinking
         self._clock.token(bool(text), thinking=in_reasoning, answer_text=bool(answer))
         self._emit_thinking(thinking)
         if answer or not in_reasoning:
-            self._handle.emit(Token(answer, token, prob))
+            if stats is None:
+                self._handle.emit(Token(answer, token))
+            else:
+                self._handle.emit(Token(answer, token, stats.prob, stats.margin, stats.entropy))
 
     def finish(self) -> str:
         """Release what the splitter held back; the whole reasoning text."""
