@@ -316,8 +316,14 @@ def summarize(turns: list[Timings]) -> dict:
         "tokens_per_second": round(1000.0 * tokens / decode_ms, 1) if decode_ms else 0.0,
         "reuse_pct": round(100.0 * cached / (cached + prompt), 1) if cached + prompt else 0.0,
         "max_ttft_minus_prompt_ms": round(max(t.ttft_ms - t.prompt_ms for t in turns), 1),
+        "median_ttft_minus_prompt_ms": round(statistics.median(t.ttft_ms - t.prompt_ms for t in turns), 2),
         "max_n_ctx_used": max(t.n_ctx_used for t in turns),
         "trims": sum(1 for t in turns if t.trimmed_n),
+        # Models whose memory cannot drop turns prefill the kept ones again when trimming.
+        "rebuilds": sum(1 for t in turns if t.rebuild),
+        "rebuild_n_foreground": sum(t.rebuild_n for t in turns),
+        "rebuild_n_background": sum(t.rebuild_background_n for t in turns),
+        "rebuild_background_ms": round(sum(t.rebuild_background_ms for t in turns), 1),
     }
 
 

@@ -45,6 +45,10 @@ SECTION_DEFAULTS: dict[str, dict[str, Any]] = {
         "n_threads": 0,  # 0 = let llama.cpp pick (physical cores)
         "flash_attn": False,
         "kv_type": "f16",  # KV cache element type: f16, q8_0, q4_0
+        # Sliding-window models: full-size caches for the window layers (more memory, trims by
+        # shifting) or window-size ones (checkpoints roll back, trims prefill kept turns again).
+        "swa_full": False,
+        "checkpoints": 8,  # rollback states kept for recurrent, hybrid and windowed memories
     },
     "sampling": {
         "temperature": 0.7,

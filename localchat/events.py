@@ -45,9 +45,19 @@ class Timings:
     # Cells in use that a context shift made approximate (they serve this conversation only).
     approx_n: int = 0
     restore_ms: float = 0.0  # time to restore a saved KV snapshot before this turn
+    # Prompt tokens evaluated again although the cache held them (a checkpoint rollback, a trim
+    # on a memory that cannot drop turns, a changed system prompt or summary before them) ...
+    rebuild_n: int = 0
+    # ... and what such rebuilding cost in the background since the previous turn.
+    rebuild_background_n: int = 0
+    rebuild_background_ms: float = 0.0
     route: str = "local"  # "local" or "remote"
     route_reason: str = ""
     model: str = ""
+
+    @property
+    def rebuild(self) -> bool:
+        return self.rebuild_n > 0 or self.rebuild_background_n > 0
 
     @property
     def predicted_per_second(self) -> float:
@@ -61,6 +71,7 @@ class Timings:
         d = asdict(self)
         d["predicted_per_second"] = round(self.predicted_per_second, 2)
         d["prompt_per_second"] = round(self.prompt_per_second, 2)
+        d["rebuild"] = self.rebuild
         for k, v in d.items():
             if isinstance(v, float):
                 d[k] = round(v, 3)
@@ -80,6 +91,7 @@ class Loaded:
     n_layers: int
     backend: str  # "CPU", "CUDA", "Metal", ...
     load_ms: float = 0.0
+    memory: str = "kv"  # kv | swa | recurrent | hybrid (engine/runtime.memory_kind)
 
 
 @dataclass(frozen=True)

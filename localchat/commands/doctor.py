@@ -106,7 +106,7 @@ def _models_section() -> dict[str, Any]:
     try:
         downloaded = [
             {"name": spec.name, "path": str(local_path(spec)),
-             "size_bytes": local_path(spec).stat().st_size}
+             "size_bytes": local_path(spec).stat().st_size, "memory": _memory_kind(local_path(spec))}
             for spec in specs if is_downloaded(spec)
         ]
     except UserError:  # the models folder cannot be created: reported with the paths
@@ -119,6 +119,16 @@ def _models_section() -> dict[str, Any]:
         },
         "problems": problems,
     }
+
+
+def _memory_kind(path) -> str | None:
+    """kv | swa | recurrent | hybrid (None if the header cannot be read)."""
+    from localchat.models.gguf import GGUFError, read_gguf
+
+    try:
+        return read_gguf(path).memory_kind
+    except (GGUFError, OSError):
+        return None
 
 
 def render_report(report: dict[str, Any]) -> str:
@@ -153,7 +163,8 @@ def render_report(report: dict[str, Any]) -> str:
     lines.append(("Hub", f"{hub['endpoint']}{' (HF_HUB_OFFLINE set)' if hub['offline'] else ''}"
                          f"{', HF_TOKEN set' if hub['token_set'] else ''}"))
     for model in models["downloaded"]:
-        lines.append(("downloaded", f"{model['name']} ({format_bytes(model['size_bytes'])})"))
+        memory = f", {model['memory']} memory" if model.get("memory") else ""
+        lines.append(("downloaded", f"{model['name']} ({format_bytes(model['size_bytes'])}{memory})"))
     if not models["downloaded"]:
         lines.append(("downloaded", "no models yet"))
     if models["default"]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable
@@ -202,6 +203,17 @@ class Engine:
         return self._require_runtime().n_ctx
 
     @property
+    def memory_kind(self) -> str:
+        """kv | swa | recurrent | hybrid: how the model's context memory behaves."""
+        return self._require_runtime().memory_kind
+
+    @property
+    def can_trim_in_place(self) -> bool:
+        """Whether dropping old turns keeps the later cells (a shift); otherwise a trim means
+        prefilling the kept turns again (recurrent and hybrid memories)."""
+        return self._require_runtime().can_shift
+
+    @property
     def supports_thinking(self) -> bool:
         """Whether the model's template has a thinking switch (``Sampling.thinking`` on/off)."""
         return has_thinking_switch(self._template)
@@ -284,7 +296,7 @@ class Engine:
         self._runtime = LlamaRuntime(self.model_path, self.options, fit.n_gpu_layers)
         self._render = make_renderer(template, self._runtime.bos_text, self._runtime.eos_text)
         self._template = template
-        self._kv = ConversationCache(self._runtime)
+        self._kv = ConversationCache(self._runtime, self.options.checkpoints)
         if on_progress:
             on_progress(1.0)
         self.info = Loaded(
@@ -294,6 +306,7 @@ class Engine:
             n_layers=fit.n_layers,
             backend=fit.backend,
             load_ms=(time.perf_counter() - started) * 1000.0,
+            memory=self._runtime.memory_kind,
         )
         return self.info
 
@@ -367,8 +380,8 @@ class Engine:
         try:
             self._turn(handle, messages, sampling, layout)
         finally:
-            kv.truncate(len(saved_tokens))
             kv.records = saved
+            kv.truncate(len(saved_tokens), whole_messages=True)
 
     def _turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling,
               layout: Layout | None = None) -> None:
@@ -426,8 +439,12 @@ class Engine:
             reused = min(reused, kv.exact_n)
         if reused == len(target) and needs_logits:
             reused -= 1  # the last prompt token must be evaluated to get logits to sample from
-        kv.truncate(reused)
+        wanted = reused
+        reused = kv.truncate(wanted)  # fewer when the memory rolled back to a checkpoint
+        # Where this turn starts adding: an edit or a stopped prefill rolls back to here.
+        kv.checkpoint()
         timings.cache_n = reused
+        timings.rebuild_n += _held_before(kv.records, reused, wanted, layout)
         pending = target[reused:]
         timings.prompt_n += len(pending)
         # If this only appends, a stopped prefill can put the cache back exactly as it was.
@@ -435,13 +452,16 @@ class Engine:
         only_appends = layout.shift is None and reused >= before_n
         kv.records = layout.messages
         chunk = runtime.n_batch if self.info and self.info.gpu_layers else CPU_PREFILL_CHUNK
+        # Also just before the last prompt token: a /retry of this turn rolls back there.
+        checkpoint_at = len(pending) - 1 if needs_logits and len(pending) > 1 else None
         try:
             kv.prefill(pending, reused, min(chunk, runtime.n_batch), lambda: handle.stop_requested,
-                       lambda done, total: handle.emit(PrefillProgress(done, total)))
+                       lambda done, total: handle.emit(PrefillProgress(done, total)),
+                       checkpoint_at=checkpoint_at if kv.uses_checkpoints else None)
         except DecodeAborted:
             if only_appends:
-                kv.truncate(before_n)
                 kv.records = before
+                kv.truncate(before_n, whole_messages=True)
             else:
                 kv.keep_whole_messages()
             return False
@@ -456,6 +476,24 @@ class Engine:
         timings.n_ctx_used = self.tokens_in_context
         timings.approx_n = self._kv.approx_n if self._kv is not None else 0
         return timings
+
+
+def _held_before(records: list[CachedMessage], reused: int, wanted: int, layout: Layout) -> int:
+    """Prompt tokens prefilled again although the cache held them: a checkpoint rollback
+    (``reused`` < ``wanted``) and, when the conversation goes on but its cells could not be
+    kept (a trim on a memory that cannot drop turns, a changed system prompt or summary before
+    them), the kept messages after the reuse point."""
+    held = Counter((m.role, m.content) for m in records if not m.open)
+    again, position = 0, 0
+    for message in layout.messages:
+        end = position + len(message.tokens)
+        key = (message.role, message.content)
+        if not message.open and held[key] > 0:
+            held[key] -= 1  # matched once: a later message with the same text is new
+            if end > wanted:
+                again += end - max(position, wanted)
+        position = end
+    return again + (wanted - reused)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

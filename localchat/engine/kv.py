@@ -9,6 +9,12 @@ removed: they are *approximate*, and so is every cell computed after them. Appro
 serve the conversation that made them (the engine decides that); they are never reused by another
 session, a /retry or an edit.
 
+Some memories cannot drop cells: a recurrent state (Mamba, the recurrent layers of a hybrid such
+as LFM2 or Qwen3.5) folds every token into one state, and a sliding-window cache that keeps only
+the window has already dropped what an earlier position would need. For those the cache keeps a
+few checkpoints (the state that cannot be rolled back, at a known number of tokens) and a
+rollback restores the nearest one at or before the point wanted; the caller prefills the rest.
+
 Runs on the engine thread only.
 """
 
@@ -38,11 +44,22 @@ class KVSnapshot:
         return sum(len(m.tokens) for m in self.records)
 
 
+@dataclass
+class Checkpoint:
+    """The part of the state that removal cannot roll back, when ``n_tokens`` cells were held."""
+
+    n_tokens: int
+    data: bytes
+
+
 class ConversationCache:
-    def __init__(self, runtime: LlamaRuntime) -> None:
+    def __init__(self, runtime: LlamaRuntime, max_checkpoints: int = 8) -> None:
         self.runtime = runtime
         self.records: list[CachedMessage] = []
         self.exact_n = 0
+        self.uses_checkpoints = runtime.needs_checkpoints and max_checkpoints > 0
+        self.max_checkpoints = max(1, max_checkpoints)
+        self.checkpoints: list[Checkpoint] = []
 
     @property
     def n_tokens(self) -> int:
@@ -66,29 +83,103 @@ class ConversationCache:
         re-rotated, not recomputed: from ``start`` on the cache is approximate). Returns the
         tokens now cached, in order."""
         current = self.tokens()
-        self.runtime.remove(shift.start, shift.end)
+        if not self.runtime.remove(shift.start, shift.end):
+            raise EngineError("this model's memory cannot drop turns in place")
         if shift.end < len(current):
             self.runtime.move(shift.end, -1, shift.delta)
         self.exact_n = min(self.exact_n, shift.start)
         return current[:shift.start] + current[shift.end:]
 
-    def truncate(self, n_tokens: int) -> None:
-        """Forget every cell from position ``n_tokens`` on (the record is set by the caller)."""
-        self.runtime.remove(n_tokens, -1)
-        self.exact_n = min(self.exact_n, n_tokens)
+    def truncate(self, n_tokens: int, *, whole_messages: bool = False, dirty: bool = False) -> int:
+        """Forget every cell from position ``n_tokens`` on; returns how many cells are kept.
+        That is ``n_tokens`` (or fewer if fewer are held) unless the memory cannot drop cells:
+        then the nearest checkpoint at or before it is restored (0 without one) and the caller
+        prefills what is missing. ``dirty``: a stopped batch may have changed the state past
+        ``n_tokens``, so roll back even if nothing seems to be there. The caller sets the record,
+        except with ``whole_messages``: only checkpoints at message boundaries are used, and the
+        record keeps the messages that are still whole."""
+        allowed = self._boundaries() if whole_messages else None
+        held = self.runtime.max_position() + 1
+        if dirty:
+            kept = self._roll_back(n_tokens, allowed)
+        elif n_tokens >= held:
+            kept = held
+        elif self.runtime.remove(n_tokens, -1):
+            kept = n_tokens
+        else:
+            kept = self._roll_back(n_tokens, allowed)
+        self.checkpoints = [c for c in self.checkpoints if c.n_tokens <= kept]
+        self.exact_n = min(self.exact_n, kept)
+        if whole_messages:
+            self.records = self._whole_records(kept, keep_open=True)
+            total = sum(len(r.tokens) for r in self.records)
+            if total < kept:  # cells of a message cut in the middle
+                return self.truncate(total, whole_messages=True)
+        return kept
+
+    def checkpoint(self) -> None:
+        """Save a checkpoint of the cells held now (memories that need them only). The first
+        one is kept longest (it usually sits after the system prompt); others go oldest first."""
+        n = self.runtime.max_position() + 1
+        if not self.uses_checkpoints or n <= 0 or any(c.n_tokens == n for c in self.checkpoints):
+            return
+        self.checkpoints.append(Checkpoint(n, self.runtime.checkpoint_data()))
+        if len(self.checkpoints) > self.max_checkpoints:
+            del self.checkpoints[1 if self.max_checkpoints > 1 else 0]
+
+    def _roll_back(self, n_tokens: int, allowed: set[int] | None) -> int:
+        for checkpoint in reversed(self.checkpoints):
+            if checkpoint.n_tokens > n_tokens or (allowed is not None and checkpoint.n_tokens not in allowed):
+                continue
+            if self.runtime.restore_checkpoint(checkpoint.data, checkpoint.n_tokens):
+                return checkpoint.n_tokens
+            break
+        self.runtime.clear()
+        return 0
+
+    def _boundaries(self) -> set[int]:
+        total, ends = 0, set()
+        for record in self.records:
+            total += len(record.tokens)
+            ends.add(total)
+        return ends
+
+    def _whole_records(self, n_cells: int, keep_open: bool = False) -> list[CachedMessage]:
+        """The leading records whose tokens all lie in the first ``n_cells`` cells (an open
+        record, the reply header after a stopped prefill, only with ``keep_open``)."""
+        kept, total = [], 0
+        for record in self.records:
+            if total + len(record.tokens) > n_cells or (record.open and not keep_open):
+                break
+            kept.append(record)
+            total += len(record.tokens)
+        return kept
 
     def prefill(self, tokens: list[int], start: int, chunk: int, should_stop: Callable[[], bool],
-                on_progress: Callable[[int, int], None]) -> None:
-        """Evaluate prompt tokens in chunks; a stop request ends it mid-chunk (DecodeAborted)."""
+                on_progress: Callable[[int, int], None], checkpoint_at: int | None = None) -> None:
+        """Evaluate prompt tokens in chunks; a stop request ends it mid-chunk (DecodeAborted).
+        ``checkpoint_at``: save a checkpoint after that many of ``tokens`` (see ``checkpoint``)."""
         # Cells evaluated right after exact ones are exact (an aborted batch leaves no cells).
         in_order = start == self.exact_n
-        for i in range(0, len(tokens), chunk):
+        done = 0
+        while done < len(tokens):
             if should_stop():
                 raise DecodeAborted
-            self.runtime.decode(tokens[i:i + chunk], start + i, abortable=True)
+            end = min(done + chunk, len(tokens))
+            if checkpoint_at is not None and done < checkpoint_at < end:
+                end = checkpoint_at
+            try:
+                self.runtime.decode(tokens[done:end], start + done, abortable=True)
+            except DecodeAborted:
+                if self.uses_checkpoints:  # a recurrent state may be half-updated: roll back
+                    self.truncate(start + done, dirty=True)
+                raise
+            done = end
             if in_order:
-                self.exact_n = start + min(i + chunk, len(tokens))
-            on_progress(min(i + chunk, len(tokens)), len(tokens))
+                self.exact_n = start + done
+            if done == checkpoint_at:
+                self.checkpoint()
+            on_progress(done, len(tokens))
 
     def generate(self, sampling: Sampling, confidence_tokens: int, should_stop: Callable[[], bool],
                  on_token: Callable[[str, int, TokenStats | None], None]) -> tuple[str, str]:
@@ -105,7 +196,7 @@ class ConversationCache:
         finish = "length"
         try:
             while True:
-                token = sampler.sample(runtime.ctx)
+                token = sampler.sample()
                 if runtime.is_end_of_generation(token):
                     finish = "stop"
                     break
@@ -141,21 +232,14 @@ class ConversationCache:
 
     def keep_whole_messages(self) -> None:
         """After a stopped prefill keep only the messages whose tokens all made it into the cache."""
-        n_cached = self.runtime.max_position() + 1
-        kept, total = [], 0
-        for record in self.records:
-            if total + len(record.tokens) > n_cached or record.open:
-                break
-            kept.append(record)
-            total += len(record.tokens)
-        self.runtime.remove(total, -1)
-        self.exact_n = min(self.exact_n, total)
-        self.records = kept
+        self.records = self._whole_records(self.runtime.max_position() + 1)
+        self.truncate(sum(len(m.tokens) for m in self.records), whole_messages=True)
 
     def forget(self) -> None:
         """Empty the cache and its record (after a failure: start clean, never wrong)."""
         self.records = []
         self.exact_n = 0
+        self.checkpoints = []
         self.runtime.clear()
 
     # -- saving and restoring ------------------------------------------------------------------
@@ -171,5 +255,7 @@ class ConversationCache:
             raise EngineError("the saved context does not match this model; it will be rebuilt")
         self.records = [CachedMessage(m.role, m.content, m.text, list(m.tokens), m.open)
                         for m in snapshot.records]
+        self.checkpoints = []
+        self.checkpoint()
         self.exact_n = min(snapshot.exact_n, snapshot.n_tokens)
         return (time.perf_counter() - started) * 1000.0

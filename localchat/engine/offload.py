@@ -42,6 +42,20 @@ def graph_reserve_bytes(gguf: GGUFInfo, n_ubatch: int, n_ctx: int) -> int:
     return max(256 * MiB, activations + attention)
 
 
+def estimated_gpu_bytes(gguf: GGUFInfo, layers: int, output: bool, n_ctx: int, kv_type: str,
+                        n_ubatch: int) -> int:
+    """What ``estimate_gpu_layers`` counts on a device for ``layers`` repeating layers (plus the
+    output head with ``output``): their weights, their share of the KV cache, the compute graph.
+    Compared with what llama.cpp really allocates by scripts/gpu-check and the tests."""
+    n_layers = gguf.n_layers or 0
+    if n_layers == 0 or layers <= 0:
+        return 0
+    kv_total = (gguf.kv_bytes_per_token(KV_BYTES_PER_ELEMENT.get(kv_type, 2.0)) or 0) * n_ctx
+    weights = sum(gguf.layer_bytes.get(layer, 0) for layer in range(min(layers, n_layers)))
+    return (weights + kv_total * min(layers, n_layers) // n_layers
+            + (gguf.non_layer_bytes if output else 0) + graph_reserve_bytes(gguf, n_ubatch, n_ctx))
+
+
 def estimate_gpu_layers(gguf: GGUFInfo, n_ctx: int, kv_type: str, n_ubatch: int, free_bytes: int) -> int:
     """Layers (0..n_layers+1) that fit in ``free_bytes`` of VRAM."""
     n_layers = gguf.n_layers or 0

@@ -35,6 +35,14 @@ class EngineOptions:
     n_threads: int | None = None
     flash_attn: bool = False
     kv_type: str = "f16"  # f16 | q8_0 | q4_0
+    # Sliding-window models (Gemma 3/4): full-size caches for the window layers reuse any prefix
+    # and trim by shifting, but cost memory (Gemma-3-4B shape at n_ctx 8192: 1088 MiB of KV
+    # against 334 MiB, 4352 against 814 at 32768). Off: window-size caches, rolled back through
+    # checkpoints, trimmed by prefilling the kept turns in the background (README).
+    swa_full: bool = False
+    # States kept at turn boundaries for models whose memory cannot drop cells (recurrent,
+    # hybrid, windowed caches): rollback to the nearest one instead of prefilling from zero.
+    checkpoints: int = 8
     chat_template: str | None = None  # a Jinja template that overrides the GGUF's
     chat_format: str | None = None  # a named format ("chatml", "llama-3", ...) when the GGUF has none
     track_confidence: bool = False  # fill Token.prob/margin/entropy (see events.Token)

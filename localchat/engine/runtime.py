@@ -15,6 +15,8 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
+
 import numpy as np
 
 from localchat.engine.options import EngineOptions, Sampling
@@ -49,6 +51,8 @@ def _silence_llama_logs() -> None:
 
     def forward(level: int, text: bytes, user_data) -> None:
         _recent_log.append(text)
+        if b"buffer size" in text:
+            _note_buffer(text.decode("utf-8", errors="replace"))
         if show:
             os.write(2, text)
 
@@ -79,6 +83,20 @@ _log_callback = None  # module-level: llama.cpp keeps the pointer, ctypes must k
 _recent_log: collections.deque[bytes] = collections.deque(maxlen=64)
 
 
+# What llama.cpp allocated while loading, from its log ("CUDA0 KV buffer size = 512.00 MiB"):
+# kind (model, KV, compute, output) -> device buffer name -> MiB. Cleared at each load.
+_buffers: dict[str, dict[str, float]] = {}
+_BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size\s*=\s*([\d.]+) MiB")
+
+
+def _note_buffer(line: str) -> None:
+    match = _BUFFER_LINE.search(line)
+    if match:
+        device, kind, mib = match.group(1), match.group(2).lower(), float(match.group(3))
+        per_device = _buffers.setdefault(kind, {})
+        per_device[device] = per_device.get(device, 0.0) + mib
+
+
 def _load_failure(model_path: Path, exc: Exception) -> str:
     """Why a model did not load, in words: the unknown architecture when llama.cpp said so."""
     import llama_cpp
@@ -92,6 +110,20 @@ def _load_failure(model_path: Path, exc: Exception) -> str:
                     f"supported by this llama.cpp build (llama-cpp-python {version}); a newer "
                     "llama-cpp-python may support it")
     return f"could not load {model_path.name}: {exc}"
+
+
+MemoryKind = str  # "kv" | "swa" | "recurrent" | "hybrid"
+
+
+def memory_kind(recurrent: bool, hybrid: bool, n_swa: int) -> MemoryKind:
+    """How a model's context memory behaves: ``kv`` (attention cells, any of them removable),
+    ``swa`` (sliding-window attention on some layers), ``recurrent`` (one state that folds in
+    every token: no partial removal), ``hybrid`` (attention layers plus a recurrent state)."""
+    if hybrid:
+        return "hybrid"
+    if recurrent:
+        return "recurrent"
+    return "swa" if n_swa > 0 else "kv"
 
 
 class DecodeAborted(Exception):
@@ -113,6 +145,7 @@ class LlamaRuntime:
         # ~12 ms/token where 1 takes ~20; hyperthread siblings add nothing but barrier waits.
         threads = options.n_threads or physical_cores()
         _recent_log.clear()
+        _buffers.clear()
         try:
             with _quiet_stderr():
                 self.llama = _new_llama(
@@ -127,10 +160,13 @@ class LlamaRuntime:
                     flash_attn=options.flash_attn,
                     type_k=kv_type,
                     type_v=kv_type,
+                    swa_full=options.swa_full,
                     verbose=False,
                 )
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(_load_failure(model_path, exc)) from None
+        # llama.cpp's own account of memory: {"model"|"kv"|"compute"|"output": {device: MiB}}.
+        self.buffer_mib = {kind: dict(devices) for kind, devices in _buffers.items()}
         self.ctx = self.llama._ctx.ctx
         self.model = self.llama._model
         self.vocab = self.model.vocab
@@ -146,11 +182,27 @@ class LlamaRuntime:
         # Kept as an attribute: ctypes must not garbage-collect a callback llama.cpp holds.
         self._abort_callback = llama_cpp.ggml_abort_callback(lambda _: self._abort_requested.is_set())
         self._no_callback = llama_cpp.ggml_abort_callback()
-        self.can_shift = bool(llama_cpp.llama_memory_can_shift(self._memory))
+        model = self.model.model
+        self.n_swa = int(llama_cpp.llama_model_n_swa(model))
+        self.swa_full = options.swa_full
+        self.memory_kind = memory_kind(bool(llama_cpp.llama_model_is_recurrent(model)),
+                                       bool(llama_cpp.llama_model_is_hybrid(model)), self.n_swa)
+        # A recurrent state holds all of its history in one cell: nothing can be removed from
+        # its middle or end, and moving positions means nothing. So such models never shift,
+        # and rolling back goes through checkpoints (kv.py).
+        self.can_shift = (bool(llama_cpp.llama_memory_can_shift(self._memory))
+                          and not self.needs_checkpoints)
         self.bos_id = self.model.token_bos()
         self.add_bos = self.model.add_bos_token()
         self.bos_text = self._special_text(self.bos_id)
         self.eos_text = self._special_text(self.model.token_eos())
+
+    @property
+    def needs_checkpoints(self) -> bool:
+        """Whether removing the end of the conversation can fail (see ``remove``), so rolling
+        back needs saved states."""
+        return self.memory_kind in ("recurrent", "hybrid") or (
+            self.memory_kind == "swa" and not self.swa_full)
 
     # -- vocabulary ---------------------------------------------------------------------------
 
@@ -231,13 +283,20 @@ class LlamaRuntime:
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def new_sampler(self, sampling: Sampling) -> "Sampler":
-        return Sampler(self._lib, sampling, self.n_vocab)
+        return Sampler(self._lib, sampling, self.ctx, self.last_logits)
 
     # -- KV cache -----------------------------------------------------------------------------
 
-    def remove(self, start: int, end: int) -> None:
-        """Forget positions [start, end) of the conversation (end -1 = to the end)."""
-        self._lib.llama_memory_seq_rm(self._memory, 0, start, end)
+    def remove(self, start: int, end: int) -> bool:
+        """Forget positions [start, end) of the conversation (end -1 = to the end). False when
+        the memory cannot (a recurrent state cannot lose part of its history): nothing changed.
+        With a sliding-window cache that keeps only the window, removal succeeds but the cells
+        the window needs before ``start`` may be gone: that is reported as False too."""
+        if not self._lib.llama_memory_seq_rm(self._memory, 0, start, end):
+            return False
+        if self.memory_kind == "swa" and not self.swa_full and end < 0 and start > 0:
+            return self.min_position() <= max(0, start - self.n_swa)
+        return True
 
     def move(self, start: int, end: int, delta: int) -> None:
         """Add ``delta`` to the positions of cells in [start, end) (a context shift)."""
@@ -262,6 +321,24 @@ class LlamaRuntime:
         written = self._lib.llama_state_seq_get_data(self.ctx, buf, size, 0)
         return memoryview(buf).cast("B")[:written]
 
+    def checkpoint_data(self) -> bytes:
+        """The part of the conversation's state that cannot be rolled back by removing cells
+        (recurrent state, sliding-window cells), as llama-server's context checkpoints keep it."""
+        flags = self._lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = self._lib.llama_state_seq_get_size_ext(self.ctx, 0, flags)
+        buf = (ctypes.c_uint8 * size)()
+        written = self._lib.llama_state_seq_get_data_ext(self.ctx, buf, size, 0, flags)
+        return bytes(memoryview(buf).cast("B")[:written])
+
+    def restore_checkpoint(self, data: bytes, n_tokens: int) -> bool:
+        """Put back a checkpoint taken when the conversation held ``n_tokens`` cells, and drop
+        the other cells after it (attention layers of a hybrid can); False if llama.cpp refuses."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        flags = self._lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        if self._lib.llama_state_seq_set_data_ext(self.ctx, buf, len(data), 0, flags) == 0:
+            return False
+        return bool(self._lib.llama_memory_seq_rm(self._memory, 0, n_tokens, -1))
+
     def import_sequence(self, data: bytes | memoryview) -> bool:
         """Replace the conversation's KV cells with ``data``; False if llama.cpp rejects it."""
         self.clear()
@@ -278,28 +355,49 @@ class LlamaRuntime:
         self.llama.close()
 
 
+# llama.cpp's repeat penalty looks at the last 64 sampled tokens (as llama_sampler_init_penalties
+# is called here before: penalty_last_n 64).
+PENALTY_WINDOW = 64
+
+
 class Sampler:
-    """A llama.cpp sampler chain built from Sampling; sampling happens in C, off the GIL."""
+    """Picks each next token from the last logits, at a cost that does not grow with the
+    vocabulary where that can be avoided: llama.cpp's sampler chain builds a candidate entry for
+    every token of the vocabulary per call, ~0.5 ms per token for a 262,144-token vocabulary,
+    and its repeat penalty looks every candidate up in a map (another ~1 ms). So the repeat
+    penalty is applied here to the few recently sampled tokens' logits, and greedy decoding is an
+    argmax; only sampling with temperature runs llama.cpp's chain (top-k first, in C)."""
 
-    def __init__(self, lib, sampling: Sampling, n_vocab: int) -> None:
+    def __init__(self, lib, sampling: Sampling, ctx, logits: Callable[[], np.ndarray]) -> None:
         self._lib = lib
-        self._chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
-        add = lambda s: lib.llama_sampler_chain_add(self._chain, s)  # noqa: E731
-        if sampling.repeat_penalty != 1.0:
-            add(lib.llama_sampler_init_penalties(n_vocab, 64, sampling.repeat_penalty, 0.0, 0.0))
-        if sampling.greedy:
-            add(lib.llama_sampler_init_greedy())
-        else:
-            add(lib.llama_sampler_init_top_k(sampling.top_k))
-            add(lib.llama_sampler_init_top_p(sampling.top_p, 1))
-            add(lib.llama_sampler_init_min_p(sampling.min_p, 1))
-            add(lib.llama_sampler_init_temp(sampling.temperature))
+        self._ctx = ctx
+        self._logits = logits
+        self._penalty = sampling.repeat_penalty
+        self._recent: collections.deque[int] = collections.deque(maxlen=PENALTY_WINDOW)
+        self._chain = None
+        if not sampling.greedy:
+            self._chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+            for sampler in (lib.llama_sampler_init_top_k(sampling.top_k),
+                            lib.llama_sampler_init_top_p(sampling.top_p, 1),
+                            lib.llama_sampler_init_min_p(sampling.min_p, 1),
+                            lib.llama_sampler_init_temp(sampling.temperature)):
+                lib.llama_sampler_chain_add(self._chain, sampler)
             seed = sampling.seed if sampling.seed is not None else lib.LLAMA_DEFAULT_SEED
-            add(lib.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+            lib.llama_sampler_chain_add(self._chain, lib.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
-    def sample(self, ctx) -> int:
-        """Sample from the last logits (llama_sampler_sample also records the token)."""
-        return int(self._lib.llama_sampler_sample(self._chain, ctx, -1))
+    def sample(self) -> int:
+        """The next token, from the last logits (which the repeat penalty edits in place)."""
+        if self._penalty != 1.0 and self._recent:
+            logits = self._logits()
+            ids = np.fromiter(set(self._recent), dtype=np.int64)
+            values = logits[ids]
+            logits[ids] = np.where(values <= 0, values * self._penalty, values / self._penalty)
+        if self._chain is None:
+            token = int(np.argmax(self._logits()))
+        else:
+            token = int(self._lib.llama_sampler_sample(self._chain, self._ctx, -1))
+        self._recent.append(token)
+        return token
 
     def close(self) -> None:
         if self._chain is not None:

@@ -80,6 +80,14 @@ class GGUFError(UserError):
     """The file is not a readable GGUF model (wrong magic, unsupported version, truncated)."""
 
 
+# llama.cpp's llm_arch_is_recurrent / llm_arch_is_hybrid (src/llama-arch.cpp).
+RECURRENT_ARCHITECTURES = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+HYBRID_ARCHITECTURES = frozenset({
+    "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h",
+    "nemotron_h_moe", "qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35",
+    "qwen35moe", "qwen4exp", "deepseek4", "minimax-01"})
+
+
 @dataclass(frozen=True)
 class ArraySummary:
     """Stands in for a long metadata array whose values were skipped."""
@@ -176,6 +184,18 @@ class GGUFInfo:
             if len(tensor.shape) >= 2:
                 totals[tensor.type_name] = totals.get(tensor.type_name, 0) + tensor.n_bytes
         return max(totals, key=totals.__getitem__) if totals else None
+
+    @property
+    def memory_kind(self) -> str:
+        """kv | swa | recurrent | hybrid, from the architecture and metadata, as llama.cpp
+        classifies it at load (engine/runtime.memory_kind), without loading the model."""
+        arch = self.architecture or ""
+        if arch in RECURRENT_ARCHITECTURES:
+            return "recurrent"
+        if arch in HYBRID_ARCHITECTURES:
+            return "hybrid"
+        window = self.metadata.get(f"{arch}.attention.sliding_window")
+        return "swa" if isinstance(window, int) and window > 0 else "kv"
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> int | None:
         """KV-cache bytes one token of context costs across all layers (f16 cache by default)."""

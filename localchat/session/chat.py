@@ -133,8 +133,11 @@ class ChatSession:
                 in_context = self.summary and self.summary_in_context
                 event.timings.summary_n = self.keeper.summary_text_tokens if in_context else 0
                 moved = self.keeper.take_trimmed_in_background()
-                if moved:  # turns folded into the summary since the last turn
+                if moved:  # turns folded into the summary or trimmed ahead since the last turn
                     event.timings.trimmed_n += moved
+                rebuilt_n, rebuilt_ms = self.keeper.take_rebuilt_in_background()
+                event.timings.rebuild_background_n += rebuilt_n
+                event.timings.rebuild_background_ms += rebuilt_ms
                 self.keeper.after_reply(self)
 
     def stop(self) -> None:

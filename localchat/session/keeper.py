@@ -53,6 +53,7 @@ class ContextKeeper:
         self.last_plan: TurnPlan | None = None
         self._generation = 0  # bumped by reset(): a summary started before it is discarded
         self._trimmed_in_background = 0
+        self._rebuilt_in_background: list[Timings] = []
         # What putting each summary in cost (background prefill), for bench.
         self.install_timings: list[Timings] = []
         self._lock = threading.Lock()
@@ -175,6 +176,8 @@ class ContextKeeper:
         if prepared is not None:
             self._install(session)
             return
+        if not self.engine.can_trim_in_place:
+            self._trim_ahead(session)
         request = should_prepare_summary(self.settings, self.layout(session),
                                          prepared=prepared, in_flight=in_flight)
         if request is None:
@@ -225,6 +228,38 @@ class ContextKeeper:
             self.prepared, self.prepared_text = None, ""
             messages = session.model_messages()
         self.engine.prepare(messages).on_finish(self._installed)
+
+    def _trim_ahead(self, session: "ChatSession") -> None:
+        """For a model whose memory cannot drop turns (recurrent, hybrid), a trim means
+        prefilling the kept turns again. Do it now, in the background, when the next message
+        of the usual size would not fit, so that message does not wait for it."""
+        overhead = self.engine.template_overhead()
+        recent = [m for m in session.history[session.first_visible:] if m.role == "user"][-3:]
+        expected = max([self.engine.count_tokens(m.content) for m in recent] + [32]) + overhead
+        with session.state_lock:
+            layout = self.layout(session)
+            if layout.used_tokens + expected <= self.settings.prompt_capacity:
+                return
+            plan = plan_turn(self.settings, layout, expected, new_overhead_tokens=overhead)
+            if not plan.fits or not plan.drop:
+                return
+            self._apply(session, plan)
+            with self._lock:
+                self._trimmed_in_background += plan.dropped_tokens
+            messages = session.model_messages()
+        self.engine.prepare(messages).on_finish(self._rebuilt)
+
+    def _rebuilt(self, event: Done | Failed) -> None:
+        if isinstance(event, Done) and event.timings.prompt_n:
+            with self._lock:
+                self._rebuilt_in_background.append(event.timings)
+
+    def take_rebuilt_in_background(self) -> tuple[int, float]:
+        """(tokens, ms) prefilled again in the background since the last call (for the next
+        turn's timings): the kept turns after a trim on a memory that cannot drop them."""
+        with self._lock:
+            done, self._rebuilt_in_background = self._rebuilt_in_background, []
+        return sum(t.prompt_n for t in done), sum(t.prompt_ms for t in done)
 
     def _installed(self, event: Done | Failed) -> None:
         if isinstance(event, Done) and event.finish_reason == "stop":

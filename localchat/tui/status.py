@@ -54,8 +54,10 @@ class StatusInfo:
 
 
 def backend_label(loaded: Loaded) -> str:
-    """``GPU n/m`` when layers are offloaded, else ``CPU``."""
-    return f"GPU {loaded.gpu_layers}/{loaded.n_layers}" if loaded.gpu_layers > 0 else "CPU"
+    """``GPU n/m`` when layers are offloaded, else ``CPU``; plus the memory kind when it is not
+    a plain KV cache (a recurrent or hybrid model rebuilds turns when it trims)."""
+    where = f"GPU {loaded.gpu_layers}/{loaded.n_layers}" if loaded.gpu_layers > 0 else "CPU"
+    return where if loaded.memory == "kv" else f"{where} · {loaded.memory}"
 
 
 def _number(value: float | None, digits: int = 0) -> str:
