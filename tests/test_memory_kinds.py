@@ -136,3 +136,29 @@ def test_a_thirty_turn_chat_at_n_ctx_512_trims_by_rebuilding_and_stays_exact(syn
         engine.wait_idle(timeout=60)
         tokens, done = reply_tokens(chat.send("Say one more number."))
         assert_matches_fresh(tokens, oracle, chat.last_sent)
+
+
+@pytest.mark.parametrize("shape,options", [
+    (None, {}), ("gemma3-tiny", {}), ("gemma3-tiny", {"swa_full": True}), ("lfm2-tiny", {}),
+])
+def test_the_kv_estimate_matches_what_llama_cpp_allocates(synthetic_model, test_model_path, shape, options):
+    """The offload estimator's weights and KV cache against llama.cpp's own buffer sizes (its
+    load log): windowed caches and a hybrid's attention-free layers included."""
+    from localchat.engine.offload import graph_reserve_bytes
+    from localchat.engine.runtime import LlamaRuntime
+    from localchat.models.gguf import read_gguf
+
+    path = synthetic_model(shape) if shape else test_model_path
+    opts = EngineOptions(n_ctx=2048, gpu_layers=0, **options)
+    gguf = read_gguf(path)
+    runtime = LlamaRuntime(path, opts, 0)
+    try:
+        mib = 2 ** 20
+        kv = gguf.kv_cache_bytes(2048, swa_full=opts.swa_full, n_ubatch=opts.n_ubatch) / mib
+        assert kv == pytest.approx(sum(runtime.buffer_mib["kv"].values()), rel=0.02)
+        weights = (sum(gguf.layer_bytes.values()) + gguf.non_layer_bytes) / mib
+        assert weights == pytest.approx(runtime.buffer_mib["model"]["CPU_Mapped"], rel=0.05)
+        # The graph reserve is an upper bound of the compute buffer.
+        assert graph_reserve_bytes(gguf, opts.n_ubatch, 2048) / mib >= sum(runtime.buffer_mib["compute"].values())
+    finally:
+        runtime.close()

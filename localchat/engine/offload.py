@@ -43,25 +43,28 @@ def graph_reserve_bytes(gguf: GGUFInfo, n_ubatch: int, n_ctx: int) -> int:
 
 
 def estimated_gpu_bytes(gguf: GGUFInfo, layers: int, output: bool, n_ctx: int, kv_type: str,
-                        n_ubatch: int) -> int:
+                        n_ubatch: int, swa_full: bool = False) -> int:
     """What ``estimate_gpu_layers`` counts on a device for ``layers`` repeating layers (plus the
     output head with ``output``): their weights, their share of the KV cache, the compute graph.
     Compared with what llama.cpp really allocates by scripts/gpu-check and the tests."""
     n_layers = gguf.n_layers or 0
     if n_layers == 0 or layers <= 0:
         return 0
-    kv_total = (gguf.kv_bytes_per_token(KV_BYTES_PER_ELEMENT.get(kv_type, 2.0)) or 0) * n_ctx
+    kv_total = gguf.kv_cache_bytes(n_ctx, KV_BYTES_PER_ELEMENT.get(kv_type, 2.0),
+                                   swa_full=swa_full, n_ubatch=n_ubatch)
     weights = sum(gguf.layer_bytes.get(layer, 0) for layer in range(min(layers, n_layers)))
     return (weights + kv_total * min(layers, n_layers) // n_layers
             + (gguf.non_layer_bytes if output else 0) + graph_reserve_bytes(gguf, n_ubatch, n_ctx))
 
 
-def estimate_gpu_layers(gguf: GGUFInfo, n_ctx: int, kv_type: str, n_ubatch: int, free_bytes: int) -> int:
+def estimate_gpu_layers(gguf: GGUFInfo, n_ctx: int, kv_type: str, n_ubatch: int, free_bytes: int,
+                        swa_full: bool = False) -> int:
     """Layers (0..n_layers+1) that fit in ``free_bytes`` of VRAM."""
     n_layers = gguf.n_layers or 0
     if n_layers == 0 or free_bytes <= 0:
         return 0
-    kv_total = (gguf.kv_bytes_per_token(KV_BYTES_PER_ELEMENT.get(kv_type, 2.0)) or 0) * n_ctx
+    kv_total = gguf.kv_cache_bytes(n_ctx, KV_BYTES_PER_ELEMENT.get(kv_type, 2.0),
+                                   swa_full=swa_full, n_ubatch=n_ubatch)
     kv_per_layer = kv_total // n_layers
     margin = max(SAFETY_MARGIN_BYTES, int(free_bytes * SAFETY_MARGIN_FRACTION))
     budget = free_bytes - margin - graph_reserve_bytes(gguf, n_ubatch, n_ctx)
@@ -98,7 +101,8 @@ def resolve_gpu_layers(setting: str | int, gguf: GGUFInfo, options: EngineOption
     if free is None:
         return OffloadPlan(0, 0, n_layers, "CPU",
                            f"{backend} is available but free VRAM is unknown; set gpu_layers = N")
-    count = estimate_gpu_layers(gguf, options.n_ctx, options.kv_type, options.n_ubatch, free)
+    count = estimate_gpu_layers(gguf, options.n_ctx, options.kv_type, options.n_ubatch, free,
+                                options.swa_full)
     why = f"auto: {count} of {n_layers + 1} layers fit in {free // MiB} MiB free VRAM"
     return OffloadPlan(count, min(count, n_layers), n_layers, backend if count else "CPU", why)
 

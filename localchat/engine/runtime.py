@@ -86,7 +86,7 @@ _recent_log: collections.deque[bytes] = collections.deque(maxlen=64)
 # What llama.cpp allocated while loading, from its log ("CUDA0 KV buffer size = 512.00 MiB"):
 # kind (model, KV, compute, output) -> device buffer name -> MiB. Cleared at each load.
 _buffers: dict[str, dict[str, float]] = {}
-_BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size\s*=\s*([\d.]+) MiB")
+_BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|RS|compute|output) buffer size\s*=\s*([\d.]+) MiB")
 
 
 def _note_buffer(line: str) -> None:

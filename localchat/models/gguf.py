@@ -88,6 +88,10 @@ HYBRID_ARCHITECTURES = frozenset({
     "qwen35moe", "qwen4exp", "deepseek4", "minimax-01"})
 
 
+# Every n-th layer attends to the whole context, the others to the window (llama.cpp's defaults).
+SWA_PERIODS = {"gemma2": 2, "gemma3": 6, "cohere2": 4}
+
+
 @dataclass(frozen=True)
 class ArraySummary:
     """Stands in for a long metadata array whose values were skipped."""
@@ -196,6 +200,37 @@ class GGUFInfo:
             return "hybrid"
         window = self.metadata.get(f"{arch}.attention.sliding_window")
         return "swa" if isinstance(window, int) and window > 0 else "kv"
+
+    def kv_cache_bytes(self, n_ctx: int, bytes_per_element: float = 2.0, *, swa_full: bool = True,
+                       n_ubatch: int = 512) -> int:
+        """KV-cache bytes llama.cpp allocates for ``n_ctx``: only layers with attention heads
+        (a hybrid's recurrent layers have none), and window-size caches for sliding-window
+        layers unless ``swa_full`` (the window plus one micro-batch, in steps of 256 cells)."""
+        arch = self.architecture or ""
+        if not (self.n_layers and self.head_dim):
+            return 0
+        heads = self.metadata.get(f"{arch}.attention.head_count_kv")
+        per_layer = (list(heads) if isinstance(heads, list) and len(heads) == self.n_layers
+                     else [self.n_kv_heads or 0] * self.n_layers)
+        window = self.metadata.get(f"{arch}.attention.sliding_window")
+        windowed = isinstance(window, int) and window > 0 and not swa_full
+        window_cells = min(n_ctx, -(-(window + n_ubatch) // 256) * 256) if windowed else n_ctx
+        value_dim = self.value_head_dim or self.head_dim
+        total = 0.0
+        for layer, n_heads in enumerate(per_layer):
+            cells = window_cells if windowed and self._is_swa_layer(layer) else n_ctx
+            total += cells * n_heads * (self.head_dim + value_dim) * bytes_per_element
+        return int(total)
+
+    def _is_swa_layer(self, layer: int) -> bool:
+        """Whether ``layer`` uses the sliding window: the GGUF's pattern, else the
+        architecture's (Gemma 3: five of six layers; unknown: none, an over-estimate)."""
+        arch = self.architecture or ""
+        pattern = self.metadata.get(f"{arch}.attention.sliding_window_pattern")
+        if isinstance(pattern, list) and layer < len(pattern):
+            return bool(pattern[layer])
+        period = pattern if isinstance(pattern, int) and pattern > 0 else SWA_PERIODS.get(arch, 0)
+        return bool(period) and (layer + 1) % period != 0
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> int | None:
         """KV-cache bytes one token of context costs across all layers (f16 cache by default)."""
