@@ -229,3 +229,41 @@ def test_copy_of_model_loads_under_its_own_name(test_model_path, tmp_path):
         assert info.model == "renamed" and info.backend == "CPU" and info.gpu_layers == 0
     finally:
         engine.close()
+
+
+def test_sampling_without_vocabulary_passes_picks_what_llama_cpp_s_chain_picks(engine):
+    """Greedy with a repeat penalty: the engine's argmax over logits penalised in place equals
+    llama.cpp's penalties + greedy sampler chain, token for token."""
+    import llama_cpp
+
+    runtime = engine._require_runtime()
+    prompt = runtime.tokenize("<|im_start|>user\nCount: one one one one<|im_end|>\n"
+                              "<|im_start|>assistant\n", True)
+
+    def run(pick) -> list[int]:
+        def job():
+            runtime.clear()
+            runtime.decode(prompt, 0)
+            tokens = []
+            for i in range(24):
+                tokens.append(pick())
+                runtime.decode([tokens[-1]], len(prompt) + i)
+            runtime.clear()
+            return tokens
+        return engine.call(job)
+
+    ours = runtime.new_sampler(Sampling(temperature=0, repeat_penalty=1.5))
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    llama_cpp.llama_sampler_chain_add(
+        chain, llama_cpp.llama_sampler_init_penalties(runtime.n_vocab, 64, 1.5, 0.0, 0.0))
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+    plain = runtime.new_sampler(Sampling(temperature=0, repeat_penalty=1.0))
+    try:
+        expected = run(lambda: int(llama_cpp.llama_sampler_sample(chain, runtime.ctx, -1)))
+        assert run(ours.sample) == expected
+        assert run(plain.sample) != expected  # the penalty mattered in this reply
+    finally:
+        ours.close()
+        plain.close()
+        llama_cpp.llama_sampler_free(chain)
+        engine.reset()
