@@ -120,8 +120,10 @@ class ConversationCache:
     def checkpoint(self) -> None:
         """Save a checkpoint of the cells held now (memories that need them only). The first
         one is kept longest (it usually sits after the system prompt); others go oldest first."""
+        if not self.uses_checkpoints:
+            return
         n = self.runtime.max_position() + 1
-        if not self.uses_checkpoints or n <= 0 or any(c.n_tokens == n for c in self.checkpoints):
+        if n <= 0 or any(c.n_tokens == n for c in self.checkpoints):
             return
         self.checkpoints.append(Checkpoint(n, self.runtime.checkpoint_data()))
         if len(self.checkpoints) > self.max_checkpoints:
