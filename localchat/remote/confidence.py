@@ -39,9 +39,9 @@ _MAX_LOOP_UNIT = 240
 # the user waited for it. route_reason says so and `bench --router` counts it.
 LATE_AFTER_TOKENS = 64
 
-# Entropy and margin limits for a model of _REFERENCE_PARAMS (SmolLM2-135M, where they were
-# calibrated); each tenfold in size moves them by _PER_DECADE of their value towards trusting the
-# model (escalating less), down to a floor/up to a ceiling.
+# The entropy and margin limits hold for a model of _REFERENCE_PARAMS (SmolLM2-135M, where they
+# were calibrated); each tenfold in size moves them by _PER_DECADE of their value towards trusting
+# the model (escalating less). A policy, not a measurement: only the 135M model was at hand.
 _REFERENCE_PARAMS = 135e6
 _PER_DECADE = 0.25
 
