@@ -75,9 +75,11 @@ def confident(word: str, n: int) -> list[tuple[str, float]]:
     return [(f"{word}{i}", 0.9) for i in range(n)]
 
 
-def unsure(word: str, n: int) -> list[tuple[str, float]]:
-    """``n`` distinct tokens the model guessed (probability 0.001)."""
-    return [(f"{word}{i}", 0.001) for i in range(n)]
+def unsure(word: str, n: int) -> list[Token]:
+    """``n`` distinct tokens the model guessed (probability 0.001, entropy 5 nats, top-2 margin
+    0.01); as the engine does, only the first 32 carry numbers."""
+    return [Token(f"{word}{i}", prob=0.001 if i < 32 else None, margin=0.01 if i < 32 else None,
+                  entropy=5.0 if i < 32 else None) for i in range(n)]
 
 
 def hesitant(word: str, n: int, *, scored: int = 32) -> list[Token]:

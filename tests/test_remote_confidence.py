@@ -28,6 +28,11 @@ def test_a_confident_reply_with_one_unsure_token_in_twenty_does_not_fire():
     assert feed(monitor, tokens) == (None, None)
 
 
+def test_the_sampled_token_probability_rule_is_off_unless_the_user_sets_low_prob():
+    # An unlucky draw at temperature 0.7 is not the model being unsure (see settings.py).
+    assert feed(ConfidenceMonitor(), [Token(f" w{i}", prob=0.001) for i in range(32)]) == (None, None)
+
+
 def test_without_probabilities_only_loops_and_length_can_fire():
     monitor = ConfidenceMonitor()
     assert feed(monitor, [Token(f" word{i}") for i in range(100)]) == (None, None)
@@ -57,8 +62,8 @@ def test_a_reply_cut_by_the_users_max_tokens_does_not_fire():
 
 def test_it_fires_once():
     monitor = ConfidenceMonitor(ConfidenceThresholds(min_tokens=1))
-    assert monitor.observe(Token("a", prob=0.0)) is not None
-    assert monitor.observe(Token("b", prob=0.0)) is None
+    assert monitor.observe(Token("a", entropy=9.0)) is not None
+    assert monitor.observe(Token("b", entropy=9.0)) is None
     assert monitor.finished(Done("ab", "length")) is None
 
 
