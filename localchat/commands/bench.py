@@ -115,9 +115,9 @@ def _router_report(args: argparse.Namespace) -> dict:
     engine = open_engine(args.model, config, n_ctx=args.n_ctx, gpu_layers=_gpu_layers(args),
                          track_confidence=True)
     try:
-        info = engine.load()
         params = parameter_count(engine.model_path)
-        rules = evaluate(path, settings.router, params)  # read first: it fails fast on a bad file
+        rules = evaluate(path, settings.router, params)  # before the load: a bad file fails fast
+        info = engine.load()
         sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens or 128,
                             seed=1 if args.temperature > 0 else None)
         pipeline = simulate(path, engine, settings, sampling, params)
