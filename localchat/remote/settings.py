@@ -48,8 +48,8 @@ class ConfidenceThresholds:
     # Calibrated on SmolLM2-135M over the two labelled sets (147 prompts, greedy and default
     # sampling, 16-token windows within the first 32 tokens): the start's entropy does not tell
     # hard from easy prompts there (median of the worst window: 1.8 nats hard, 2.2 easy; creative
-    # easy prompts such as a haiku run highest), so these fire only on outright guessing: 0-2 of
-    # 78 easy prompts on each set and sampling (3.0 nats would fire on 8-10).
+    # easy prompts such as a haiku run highest), so these fire only on outright guessing: on 0
+    # to 3 of the 78 easy prompts per decoding mode (at 3.0 nats: 8 to 10).
     max_entropy: float = 3.75
     min_margin: float = 0.15
     quantile: float = 0.1  # which low quantile of the token probabilities to watch
