@@ -28,7 +28,7 @@ class ScriptedTurn:
     probabilities), then ``Done``. After ``stop()`` it yields ``Done("aborted")`` with the text
     yielded so far, as the engine does."""
 
-    def __init__(self, pieces: list[tuple[str, float | None]], finish_reason: str = "stop",
+    def __init__(self, pieces: list[tuple[str, float | None] | Token], finish_reason: str = "stop",
                  context_full: bool = True) -> None:
         self.pieces = pieces
         self.finish_reason = finish_reason
@@ -37,11 +37,12 @@ class ScriptedTurn:
 
     def __iter__(self) -> Iterator[Event]:
         reply = []
-        for text, prob in self.pieces:
+        for piece in self.pieces:
             if self.stopped.is_set():
                 break
-            reply.append(text)
-            yield Token(text, prob=prob)
+            token = piece if isinstance(piece, Token) else Token(piece[0], prob=piece[1])
+            reply.append(token.text)
+            yield token
         finish = "aborted" if self.stopped.is_set() else self.finish_reason
         # A "length" reply here stands for one that ran out of context (the local model could
         # not say more); a cut at the user's max_tokens is modelled with a roomy context.
@@ -56,7 +57,7 @@ class ScriptedTurn:
 class LocalFactory:
     """Counts how often the orchestrator started a local reply, and returns ``ScriptedTurn``s."""
 
-    def __init__(self, pieces: list[tuple[str, float | None]], finish_reason: str = "stop",
+    def __init__(self, pieces: list[tuple[str, float | None] | Token], finish_reason: str = "stop",
                  context_full: bool = True) -> None:
         self.pieces = pieces
         self.finish_reason = finish_reason
@@ -74,13 +75,30 @@ def confident(word: str, n: int) -> list[tuple[str, float]]:
     return [(f"{word}{i}", 0.9) for i in range(n)]
 
 
-def unsure(word: str, n: int) -> list[tuple[str, float]]:
-    """``n`` distinct tokens the model guessed (probability 0.001)."""
-    return [(f"{word}{i}", 0.001) for i in range(n)]
+def unsure(word: str, n: int) -> list[Token]:
+    """``n`` distinct tokens the model guessed (probability 0.001, entropy 5 nats, top-2 margin
+    0.01); as the engine does, only the first 32 carry numbers."""
+    return [Token(f"{word}{i}", prob=0.001 if i < 32 else None, margin=0.01 if i < 32 else None,
+                  entropy=5.0 if i < 32 else None) for i in range(n)]
 
 
-def text_of(pieces: list[tuple[str, float | None]]) -> str:
-    return "".join(text for text, _ in pieces)
+def hesitant(word: str, n: int, *, scored: int = 32) -> list[Token]:
+    """``n`` distinct tokens of a model choosing between many continuations (entropy 4 nats,
+    top-2 margin 0.02); as the engine does, only the first ``scored`` carry numbers."""
+    return [Token(f"{word}{i}", prob=0.1 if i < scored else None,
+                  margin=0.02 if i < scored else None, entropy=4.0 if i < scored else None)
+            for i in range(n)]
+
+
+def sure(word: str, n: int, *, scored: int = 32) -> list[Token]:
+    """``n`` distinct tokens of a model sure of each (entropy 0.1 nats, margin 0.9)."""
+    return [Token(f"{word}{i}", prob=0.95 if i < scored else None,
+                  margin=0.9 if i < scored else None, entropy=0.1 if i < scored else None)
+            for i in range(n)]
+
+
+def text_of(pieces: list[tuple[str, float | None] | Token]) -> str:
+    return "".join(p.text if isinstance(p, Token) else p[0] for p in pieces)
 
 
 def settings_for(base_url: str, **overrides) -> RemoteSettings:

@@ -7,7 +7,7 @@ import struct
 import pytest
 from hub_server import make_gguf
 
-from localchat.models.gguf import ArraySummary, GGUFError, read_gguf
+from localchat.models.gguf import ArraySummary, GGUFError, parameter_count, read_gguf
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,17 @@ def test_real_model_tensor_sizes_account_for_the_whole_file(smollm):
     assert len(set(smollm.layer_bytes.values())) == 1  # identical blocks
     assert smollm.non_layer_bytes > 0  # the token embedding
     assert smollm.tensor_bytes == smollm.non_layer_bytes + 30 * smollm.layer_bytes[0]
+
+
+def test_parameter_count_comes_from_the_tensor_table(smollm, test_model_path, tmp_path):
+    # SmolLM2-135M's GGUF has no general.parameter_count; its size label says 135M.
+    assert "general.parameter_count" not in smollm.metadata
+    assert smollm.metadata["general.size_label"] == "135M"
+    assert smollm.n_params == 134_515_008
+    assert parameter_count(test_model_path) == smollm.n_params
+    assert parameter_count(tmp_path / "missing.gguf") is None  # the router then uses its default
+    (tmp_path / "not.gguf").write_bytes(b"nope")
+    assert parameter_count(tmp_path / "not.gguf") is None
 
 
 def test_kv_cache_cost_per_token(smollm):

@@ -9,7 +9,7 @@ from fault_server import FaultServer, Stall, Status, Stream, chunk, reply
 from localchat.events import Failed, Notice, Token
 from localchat.remote.escalate import Escalator
 from localchat.remote.settings import RemoteSettings
-from remote_fixtures import LocalFactory, confident, settings_for, text_of, unsure
+from remote_fixtures import LocalFactory, confident, hesitant, settings_for, sure, text_of, unsure
 
 EASY = [{"role": "user", "content": "What is the capital of France?"}]
 HARD = [{"role": "user", "content": "Prove by induction that the sum of the first n odd numbers "
@@ -244,3 +244,57 @@ def test_a_local_reply_stuck_in_a_loop_is_escalated(tmp_path):
         events = list(escalator(server, tmp_path).start_turn(EASY, local))
     assert events[-1].reply == "A real answer."
     assert events[-1].timings.route_reason.startswith("auto: loop: repetition loop")
+
+
+# -- deciding early, and saying so when it was late ---------------------------------------------
+
+def test_an_uncertain_start_is_handed_over_within_the_first_tokens_with_the_visible_history_only(tmp_path):
+    history = [{"role": "system", "content": "Be brief."},
+               {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+               {"role": "user", "content": "What is the capital of France?"}]
+    local = LocalFactory(hesitant(" um", 200))
+    with FaultServer([reply("Paris.")]) as server:
+        turn = escalator(server, tmp_path, min_tokens=16, max_entropy=2.0).start_turn(history, local)
+        events = list(turn)
+    done = events[-1]
+    assert done.reply == "Paris." and done.timings.route == "remote"
+    assert done.timings.route_reason.startswith("auto: low-confidence: uncertain start: mean entropy")
+    assert "late" not in done.timings.route_reason
+    assert (turn.outcome.local_tokens, turn.outcome.late) == (16, False)
+    # The superseded partial is kept aside, never sent: the remote sees the conversation as is.
+    assert turn.outcome.local_partial == text_of(hesitant(" um", 16))
+    assert server.requests[0].body["messages"] == history
+
+
+def test_a_confident_start_stays_local_whatever_follows_without_numbers(tmp_path):
+    local = LocalFactory(sure(" fine", 120))
+    with FaultServer([reply("remote")]) as server:
+        turn = escalator(server, tmp_path, max_entropy=2.0, min_margin=0.3).start_turn(EASY, local)
+        events = list(turn)
+    assert server.connections == 0
+    assert events[-1].timings.route == "local" and turn.outcome.local_tokens == 0
+
+
+def test_an_escalation_after_more_than_64_local_tokens_is_reported_as_late(tmp_path):
+    # Sure of its start, then stuck in a loop: only the loop rule can fire, at the third copy.
+    local = LocalFactory(sure(" ok", 70) + [Token(" I can help with that.")] * 10)
+    with FaultServer([reply("A real answer.")]) as server:
+        turn = escalator(server, tmp_path, max_entropy=2.0).start_turn(EASY, local)
+        events = list(turn)
+    reason = events[-1].timings.route_reason
+    assert reason.startswith("auto: late, after 73 local tokens: loop: repetition loop")
+    assert turn.outcome.late and turn.outcome.local_tokens == 73
+    assert notices(events, "escalate")[0].message.startswith("asking the remote model: late, after 73")
+
+
+def test_the_local_models_size_moves_the_rules_threshold(tmp_path):
+    # Medical advice (score 3): over a 135M model's threshold, under an 8B model's.
+    prompt = [{"role": "user", "content": "My father takes warfarin and was just prescribed "
+                                          "amoxicillin. What interactions should we watch for, "
+                                          "and how should the dosage be monitored?"}]
+    with FaultServer([reply("remote"), reply("remote")]) as server:
+        esc = escalator(server, tmp_path)
+        small = list(esc.start_turn(prompt, LocalFactory(sure(" a", 3)), local_params=135_000_000))
+        large = list(esc.start_turn(prompt, LocalFactory(sure(" b", 3)), local_params=8_000_000_000))
+    assert small[-1].timings.route == "remote" and small[-1].timings.route_reason.startswith("auto: rules:")
+    assert large[-1].timings.route == "local" and "(score 3 < 3.17)" in large[-1].timings.route_reason

@@ -114,3 +114,63 @@ def test_the_real_engine_cut_by_the_users_max_tokens_stays_local(llama_server, e
                           sampling=SHORT)
     done = list(turn)[-1]
     assert done.finish_reason == "length" and done.timings.route == "local"
+
+
+# -- deciding early, with the real local model and the real server -----------------------------
+
+# The three hard prompts of issue 16 that stayed local before the rules knew their features.
+ISSUE_PROMPTS = [
+    "Solve: a train leaves at 9:00 going 60 km/h and another leaves the same station at 10:00 "
+    "going 90 km/h in the same direction. At what time does the second train catch up?",
+    "Explain, with a worked numerical example, how backpropagation updates the weights of a "
+    "small neural network.",
+    "Draft a legal-style contract clause that makes a supplier liable for late delivery, with "
+    "a cap on damages.",
+]
+
+
+@pytest.mark.parametrize("prompt", ISSUE_PROMPTS)
+def test_the_issues_hard_prompts_go_to_the_real_server_before_any_local_token(
+        llama_server, test_model_path, tmp_path, prompt):
+    from localchat.models.gguf import parameter_count
+
+    local = LocalFactory([])
+    esc = Escalator.from_settings(settings_for(llama_server, max_tokens=12, timeout_s=60),
+                                  breaker_file=tmp_path / "breaker.json")
+    turn = esc.start_turn([{"role": "user", "content": prompt}], local, sampling=SHORT,
+                          local_params=parameter_count(test_model_path))
+    done = list(turn)[-1]
+    assert local.turns == []
+    assert done.timings.route == "remote" and done.timings.route_reason.startswith("auto: rules:")
+    assert done.reply and turn.outcome.local_tokens == 0
+
+
+def test_a_real_uncertain_start_is_handed_to_the_real_server_within_the_scored_tokens(
+        llama_server, test_model_path, tmp_path):
+    from localchat.engine.engine import Engine
+    from localchat.engine.options import EngineOptions
+    from localchat.session.chat import ChatSession
+
+    # Limits no real start meets, so the hand-over is certain; where it happens is the point.
+    esc = Escalator.from_settings(
+        settings_for(llama_server, max_tokens=12, timeout_s=60, min_tokens=8, max_entropy=0.0001),
+        breaker_file=tmp_path / "breaker.json")
+    engine = Engine(test_model_path, EngineOptions(n_ctx=1024, gpu_layers=0, track_confidence=True,
+                                                   confidence_tokens=32))
+    engine.load()
+    try:
+        chat = ChatSession(engine, sampling=Sampling(temperature=0, max_tokens=200))
+        turn = chat.send("What is the capital of France?", escalator=esc)
+        events = list(turn)
+    finally:
+        engine.close()
+    done = events[-1]
+    assert done.timings.route == "remote" and "uncertain start" in done.timings.route_reason
+    assert (turn.outcome.local_tokens, turn.outcome.late) == (8, False)
+    local_text = "".join(e.text for e in events[:events.index(next(
+        e for e in events if isinstance(e, Notice)))] if isinstance(e, Token))
+    # The kept partial may hold a token decoded while the stop took effect; never less.
+    assert local_text and turn.outcome.local_partial.startswith(local_text)
+    # The conversation carries on from the remote's answer; the superseded start is not in it.
+    assert [(m.role, m.content) for m in chat.history] == [
+        ("user", "What is the capital of France?"), ("assistant", done.reply)]

@@ -7,7 +7,14 @@ import json
 import pytest
 
 from localchat.errors import UserError
-from localchat.remote.router import LABEL_LOCAL, LABEL_REMOTE, LABELLED_PROMPTS, decide, evaluate
+from localchat.remote.router import (
+    LABEL_LOCAL,
+    LABEL_REMOTE,
+    LABELLED_PROMPTS,
+    decide,
+    evaluate,
+    rule_score_for,
+)
 from localchat.remote.settings import RouterThresholds
 
 PROMPTS = LABELLED_PROMPTS
@@ -72,3 +79,61 @@ def test_a_malformed_labelled_file_is_a_user_error(tmp_path):
     bad.write_text('{"prompt": "hi", "label": "maybe"}\n')
     with pytest.raises(UserError, match="label"):
         evaluate(bad)
+
+
+# -- the grounded rule set, and the threshold from the local model's size ----------------------
+
+HOLDOUT = LABELLED_PROMPTS.with_name("router_holdout.jsonl")
+SMOLLM2_135M = 134_515_008  # the test model's parameter count, from its GGUF tensor table
+
+
+@pytest.mark.parametrize("prompt, feature", [
+    ("Solve: a train leaves at 9:00 at 80 km/h and a second one at 10:30 at 120 km/h on the same "
+     "track. At what time does the second catch up?", "multi-step math"),
+    ("Explain, with a worked numerical example, how compound interest grows a deposit.",
+     "step-by-step reasoning"),
+    ("Draft a legal-style contract clause that limits a vendor's liability to the fees paid.",
+     "a document to draft"),
+    ("Write a 1,500-word report on urban heat islands with an executive summary and headings.",
+     "long structured document"),
+])
+def test_task_features_of_the_issue_escalate_for_the_test_model(prompt, feature):
+    decision = decide(prompt, local_params=SMOLLM2_135M)
+    assert decision.escalate and feature in decision.features
+
+
+@pytest.mark.parametrize("prompt", [
+    "What is 9 times 7?",  # numbers, but one step
+    "In one sentence, what is a contract?",  # a legal word, but no drafting
+    "How many minutes are in two hours?",  # a question to compute, but no quantities to combine
+])
+def test_a_single_feature_word_does_not_make_an_easy_prompt_hard(prompt):
+    assert not decide(prompt, local_params=SMOLLM2_135M).escalate
+
+
+def test_the_threshold_rises_with_the_local_models_parameter_count():
+    thresholds = RouterThresholds()
+    small, mid, large = (rule_score_for(thresholds, n) for n in (SMOLLM2_135M, 1e9, 8e9))
+    assert small < mid < large
+    assert rule_score_for(thresholds, None) == 2.0  # unknown size: the old fixed threshold
+    # The user's own rule_score wins over the size.
+    assert rule_score_for(RouterThresholds(rule_score=2.5), SMOLLM2_135M) == 2.5
+    assert "< 3.17" in decide("Prove that there are infinitely many primes, please.",
+                              local_params=8e9).reason
+
+
+def test_the_holdout_set_is_disjoint_from_the_shipped_one_and_balanced():
+    def prompts(path):
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    holdout, shipped = prompts(HOLDOUT), prompts(PROMPTS)
+    assert len(holdout) >= 40
+    assert not {r["prompt"] for r in holdout} & {r["prompt"] for r in shipped}
+    labels = [r["label"] for r in holdout]
+    assert labels.count(LABEL_LOCAL) >= 20 and labels.count(LABEL_REMOTE) >= 20
+
+
+def test_on_the_holdout_set_the_rules_for_the_test_model_meet_the_issue_targets():
+    report = evaluate(HOLDOUT, local_params=SMOLLM2_135M)
+    assert report["recall"] >= 0.8 and report["easy_kept_local"] >= 0.9
+    assert report["threshold"] == rule_score_for(RouterThresholds(), SMOLLM2_135M)

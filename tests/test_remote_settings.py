@@ -46,6 +46,10 @@ def test_a_key_written_into_the_config_is_refused_with_a_one_line_hint():
     ({"base_url": "127.0.0.1:8000"}, "http://"),
     ({"router": 3}, "router"),
     ({"confidence": {"quantile": 1.5}}, "quantile"),
+    ({"confidence": {"max_entropy": 0}}, "max_entropy"),
+    ({"confidence": {"min_margin": 1.5}}, "min_margin"),
+    ({"confidence": {"min_tokens": 0}}, "min_tokens"),
+    ({"router": {"rule_score": -1}}, "rule_score"),
 ])
 def test_bad_values_are_one_line_config_errors(section, fragment):
     with pytest.raises(ConfigError) as excinfo:
@@ -60,6 +64,15 @@ def test_thresholds_may_be_flat_or_in_sub_tables():
     assert flat.router.rule_score == nested.router.rule_score == 4.0
     assert flat.confidence.low_prob == nested.confidence.low_prob == 0.2
     assert flat.confidence.min_tokens == nested.confidence.min_tokens == 8
+
+
+def test_the_early_decision_limits_are_settings_and_rule_score_defaults_to_the_models_size():
+    default = RemoteSettings.from_config({})
+    assert default.router.rule_score is None  # router.rule_score_for picks it from the size
+    assert (default.confidence.min_tokens, default.confidence.max_entropy,
+            default.confidence.min_margin) == (16, 3.75, 0.15)
+    nested = RemoteSettings.from_config({"confidence": {"max_entropy": 3, "min_margin": 0.2}})
+    assert (nested.confidence.max_entropy, nested.confidence.min_margin) == (3.0, 0.2)
 
 
 def test_the_key_is_read_from_the_environment_when_asked_and_never_stored(monkeypatch):

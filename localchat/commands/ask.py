@@ -246,7 +246,7 @@ class PlainText:
         self.stdout = stdout
         self.stderr = stderr
         self.on_terminal = stdout.isatty()
-        self._remote_text = ""  # remote reply text on stdout since the escalation
+        self._remote_text = ""  # reply text on stdout since the last route notice
         self._unshown_reply = False  # a fallback kept a reply that is not on stdout after it
         self.hide_thinking = hide_thinking
         self._thinking_open = False  # reasoning was written to stderr and not yet ended
@@ -286,10 +286,14 @@ class PlainText:
             self.stderr.write(f"localchat: {event.message}\n")
 
     def _route_notice(self, event: Notice) -> None:
-        """Keep stdout honest when a remote reply fails part-way: the text it wrote is marked
-        void on its own line, and the local reply that stands follows the marker."""
+        """Keep stdout honest when the reply changes hands: a local reply handed over part-way is
+        marked superseded on its own line before the remote's answer; a remote reply that fails
+        part-way is marked void, and the local reply that stands follows the marker."""
         self.stderr.write(f"localchat: {event.message}\n")
         if event.kind == "escalate":
+            if self._remote_text:  # local text is on stdout: say it is not the answer
+                self.stdout.write("\n[local reply superseded; the remote model's answer follows]\n")
+                self.stdout.flush()
             self._remote_text = ""
             return
         if self._remote_text:
@@ -312,14 +316,20 @@ class PlainText:
 
 
 class JsonEvents:
-    """One JSON object per line: thinking, token, prefill, notice, retract, done, error. A
-    ``retract`` (before a fallback notice) voids the token text since the last escalate notice:
-    the remote reply that failed part-way, so the token texts left always add up to the reply
-    kept."""
+    """One JSON object per line: thinking, token, prefill, notice, superseded, retract, restore,
+    done, error. The token texts not voided always add up to the reply kept:
+
+    - ``superseded`` (before an escalate notice) voids the token text so far: the local reply
+      handed to the remote part-way, kept aside (its ``text``); the remote's tokens follow.
+    - ``retract`` (before a fallback notice) voids the token text since the escalate notice: the
+      remote reply that failed part-way. If a local reply was superseded, a ``restore`` with its
+      text follows: it is the reply kept after all.
+    """
 
     def __init__(self, stdout: TextIO, hide_thinking: bool = False) -> None:
         self.stdout = stdout
-        self._remote_text = ""  # token text since the last escalate notice
+        self._remote_text = ""  # token text since the last route notice
+        self._superseded = ""  # the local partial reply set aside by a mid-reply escalation
         self.hide_thinking = hide_thinking
 
     def _write(self, obj: dict) -> None:
@@ -336,10 +346,16 @@ class JsonEvents:
         elif isinstance(event, PrefillProgress):
             self._write({"event": "prefill", "done": event.done, "total": event.total})
         elif isinstance(event, Notice):
+            if event.kind == "escalate" and self._remote_text:
+                self._superseded = self._remote_text
+                self._write({"event": "superseded", "text": self._superseded,
+                             "reason": event.message})
             if event.kind == "fallback":
                 # Token text since the escalation was the remote's: a reader must drop it.
                 self._write({"event": "retract", "text": self._remote_text,
                              "reason": event.message})
+                if self._superseded:
+                    self._write({"event": "restore", "text": self._superseded})
             if event.kind in ("escalate", "fallback"):
                 self._remote_text = ""
             self._write({"event": "notice", "kind": event.kind, "message": event.message})

@@ -8,6 +8,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from localchat.errors import UserError
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -21,7 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--script", type=Path, help='JSONL file of {"role": "system"|"user", "content": ...}')
     p.add_argument("--turns", type=int, help="number of user turns (cycles the built-in script)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context size (default 4096)")
-    p.add_argument("--max-tokens", type=int, default=48, help="reply length per turn (default 48)")
+    p.add_argument("--max-tokens", type=int,
+                   help="reply length per turn (default 48; with --router, 128)")
     p.add_argument("--gpu-layers", help="auto, all or a number of layers (default: config)")
     p.add_argument("--baseline", action="store_true",
                    help="also replay each turn on a fresh context (a stateless server)")
@@ -34,14 +37,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="measure what streaming N tokens through the running app costs against "
                       "the engine alone, and keypress latency during streaming")
     mode.add_argument("--router", nargs="?", const="", metavar="PROMPTS.jsonl",
-                      help="score the escalation rules on a labelled prompt set (default: the shipped one)")
+                      help="score escalation on a labelled prompt set (default: the shipped one): "
+                      "the rules, then the whole route through the local model")
+    p.add_argument("--rules-only", action="store_true",
+                   help="with --router: score the rules alone, without running the local model")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="with --router: the local model's temperature (default 0, greedy)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise UserError("--max-tokens must be at least 1")
     if args.router is not None:
-        return _print(args, _router_report(args.router))
+        return _print(args, _router_report(args))
+    if args.rules_only:
+        raise UserError("--rules-only goes with --router")
+    args.max_tokens = args.max_tokens or 48
     if args.restore or args.tui:
         return _print(args, _model_report(args))
     return _conversation(args)
@@ -79,10 +92,56 @@ def _lines(report: dict, indent: str = "") -> list[str]:
     return lines
 
 
-def _router_report(path: str) -> dict:
+def _router_report(args: argparse.Namespace) -> dict:
+    """The rules' scores on the set; unless --rules-only, also the whole route (rules, then the
+    confidence monitor over the local model's reply) with the configured model."""
+    from localchat.config import load_config
     from localchat.remote.router import LABELLED_PROMPTS, evaluate
+    from localchat.remote.settings import RemoteSettings
 
-    return evaluate(Path(path) if path else LABELLED_PROMPTS)
+    if not (args.temperature >= 0.0 and args.temperature < float("inf")):
+        raise UserError("--temperature must be a finite number >= 0")
+    path = Path(args.router) if args.router else LABELLED_PROMPTS
+    config = load_config()
+    settings = RemoteSettings.from_config(config.remote)
+    if args.rules_only:
+        params = _parameter_count(args.model, config)
+        return {"set": str(path), "n_params": params, "rules": evaluate(path, settings.router, params)}
+    from localchat.engine.factory import open_engine
+    from localchat.engine.options import Sampling
+    from localchat.models.gguf import parameter_count
+    from localchat.remote.route_bench import simulate
+
+    engine = open_engine(args.model, config, n_ctx=args.n_ctx, gpu_layers=_gpu_layers(args),
+                         track_confidence=True)
+    try:
+        params = parameter_count(engine.model_path)
+        rules = evaluate(path, settings.router, params)  # before the load: a bad file fails fast
+        info = engine.load()
+        sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens or 128,
+                            seed=1 if args.temperature > 0 else None)
+        pipeline = simulate(path, engine, settings, sampling, params)
+    finally:
+        engine.close()
+    return {"set": str(path), "model": info.model, "n_params": params,
+            "temperature": args.temperature, "max_tokens": sampling.max_tokens,
+            "rules": rules, "route": pipeline}
+
+
+def _parameter_count(model: str | None, config) -> int | None:
+    """The size of ``model`` (or of the default model, if it is on disk) from its GGUF header,
+    without loading it; None for a default model not downloaded (the rules then use their
+    size-free threshold). A named model that is missing is the usual one-line error."""
+    from localchat.errors import ModelNotFound
+    from localchat.models.gguf import parameter_count
+    from localchat.models.registry import require_local, resolve_model
+
+    try:
+        return parameter_count(require_local(resolve_model(model or config.default_model)))
+    except ModelNotFound:
+        if model:
+            raise
+        return None
 
 
 def _model_report(args: argparse.Namespace) -> dict:

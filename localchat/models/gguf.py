@@ -13,6 +13,7 @@ u32 ggml type, u64 offset relative to the data section), then padding to ``gener
 
 from __future__ import annotations
 
+import functools
 import mmap
 import re
 import struct
@@ -169,6 +170,12 @@ class GGUFInfo:
     @property
     def tensor_bytes(self) -> int:
         return sum(t.n_bytes for t in self.tensors)
+
+    @property
+    def n_params(self) -> int:
+        """Parameter count: the elements of every tensor (``general.parameter_count`` is optional
+        metadata that many converters leave out; the tensor table is always there)."""
+        return sum(t.n_elements for t in self.tensors)
 
     @property
     def non_layer_bytes(self) -> int:
@@ -408,3 +415,21 @@ class _Reader:
             for _ in range(length):
                 self.value(element_type, depth)
         return ArraySummary(element_type, length)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_parameter_count(path: str, mtime_ns: int, size: int) -> int | None:
+    try:
+        return read_gguf(path).n_params or None
+    except GGUFError:
+        return None
+
+
+def parameter_count(path: Path | str) -> int | None:
+    """The parameter count of the GGUF at ``path``, read once per file version (the router asks
+    every turn); None when the file is missing or unreadable."""
+    try:
+        stat = Path(path).stat()
+    except OSError:
+        return None
+    return _cached_parameter_count(str(path), stat.st_mtime_ns, stat.st_size)

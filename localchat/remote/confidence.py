@@ -1,22 +1,30 @@
 """Watching a local reply while it streams, to decide it should be handed to the remote.
 
-Three signals, all from what the local engine already produces:
+The signals, all from what the local engine already produces:
 
-- **Low confidence**: ``Token.prob`` is the probability the model gave each sampled token (the
-  engine computes it in a logits processor when ``EngineOptions.track_confidence`` is on; no
-  ``logits_all``). After ``min_tokens`` tokens, if a low quantile of those probabilities (the
-  10th percentile by default) is below ``low_prob``, the model has been guessing on a good share
-  of its tokens — the typical shape of a confabulated answer.
+- **Uncertain start**: the engine fills ``Token.entropy`` and ``Token.margin`` (top-1 minus top-2
+  probability) for the reply's first ``EngineOptions.confidence_tokens`` tokens only. Over a
+  window of ``min_tokens`` of them, a high mean entropy or a low mean margin means the model is
+  choosing between several continuations at most steps: the shape of an answer it is making up.
+  The window slides while the engine gives numbers, so this decides within the first 32 tokens
+  or not at all; tokens without numbers are "no data", never a reason to wait longer.
+- **Low probability**: a low quantile of ``Token.prob`` (the sampled token's probability) over
+  the same tokens (``low_prob``; conservative, see settings.py).
 - **Repetition loop**: the reply's text ends with one unit repeated several times.
 - **Out of context**: the reply ended with ``finish_reason == "length"`` because the local
   context was full (not because of the user's ``max_tokens``, which the remote gets too).
+
+The thresholds of the first signal scale with the local model's size (:func:`scaled`): measured on
+SmolLM2-135M; a larger model is trusted further, as the router's rules do.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
+from statistics import fmean
 from typing import Literal
 
 from localchat.events import Done, Token
@@ -26,6 +34,26 @@ TriggerKind = Literal["low-confidence", "loop", "length"]
 
 # Longest repeated unit looked for, in characters: a repeated sentence or a short paragraph.
 _MAX_LOOP_UNIT = 240
+
+# An escalation after more than this many local tokens is "late": the local work was wasted and
+# the user waited for it. route_reason says so and `bench --router` counts it.
+LATE_AFTER_TOKENS = 64
+
+# The entropy and margin limits hold for a model of _REFERENCE_PARAMS (SmolLM2-135M, where they
+# were calibrated); each tenfold in size moves them by _PER_DECADE of their value towards trusting
+# the model (escalating less). A policy, not a measurement: only the 135M model was at hand.
+_REFERENCE_PARAMS = 135e6
+_PER_DECADE = 0.25
+
+
+def scaled(thresholds: ConfidenceThresholds, n_params: int | None) -> ConfidenceThresholds:
+    """``thresholds`` for a local model of ``n_params`` parameters (None: unknown, unchanged)."""
+    if not n_params or n_params <= 0:
+        return thresholds
+    decades = max(0.0, math.log10(n_params / _REFERENCE_PARAMS))
+    factor = 1.0 + _PER_DECADE * decades
+    return replace(thresholds, max_entropy=thresholds.max_entropy * factor,
+                   min_margin=thresholds.min_margin / factor)
 
 
 @dataclass(frozen=True)
@@ -43,13 +71,13 @@ class ConfidenceMonitor:
     def __init__(self, thresholds: ConfidenceThresholds | None = None) -> None:
         self.thresholds = thresholds or ConfidenceThresholds()
         self._probs: list[float] = []  # kept sorted: the quantile is one index away
+        window = max(1, self.thresholds.min_tokens)
+        self._entropies: deque[float] = deque(maxlen=window)
+        self._margins: deque[float] = deque(maxlen=window)
         self._text: list[str] = []
         self._length = 0
         self._fired = False
-
-    @property
-    def tokens_seen(self) -> int:
-        return len(self._probs)
+        self.tokens_seen = 0  # every local token, with or without numbers
 
     def low_quantile(self) -> float | None:
         """The watched quantile of token probability so far (None before any probability)."""
@@ -61,11 +89,19 @@ class ConfidenceMonitor:
     def observe(self, token: Token) -> Trigger | None:
         if self._fired:
             return None
+        self.tokens_seen += 1
+        scored = token.prob is not None or token.entropy is not None or token.margin is not None
         if token.prob is not None:
             bisect.insort(self._probs, token.prob)
+        if token.entropy is not None:
+            self._entropies.append(token.entropy)
+        if token.margin is not None:
+            self._margins.append(token.margin)
         self._text.append(token.text)
         self._length += len(token.text)
-        trigger = self._low_confidence() or self._loop()
+        # The confidence signals are judged only when new numbers arrive: after the engine's
+        # window they cannot change, and a verdict must not wait for data that never comes.
+        trigger = (self._uncertain_start() or self._low_confidence() if scored else None) or self._loop()
         self._fired = trigger is not None
         return trigger
 
@@ -81,6 +117,27 @@ class ConfidenceMonitor:
         self._fired = True
         return Trigger("length", f"local reply ran out of context ({t.n_ctx} tokens, "
                                  f"{t.predicted_n} generated)")
+
+    def watch(self, event: object) -> Trigger | None:
+        """``observe`` a Token, ``finished`` a Done that was not stopped; None for the rest."""
+        if isinstance(event, Token):
+            return self.observe(event)
+        if isinstance(event, Done) and event.finish_reason != "aborted":
+            return self.finished(event)
+        return None
+
+    def _uncertain_start(self) -> Trigger | None:
+        t = self.thresholds
+        window = t.min_tokens
+        if len(self._entropies) >= window and fmean(self._entropies) > t.max_entropy:
+            return Trigger("low-confidence", f"uncertain start: mean entropy "
+                                             f"{fmean(self._entropies):.2f} nats > {t.max_entropy:.2f} "
+                                             f"over {window} tokens (at token {self.tokens_seen})")
+        if len(self._margins) >= window and fmean(self._margins) < t.min_margin:
+            return Trigger("low-confidence", f"uncertain start: mean top-2 margin "
+                                             f"{fmean(self._margins):.2f} < {t.min_margin:.2f} "
+                                             f"over {window} tokens (at token {self.tokens_seen})")
+        return None
 
     def _low_confidence(self) -> Trigger | None:
         t = self.thresholds

@@ -12,7 +12,11 @@ events:
   ``model`` say who answered and why. Tokens are for live display: after a ``Notice`` of kind
   ``escalate`` they belong to the remote reply, after one of kind ``fallback`` the remote text
   shown so far is void. ``EscalatedTurn.outcome`` tells the same after the end, plus the local
-  partial reply that was kept when a reply was escalated mid-way.
+  partial reply that was kept when a reply was escalated mid-way (superseded: shown apart, never
+  sent to the remote, never in the history) and how many local tokens it cost.
+- Escalation decides early: the rules before any local token, then the confidence monitor within
+  the first tokens. One that comes after more than ``LATE_AFTER_TOKENS`` local tokens (a loop, a
+  full context) says ``late, after N local tokens:`` first in its route_reason.
 - Notice kinds: ``escalate`` (a turn goes to the remote), ``fallback`` (the remote failed, the
   local reply stands), ``breaker`` (remote marked down: automatic escalation skipped), ``offer``
   (mode ``ask`` with no way to ask: the remote could do better), ``retry`` (from the client).
@@ -36,7 +40,7 @@ from localchat.events import Done, Event, Failed, Notice, Token
 from localchat.remote import router
 from localchat.remote.breaker import CircuitBreaker
 from localchat.remote.client import RemoteClient
-from localchat.remote.confidence import ConfidenceMonitor, Trigger
+from localchat.remote.confidence import LATE_AFTER_TOKENS, ConfidenceMonitor, scaled
 from localchat.remote.context import trim_to_budget
 from localchat.remote.settings import RemoteSettings
 
@@ -64,6 +68,8 @@ class TurnOutcome:
     escalated: bool = False  # the remote was asked to answer this turn
     fell_back: bool = False  # ...and failed, so the local reply stands
     local_partial: str | None = None  # local text kept when a reply was escalated mid-way
+    local_tokens: int = 0  # local tokens generated before the hand-over (the waste)
+    late: bool = False  # handed over after more than LATE_AFTER_TOKENS local tokens
 
 
 class Escalator:
@@ -97,13 +103,16 @@ class Escalator:
         sampling: Sampling | None = None,
         local_room_tokens: int | None = None,
         prompt_tokens: int | None = None,
+        local_params: int | None = None,
     ) -> EscalatedTurn:
         """Start a turn. ``messages`` is the conversation as the local model sees it, ending with
         the new user message (what the remote gets, trimmed to its budget); ``local`` starts the
         local reply (called at most once, and only if the local model is to answer).
-        ``local_room_tokens``/``prompt_tokens`` feed the router's fit rule (see router.decide)."""
+        ``local_room_tokens``/``prompt_tokens`` feed the router's fit rule (see router.decide);
+        ``local_params``, the local model's parameter count, sets the rules' threshold and the
+        confidence limits (a smaller model escalates more)."""
         return EscalatedTurn(self, messages, local, route, sampling or Sampling(),
-                             local_room_tokens, prompt_tokens)
+                             local_room_tokens, prompt_tokens, local_params)
 
     def close(self) -> None:
         if self.client is not None:
@@ -118,7 +127,7 @@ class EscalatedTurn:
 
     def __init__(self, escalator: Escalator, messages: list[dict], local: Callable[[], TurnHandle],
                  route: Route, sampling: Sampling, local_room_tokens: int | None,
-                 prompt_tokens: int | None) -> None:
+                 prompt_tokens: int | None, local_params: int | None = None) -> None:
         self._esc = escalator
         self._messages = messages
         self._start_local = local
@@ -126,6 +135,7 @@ class EscalatedTurn:
         self._sampling = sampling
         self._room = local_room_tokens
         self._prompt_tokens = prompt_tokens
+        self._local_params = local_params
         self._lock = threading.Lock()
         self._current: TurnHandle | None = None
         self._stopped = False
@@ -172,8 +182,8 @@ class EscalatedTurn:
             yield from self._local(reason, watch=False)
             return
         prompt = str(self._messages[-1].get("content") or "") if self._messages else ""
-        decision = router.decide(prompt, settings.router,
-                                 local_room_tokens=self._room, prompt_tokens=self._prompt_tokens)
+        decision = router.decide(prompt, settings.router, local_room_tokens=self._room,
+                                 prompt_tokens=self._prompt_tokens, local_params=self._local_params)
         if not decision.escalate:
             yield from self._local(f"local: {decision.reason}", watch=True)
             return
@@ -192,9 +202,12 @@ class EscalatedTurn:
         outcome = outcome or TurnOutcome("local", reason)
         handle = self._begin(self._start_local)
         events = iter(handle)
-        monitor = ConfidenceMonitor(self._esc.settings.confidence) if watch else None
+        thresholds = scaled(self._esc.settings.confidence, self._local_params)
+        monitor = ConfidenceMonitor(thresholds) if watch else None
+        produced = 0  # local tokens so far: what a hand-over now would throw away
         for event in events:
-            trigger = _watch(monitor, event)
+            produced += isinstance(event, Token)
+            trigger = monitor.watch(event) if monitor is not None else None
             if trigger is None and not isinstance(event, (Done, Failed)):
                 yield event
                 continue
@@ -202,12 +215,16 @@ class EscalatedTurn:
                 if isinstance(event, Token):
                     yield event
                 escalation_reason = f"{trigger.kind}: {trigger.reason}"
+                late = produced > LATE_AFTER_TOKENS
+                if late:  # said first: the local work was wasted and the user waited for it
+                    escalation_reason = f"late, after {produced} local tokens: {escalation_reason}"
                 notice, go = self._may_escalate(escalation_reason)
                 if notice:
                     yield notice
                 if go:
                     local_done = event if isinstance(event, Done) else _drain(handle, events)
-                    yield from self._escalate(escalation_reason, local_done=local_done)
+                    yield from self._escalate(escalation_reason, local_done=local_done,
+                                              local_tokens=produced, late=late)
                     return
                 monitor = None  # asked, refused or skipped once: let the local reply finish
                 reason = _declined(escalation_reason, notice)
@@ -218,14 +235,18 @@ class EscalatedTurn:
             yield self._labelled(event, "local", reason)
             return
 
-    def _escalate(self, reason: str, *, local_done: Done | None) -> Iterator[Event]:
+    def _escalate(self, reason: str, *, local_done: Done | None, local_tokens: int = 0,
+                  late: bool = False) -> Iterator[Event]:
         """Hand the turn to the remote. ``local_done``: the local reply already produced (kept if
-        the remote fails); None when the rules escalated before any local generation."""
+        the remote fails, shown as superseded otherwise); None when the rules escalated before
+        any local generation. The remote gets the conversation as it was before this turn's
+        reply: the superseded local text is never sent."""
         client = self._esc.client
         assert client is not None
         partial = local_done.reply if local_done else None
+        spent = {"local_partial": partial, "local_tokens": local_tokens, "late": late}
         if self._stopped:
-            self.outcome = TurnOutcome("local", reason, local_partial=partial)
+            self.outcome = TurnOutcome("local", reason, **spent)
             yield self._labelled(local_done or Done("", "aborted"), "local", reason)
             return
         route_reason = f"auto: {reason}"
@@ -235,16 +256,14 @@ class EscalatedTurn:
                                                    route_reason=route_reason))
         for event in remote:
             if isinstance(event, Done):
-                self.outcome = TurnOutcome("remote", route_reason, escalated=True,
-                                           local_partial=partial)
+                self.outcome = TurnOutcome("remote", route_reason, escalated=True, **spent)
                 yield self._labelled(event, "remote", route_reason)
                 return
             if not isinstance(event, Failed):
                 yield event
                 continue
             fallback = f"fallback: remote failed ({event.message})"
-            outcome = TurnOutcome("local", fallback, escalated=True, fell_back=True,
-                                  local_partial=partial)
+            outcome = TurnOutcome("local", fallback, escalated=True, fell_back=True, **spent)
             if local_done is not None:
                 yield Notice(f"{event.message}; keeping the local reply", kind="fallback")
                 self.outcome = outcome
@@ -296,16 +315,6 @@ class EscalatedTurn:
         model = event.timings.model or (self._esc.settings.model if route == "remote" else "")
         return replace(event, timings=replace(event.timings, route=route, route_reason=reason,
                                               model=model))
-
-
-def _watch(monitor: ConfidenceMonitor | None, event: Event) -> Trigger | None:
-    if monitor is None:
-        return None
-    if isinstance(event, Token):
-        return monitor.observe(event)
-    if isinstance(event, Done) and event.finish_reason != "aborted":
-        return monitor.finished(event)
-    return None
 
 
 def _declined(reason: str, notice: Notice | None) -> str:

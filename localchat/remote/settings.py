@@ -29,8 +29,9 @@ MODES: tuple[str, ...] = ("off", "ask", "auto")
 class RouterThresholds:
     """When the rules send a prompt to the remote before any local generation (mode ``auto``)."""
 
-    # Sum of the rule weights (see router.py) at or above which a prompt is called hard.
-    rule_score: float = 2.0
+    # Sum of the rule weights (see router.py) at or above which a prompt is called hard. None
+    # (the default): a function of the local model's parameter count (router.rule_score_for).
+    rule_score: float | None = None
     # The prompt is "too long for the local model" above this share of the local room.
     local_fit_fraction: float = 1.0
 
@@ -39,14 +40,25 @@ class RouterThresholds:
 class ConfidenceThresholds:
     """When a local reply is stopped and handed to the remote (mode ``auto``)."""
 
-    min_tokens: int = 16  # never judge a reply on fewer tokens than this
+    # The window: confidence is judged over this many tokens that carry numbers (the engine
+    # gives them for the reply's first EngineOptions.confidence_tokens, 32 by default).
+    min_tokens: int = 16
+    # Escalate when the window's mean entropy (nats) is above max_entropy, or its mean top-2
+    # margin below min_margin; for other model sizes they are scaled by confidence.scaled().
+    # Calibrated on SmolLM2-135M over the two labelled sets (147 prompts, greedy and default
+    # sampling, 16-token windows within the first 32 tokens): the start's entropy does not tell
+    # hard from easy prompts there (median of the worst window: 1.8 nats hard, 2.2 easy; creative
+    # easy prompts such as a haiku run highest), so these fire only on outright guessing: on 0
+    # to 3 of the 78 easy prompts per decoding mode (at 3.0 nats: 8 to 10).
+    max_entropy: float = 3.75
+    min_margin: float = 0.15
     quantile: float = 0.1  # which low quantile of the token probabilities to watch
-    # Escalate when that quantile falls below this. Conservative on purpose: measured on the
-    # labelled prompts with SmolLM2-135M (temperature 0.7, 48 tokens), the sampled-token p10 does
-    # not tell easy from hard prompts (at 0.05 it fires on 23/43 hard and 21/52 easy ones); at
-    # 0.01 it fires only on outright guessing (1/43, 0/52). Larger models are better calibrated:
-    # raise it per model.
-    low_prob: float = 0.01
+    # Escalate when that quantile falls below this; 0 (the default) turns the rule off. Over the
+    # whole reply at 0.01 it fired only on outright guessing, but the engine now scores just the
+    # first 32 tokens, and the p10 of 16 sampled-token probabilities is the second-lowest: at
+    # temperature 0.7 one unlucky draw sends an easy reply away (5 of 26 easy held-out prompts,
+    # SmolLM2-135M), while entropy and margin describe the distribution, not the draw.
+    low_prob: float = 0.0
     escalate_on_length: bool = True  # a reply cut by max_tokens
     escalate_on_loop: bool = True  # a reply stuck repeating itself
     loop_min_chars: int = 48  # a loop must cover at least this many characters...
@@ -182,6 +194,14 @@ def _check_ranges(s: RemoteSettings) -> None:
         problems.append("confidence quantile must be between 0 and 1")
     if not 0.0 <= s.confidence.low_prob <= 1.0:
         problems.append("confidence low_prob must be between 0 and 1")
+    if not 0.0 <= s.confidence.min_margin <= 1.0:
+        problems.append("confidence min_margin must be between 0 and 1")
+    if s.confidence.max_entropy <= 0.0:
+        problems.append("confidence max_entropy must be positive")
+    if s.confidence.min_tokens < 1:
+        problems.append("confidence min_tokens must be at least 1")
+    if s.router.rule_score is not None and s.router.rule_score <= 0.0:
+        problems.append("router rule_score must be positive")
     if problems:
         raise ConfigError(f"[remote] {problems[0]}")
 

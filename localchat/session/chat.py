@@ -117,10 +117,18 @@ class ChatSession:
                 # A message the local context cannot hold goes to the remote, if there is one.
                 how = "remote" if refusal is not None else route
                 turn = escalator.start_turn(messages, lambda: self.engine.submit(messages, sampling),
-                                            route=how, sampling=sampling)
+                                            route=how, sampling=sampling,
+                                            local_params=self._local_params())
                 handle = RoutedTurn(turn, self._record_reply)
             self._current = handle
         return handle
+
+    def _local_params(self) -> int | None:
+        """The local model's parameter count, which sets how readily a turn escalates."""
+        from localchat.models.gguf import parameter_count
+
+        path = getattr(self.engine, "model_path", None)  # test engines may have no file
+        return parameter_count(path) if path is not None else None
 
     def _record_reply(self, event: Done | Failed) -> None:
         if isinstance(event, Done) and self.pending_restore_ms is not None:

@@ -341,6 +341,9 @@ class LocalChatApp(SessionActions, App[int]):
             await turn.show_progress(event, self.status.info)
             self.status.refresh()
         elif isinstance(event, Notice):
+            if turn.reply is not None and event.kind in ("escalate", "fallback"):
+                await (turn.reply.supersede(event.message) if event.kind == "escalate"
+                       else turn.reply.unsupersede())
             self.notify(event.message, severity="warning" if event.kind == "warning" else "information")
         elif isinstance(event, Done):
             await self._finish_turn(turn, event)

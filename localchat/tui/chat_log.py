@@ -15,6 +15,7 @@ from textual.widgets.markdown import MarkdownStream
 from localchat.events import Timings
 from localchat.reasoning import split_reply
 from localchat.store import TurnRecord
+from localchat.tui.superseded import SupersededReply
 from localchat.tui.thinking import ThinkingBlock, thinking_title
 
 
@@ -80,6 +81,33 @@ class ReplyView(Vertical):
             self._stream = Markdown.get_stream(self.body)
         self.text += fragment
         await self._stream.write(fragment)
+
+    @property
+    def superseded(self) -> SupersededReply | None:
+        found = self.query(SupersededReply)
+        return found.first() if found else None
+
+    async def supersede(self, reason: str) -> None:
+        """The reply is being handed to the remote model: fold the local text written so far into
+        a collapsed block above an empty body, where the remote's answer will stream."""
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        if self.text.strip():
+            await self.mount(SupersededReply(self.text, reason), before=self.body)
+        self.text = ""
+        await self.body.update("")
+
+    async def unsupersede(self) -> None:
+        """The remote failed part-way: its text is void, and a local reply stands after all (the
+        superseded one, which ``finish`` renders, or a new one that streams in), so the folded
+        copy goes too."""
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        await self.query(SupersededReply).remove()
+        self.text = ""
+        await self.body.update("")
 
     async def finish(self, reply: str, caption: str, *, stopped: bool, thinking: str = "",
                      timings: Timings | None = None) -> None:

@@ -1,0 +1,62 @@
+"""The app when a local reply is handed to the remote model part-way: the local text folds into a
+"superseded" block above the remote's answer instead of being silently replaced, and the saved
+conversation holds only the answer."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from fake_engine import SIZE, FakeEngine, make_app, ready, reply_finished, send, wait_until
+from fault_server import FaultServer, Status, reply
+from localchat.store import Store
+from localchat.tui.superseded import SupersededReply
+
+# The fake model gets stuck repeating itself: the loop rule hands the reply over mid-way.
+LOOPING = "Sure." + " I can help with that." * 8
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture
+def store():
+    with Store.open() as s:
+        yield s
+
+
+@contextlib.asynccontextmanager
+async def answered(store, home: Path, base_url: str):
+    """The app, with the remote at ``base_url`` in mode auto, after one looping local reply to
+    QUESTION has been handled; yields the pilot and the reply on screen."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(f'[remote]\nmode = "auto"\nbase_url = "{base_url}"\n')
+    app = make_app(store, FakeEngine(reply=LOOPING))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, QUESTION)
+        await reply_finished(pilot)
+        yield pilot, app.chat_log.last_reply()
+
+
+async def test_a_reply_handed_over_mid_way_keeps_the_local_text_folded_above_the_answer(
+        store, isolated_home):
+    with FaultServer([reply("Paris is the capital.")]) as server:
+        async with answered(store, isolated_home, server.base_url) as (_, answer):
+            [folded] = answer.query(SupersededReply)
+            assert folded.collapsed and folded.text.startswith("Sure. I can help with that.")
+            assert "repetition loop" in folded.title
+            assert answer.text == "Paris is the capital." and answer.body.source == answer.text
+            assert "remote (auto: loop: repetition loop" in str(answer.query_one(".caption").content)
+        sent = server.requests[0].body["messages"]
+    assert sent == [{"role": "user", "content": QUESTION}]  # the partial was not sent
+    turns = store.turns(store.last_session().id)
+    assert [t.content for t in turns] == [QUESTION, "Paris is the capital."]
+
+
+async def test_when_the_remote_fails_the_local_reply_stands_and_nothing_stays_folded(
+        store, isolated_home):
+    with FaultServer([Status(500), Status(500)]) as server:
+        async with answered(store, isolated_home, server.base_url) as (pilot, answer):
+            await wait_until(pilot, lambda: not answer.query(SupersededReply), "the fold to go")
+            assert answer.text.startswith("Sure. I can help with that.")
