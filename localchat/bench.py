@@ -145,29 +145,36 @@ def exactness(engine: Engine, cached: list[Replayed], fresh: list[Replayed]) -> 
     """Compare each cached turn's greedy reply with a fresh prefill's. Where they differ, the
     fresh logits at the first differing token (teacher-forced on the cached reply) tell a
     near-tie (batch rounding) from a clear preference (a wrong cell). Turns on cells a context
-    shift moved (``approx_n``) are the named approximation and are counted apart."""
-    exact = near_ties = wrong = approx = 0
+    shift moved (``approx_n``) are the named approximation and are counted apart, and so are
+    turns after a reply whose text does not tokenize back to the tokens sampled (the cache keeps
+    what was sampled, a fresh prefill reads the text: two different histories; a random-weight
+    model's word salad does this, a real model's prose rarely)."""
+    exact = near_ties = wrong = approx = not_comparable = 0
     margins = []
+    diverged = False
     for number, (c, f) in enumerate(zip(cached, fresh), 1):
         if c.timings.approx_n > 0:
             approx += 1
-            continue
-        if c.tokens == f.tokens:
+        elif diverged:
+            not_comparable += 1
+        elif c.tokens == f.tokens:
             exact += 1
-            continue
-        i = next((k for k, (a, b) in enumerate(zip(c.tokens, f.tokens)) if a != b), None)
-        if i is None:  # one is a prefix of the other: the longer one chose not to stop
-            wrong += 1
-            continue
-        logits = engine.fresh_logits(c.sent, c.tokens[:i])
-        margin = float(logits[f.tokens[i]] - logits[c.tokens[i]])
-        margins.append({"turn": number, "token": i, "margin": round(margin, 4)})
-        if margin < NEAR_TIE_LOGITS:
-            near_ties += 1
         else:
-            wrong += 1
+            i = next((k for k, (a, b) in enumerate(zip(c.tokens, f.tokens)) if a != b), None)
+            if i is None:  # one is a prefix of the other: the longer one chose not to stop
+                wrong += 1
+            else:
+                logits = engine.fresh_logits(c.sent, c.tokens[:i])
+                margin = float(logits[f.tokens[i]] - logits[c.tokens[i]])
+                margins.append({"turn": number, "token": i, "margin": round(margin, 4)})
+                if margin < NEAR_TIE_LOGITS:
+                    near_ties += 1
+                else:
+                    wrong += 1
+        diverged = diverged or engine.tokenize(engine.detokenize(c.tokens)) != c.tokens
     return {"turns": len(cached), "exact_turns": exact, "near_tie_turns": near_ties,
-            "wrong_turns": wrong, "approx_turns": approx, "first_differences": margins}
+            "wrong_turns": wrong, "approx_turns": approx, "not_comparable_turns": not_comparable,
+            "first_differences": margins}
 
 
 def system_change(engine: Engine, system: str, users: list[str], sampling: Sampling,

@@ -261,7 +261,8 @@ def targets(report: dict) -> list[dict]:
         # batch-shape rounding flipped (shown with its logit margin in first_differences).
         check("exact_turns / turns (greedy reply == fresh prefill; near-ties counted apart)",
               f"{exact['exact_turns']}/{exact['turns']} (+{exact['near_tie_turns']} near-tie, "
-              f"{exact['approx_turns']} shifted)", "0 wrong", exact["wrong_turns"] == 0)
+              f"{exact['approx_turns']} shifted, {exact['not_comparable_turns']} after a reply that "
+              "does not tokenize back)", "0 wrong", exact["wrong_turns"] == 0)
     if "baseline" in report and len(turns) >= 10:
         ttft = turns[9]["ttft_ms"]
         fresh = report["baseline"]["turns"][9]["ttft_ms"]
@@ -305,7 +306,9 @@ def print_report(report: dict) -> None:
                          for d in exact["first_differences"])
         print(f"exactness: {exact['exact_turns']}/{exact['turns']} greedy replies equal a fresh "
               f"prefill's, {exact['near_tie_turns']} differ after a near-tie, {exact['wrong_turns']} "
-              f"wrong, {exact['approx_turns']} on shifted cells" + (f" (margins {ties})" if ties else ""))
+              f"wrong, {exact['approx_turns']} on shifted cells, {exact['not_comparable_turns']} not "
+              "comparable (an earlier reply's text tokenizes differently)"
+              + (f" (margins {ties})" if ties else ""))
     change = report.get("system_change")
     if change:
         print(f"system prompt changed: background prefill {change.get('background_prompt_n')} tokens in "
