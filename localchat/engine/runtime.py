@@ -415,15 +415,19 @@ class TokenStats:
 
 
 def token_stats(logits: np.ndarray, token: int) -> TokenStats:
-    """TokenStats of ``token`` under ``logits`` (used for confidence tracking)."""
-    top2 = np.partition(logits, -2)[-2:]
-    shifted = logits - top2[1]
+    """TokenStats of ``token`` under ``logits`` (used for confidence tracking): one exp over
+    the vocabulary (~0.7 ms for 262,144 entries), the rest are cheap passes."""
+    best = int(np.argmax(logits))
+    top = float(logits[best])
+    logits[best] = -np.inf  # the runner-up without sorting; put back at once
+    second = float(logits.max())
+    logits[best] = top
+    shifted = logits - np.float32(top)
     weights = np.exp(shifted)
     total = float(weights.sum())
-    probs_top = np.exp(top2 - top2[1]) / total
     # H = log Z - sum(p * x) with x the shifted logits (no second exp over the vocabulary).
     entropy = float(np.log(total) - float(np.dot(weights, shifted)) / total)
-    return TokenStats(float(weights[token] / total), float(probs_top[1] - probs_top[0]),
+    return TokenStats(float(weights[token]) / total, (1.0 - float(np.exp(second - top))) / total,
                       max(0.0, entropy))
 
 
