@@ -250,21 +250,23 @@ class ContextKeeper:
         self.engine.prepare(messages).on_finish(self._rebuilt)
 
     def _rebuilt(self, event: Done | Failed) -> None:
-        if isinstance(event, Done) and event.timings.prompt_n:
+        if isinstance(event, Done) and event.timings.rebuild_n:
             with self._lock:
                 self._rebuilt_in_background.append(event.timings)
 
     def take_rebuilt_in_background(self) -> tuple[int, float]:
         """(tokens, ms) prefilled again in the background since the last call (for the next
-        turn's timings): the kept turns after a trim on a memory that cannot drop them."""
+        turn's timings): the kept turns after a trim on a memory that cannot drop them, or
+        behind a summary that went in before them."""
         with self._lock:
             done, self._rebuilt_in_background = self._rebuilt_in_background, []
-        return sum(t.prompt_n for t in done), sum(t.prompt_ms for t in done)
+        return sum(t.rebuild_n for t in done), sum(t.prompt_ms for t in done)
 
     def _installed(self, event: Done | Failed) -> None:
         if isinstance(event, Done) and event.finish_reason == "stop":
             with self._lock:
                 self.install_timings.append(event.timings)
+        self._rebuilt(event)
 
     def take_trimmed_in_background(self) -> int:
         """Tokens removed by summary swaps since the last call (reported with the next turn)."""
