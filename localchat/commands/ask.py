@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="sampling seed")
     p.add_argument("--n-ctx", type=int, help="context size in tokens")
     p.add_argument("--json", action="store_true", help="JSON Lines events on stdout")
-    p.add_argument("--session", "-s", help="continue (or start) the stored session with this name")
+    p.add_argument("--session", "-s", help="continue the stored session with this id or name (a new name starts one)")
     p.add_argument("--think", choices=("on", "off", "auto"),
                    help="the model's thinking switch, for templates that have one (Qwen3 style)")
     p.add_argument("--hide-thinking", action="store_true",
@@ -113,10 +113,10 @@ class _StoredSession:
         store = Store.open()
         lock = None
         try:
-            record = store.open_named_session(name)
+            record = store.resolve_session(name, create=True)
             lock = SessionLock(record.id)
             lock.acquire(on_wait=lambda: out.event(Notice(
-                f"session {name!r} is answering in another localchat; waiting for it",
+                f"session {record.label!r} is answering in another localchat; waiting for it",
                 kind="waiting")))
             if system is not None and system != record.system:
                 store.set_system(record.id, system)

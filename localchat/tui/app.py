@@ -155,7 +155,7 @@ class LocalChatApp(SessionActions, App[int]):
     def _initial_session(self) -> SessionRecord:
         continue_last, name = self._start
         if name:
-            return self.store.open_named_session(name)
+            return self.store.resolve_session(name, create=True)
         last = self.store.last_session() if continue_last else None
         return last or self.store.create_session()
 
@@ -436,5 +436,7 @@ def run_app(model: str | None = None, continue_last: bool = False, session: str 
     Raises ``UserError`` (shown by the CLI as one line) when the session database cannot be used.
     """
     with Store.open() as store:
+        if session:
+            store.resolve_session(session, create=True)  # an unknown id: one line, before the window opens
         app = LocalChatApp(store=store, model=model, continue_last=continue_last, session=session)
         return app.run() or 0

@@ -10,16 +10,15 @@ to call from the generation thread.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from localchat.errors import UserError
 from localchat.events import Done, Notice
-from localchat.reasoning import split_reply, strip_reasoning
+from localchat.reasoning import strip_reasoning
 from localchat.session.chat import ChatSession, Message
-from localchat.store import SessionRecord, Store, TurnRecord
+from localchat.store import SessionRecord, Store, TurnRecord, export
 from localchat.store.locks import SessionLock
 
 if TYPE_CHECKING:
@@ -198,27 +197,14 @@ class Conversation:
 
     def to_markdown(self) -> str:
         """The session as a Markdown document (``/export``)."""
-        record = self.record
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime())
-        parts = [f"# {record.label}\n", f"_Exported from localchat on {when}._\n"]
-        if record.system:
-            parts.append("**System prompt:**\n\n" + _quote(record.system) + "\n")
-        for turn in self.turns():
-            if turn.role == "user":
-                parts.append("## You\n\n" + turn.content + "\n")
-            else:
-                note = " (stopped)" if turn.stopped else ""
-                thinking, answer = split_reply(turn.content)
-                if thinking:  # folded in viewers that render HTML, readable in those that do not
-                    answer = f"<details><summary>Thinking</summary>\n\n{_quote(thinking)}\n\n</details>\n\n{answer}"
-                parts.append(f"## {turn.model or 'Assistant'}{note}\n\n" + answer + "\n")
-        return "\n".join(parts)
+        return export.to_markdown(self.store, self.session_id)
+
+    def to_json(self) -> str:
+        """The session as JSON (``/export FILE.json``)."""
+        return export.to_json(self.store, self.session_id)
 
     def _require_chat(self) -> ChatSession:
         if self.chat is None:
             raise UserError("The model is not loaded yet.")
         return self.chat
 
-
-def _quote(text: str) -> str:
-    return "\n".join(f"> {line}" for line in text.splitlines())

@@ -214,7 +214,8 @@ class SessionActions:
         if path.is_dir():
             path = path / export_file_name(conversation.record)
         try:
-            write_text_atomic(path, conversation.to_markdown())
+            as_json = path.suffix.lower() == ".json"
+            write_text_atomic(path, conversation.to_json() if as_json else conversation.to_markdown())
         except OSError as exc:
             raise UserError(f"Could not write {path}: {exc.strerror or exc}") from None
         self.notify(f"Exported to {path}")

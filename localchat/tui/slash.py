@@ -35,7 +35,8 @@ COMMANDS: tuple[SlashCommand, ...] = (
     SlashCommand("copy", "Copy the last reply, or its last code block with /copy code", "code"),
     SlashCommand("sessions", "Show or hide the sessions sidebar"),
     SlashCommand("rename", "Rename this session", "NAME", argument_required=True),
-    SlashCommand("export", "Save this session as Markdown (default: a new file in the current folder)", "PATH"),
+    SlashCommand("export", "Save this session as Markdown, or JSON for a .json PATH (default: a new "
+                 ".md file in the current folder)", "PATH"),
     SlashCommand("summary", "Show the summary of turns trimmed from the context"),
     SlashCommand("think", "Thinking switch for models that have one: on, off or auto (the model's "
                  "default); no argument shows it", "on|off|auto"),
