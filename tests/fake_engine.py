@@ -217,7 +217,7 @@ def make_app(store: object, engine: FakeEngine | None = None, **options: object)
     engine = engine or FakeEngine()
     options.setdefault("engine_factory", lambda ref: engine)
     options.setdefault("sampling_factory", lambda: None)
-    options.setdefault("list_models", lambda: ["fake-model", "other-model"])
+    options.setdefault("list_models", lambda: [("fake-model", True), ("other-model", True)])
     return LocalChatApp(store=store, **options)
 
 

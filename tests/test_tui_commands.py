@@ -24,6 +24,7 @@ def store():
 def no_clipboard_tools(monkeypatch):
     """The fallback path is the same on every machine: no clipboard program, a file instead."""
     monkeypatch.setattr(clipboard, "CLIPBOARD_TOOLS", ())
+    monkeypatch.delenv("TMUX", raising=False)
 
 
 async def command(pilot, text: str) -> None:
@@ -112,7 +113,7 @@ async def test_copy_sends_the_reply_over_osc52_and_saves_a_fallback_file(store):
         await reply_finished(pilot)
         await command(pilot, "/copy code")
         assert app.clipboard == "ls -la"
-        await wait_until(pilot, lambda: any("saved to" in n for n in notices(app)), "the copy notice")
+        await wait_until(pilot, lambda: any("Saved 6 characters to" in n for n in notices(app)), "the copy notice")
         assert clipboard.clipboard_file().read_text() == "ls -la"
         await command(pilot, "/copy")
         assert app.clipboard == "Run:\n\n```sh\nls -la\n```\n"

@@ -26,7 +26,14 @@ def shown_prompts(app) -> list[str]:
 
 def sidebar_labels(app) -> list[str]:
     options = app.query_one(SessionList)
-    return [str(options.get_option_at_index(i).prompt).lstrip("● ").strip() for i in range(options.option_count)]
+    return [str(options.get_option_at_index(i).prompt).lstrip("● ").strip().split("\n")[0]
+            for i in range(options.option_count)]
+
+
+def sidebar_details(app) -> list[str]:
+    """Each session's second line: when it was last used and its newest message."""
+    options = app.query_one(SessionList)
+    return [str(options.get_option_at_index(i).prompt).split("\n")[1].strip() for i in range(options.option_count)]
 
 
 async def test_a_conversation_survives_an_app_restart_with_continue(store):
@@ -136,14 +143,30 @@ async def test_switching_sessions_while_a_reply_streams_stops_and_saves_it(store
     assert (saved.content, saved.stopped) == ("one two", True)
 
 
-async def test_a_session_left_without_messages_is_not_kept(store):
+async def test_a_session_left_without_messages_is_not_kept_not_even_the_one_open_at_quit(store):
     app = make_app(store, FakeEngine())
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await pilot.press("ctrl+n")
         await pilot.press("ctrl+n")
         await pilot.pause()
-    assert len(store.list_sessions()) == 1
+        assert len(store.list_sessions()) == 1  # the one on screen
+    assert store.list_sessions() == []  # a restart does not list an empty "New chat"
+
+
+async def test_the_sidebar_shows_each_session_with_its_date_and_newest_message(store):
+    old = store.create_session()
+    store.add_user_turn(old.id, "How do penguins keep warm?")
+    store.add_reply(old.id, "Feathers and huddles.", model="m")
+    store.create_session()  # empty, left by a crash: not listed
+    app = make_app(store, FakeEngine())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+b")
+        await pilot.pause()
+        assert sidebar_labels(app) == ["New chat", "How do penguins keep warm?"]  # not the empty one
+        assert sidebar_details(app)[1].startswith("today ") and sidebar_details(app)[1].endswith(
+            " · Feathers and huddles.")
 
 
 def test_sessions_command_lists_sessions_by_last_use(store, capsys):

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from localchat.engine.options import Sampling
 from localchat.engine.turn import TurnHandle
+from localchat.session.draft import DraftPrefill
 from localchat.events import Done, Failed
 
 
@@ -68,6 +69,9 @@ class ChatSession:
         # The messages the last turn showed the model (after trimming): what a fresh prefill
         # must reproduce (bench's exactness oracle).
         self.last_sent: list[dict[str, str]] = []
+        # Cells a context shift moved in the last turn: a draft is then not prefilled (see draft.py).
+        self.last_approx_n = 0
+        self.draft = DraftPrefill(self)
 
     # -- what the model sees -------------------------------------------------------------------
 
@@ -96,6 +100,7 @@ class ChatSession:
         ``escalator``, a RoutedTurn that may hand the turn to the remote model). The reply, also
         a stopped one, is added to the history before the final event reaches the reader."""
         sampling = sampling or self.sampling
+        self.draft.cancel()  # before the turn stops the engine's background work: no next step
         remote_ready = escalator is not None and escalator.client is not None and route != "local"
         with self.state_lock:
             if self._current is not None and not self._current.finished:
@@ -128,6 +133,7 @@ class ChatSession:
             event.timings.ttft_ms += self.pending_restore_ms
             self.pending_restore_ms = None
         if isinstance(event, Done):
+            self.last_approx_n = event.timings.approx_n
             self.history.append(Message("assistant", event.reply, stopped=event.finish_reason == "aborted"))
             if self.keeper is not None:
                 in_context = self.summary and self.summary_in_context
@@ -141,6 +147,24 @@ class ChatSession:
         current = self._current
         if current is not None:
             current.stop()
+
+    def draft_messages(self, draft: str) -> list[dict[str, str]] | None:
+        """What prefilling ``draft`` as the next user message means for the model: the messages
+        to prepare, or None when it must not be done now (see draft.py: a turn or a summary is
+        running, or the next turn may trim the context)."""
+        with self.state_lock:
+            if self.busy or self.last_approx_n:
+                return None
+            keeper = self.keeper
+            if keeper is not None:
+                if keeper.in_flight is not None or keeper.prepared is not None:
+                    return None
+                settings = keeper.settings
+                needed = (self.engine.tokens_in_context + self.engine.count_tokens(draft)
+                          + self.engine.template_overhead() + settings.reply_reserve)
+                if needed > settings.summarize_threshold * settings.n_ctx:
+                    return None
+            return self.model_messages() + [{"role": "user", "content": draft}]
 
     @property
     def busy(self) -> bool:

@@ -38,6 +38,18 @@ class UserMessage(Static):
         super().__init__(text, markup=False)
 
 
+class QueuedPrompt(Static):
+    """A message waiting to be sent (type-ahead): shown dimmed, with its place in the queue."""
+
+    def __init__(self, text: str, position: int) -> None:
+        super().__init__(text, markup=False)
+        self.text = text
+        self.set_position(position)
+
+    def set_position(self, position: int) -> None:
+        self.border_title = f"queued #{position} · sent when the model is free · Esc removes it"
+
+
 class ReplyView(Vertical):
     """One assistant reply: its Markdown body and a caption. Streams, then finishes once."""
 
@@ -144,9 +156,24 @@ class ChatLog(VerticalScroll):
     async def add_prompt(self, text: str) -> ReplyView:
         """Show a sent prompt and an empty reply below it, and follow the new text."""
         reply = ReplyView(finished=False, show_thinking=self.show_thinking)
-        await self.mount_all([UserMessage(text), reply])
+        await self.mount_before_queued(UserMessage(text), reply)
         self.anchor()
         return reply
+
+    async def add_queued(self, text: str, position: int) -> QueuedPrompt:
+        """Show a queued message at the end of the log (it moves up as replies arrive above it)."""
+        view = QueuedPrompt(text, position)
+        await self.mount(view)
+        self.anchor()
+        return view
+
+    async def mount_before_queued(self, *widgets: Static | Vertical) -> None:
+        """Add conversation widgets above any queued messages, which stay last."""
+        queued = self.query(QueuedPrompt)
+        if queued:
+            await self.mount_all(widgets, before=queued.first())
+        else:
+            await self.mount_all(widgets)
 
     def last_reply(self) -> ReplyView | None:
         replies = self.query(ReplyView)
@@ -163,7 +190,7 @@ class ChatLog(VerticalScroll):
 
     async def add_notice(self, text: str) -> None:
         """A line for the user that is not part of the conversation (not saved)."""
-        await self.mount(Static(text, classes="notice", markup=False))
+        await self.mount_before_queued(Static(text, classes="notice", markup=False))
 
     async def clear_notices(self) -> None:
         await self.query(".notice").remove()

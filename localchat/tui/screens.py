@@ -15,7 +15,9 @@ KEYS = (
     ("Ctrl+J", "new line in the message (also Shift+Enter or Alt+Enter where the terminal reports them)"),
     ("↑ / ↓", "earlier / later prompts (on the first / last line of the input)"),
     ("Tab", "complete a /command or model name"),
-    ("Esc", "stop the reply (the partial reply is kept, marked stopped)"),
+    ("PageUp / PageDown", "scroll the conversation (also while typing)"),
+    ("Esc", "remove the newest queued message; else stop the reply (the partial reply is kept, "
+            "marked stopped)"),
     ("Ctrl+C", "stop the reply; when idle, asks before quitting"),
     ("Ctrl+Q", "quit"),
     ("Ctrl+N", "new session"),
