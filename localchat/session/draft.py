@@ -44,6 +44,7 @@ class DraftPrefill:
         self._cached = ""  # the draft prefix the last finished step left in the cache
         self._running: tuple[TurnHandle, str] | None = None  # a step and the prefix it prepares
         self.steps = 0  # finished steps (tests and bench read it)
+        self.step_timings: list = []  # each finished step's Timings: cache_n reused, prompt_n prefilled
 
     def __repr__(self) -> str:
         return f"DraftPrefill(wanted={len(self._wanted)} chars, cached={len(self._cached)} chars)"
@@ -93,6 +94,7 @@ class DraftPrefill:
             if done:
                 self._cached = target
                 self.steps += 1
+                self.step_timings.append(event.timings)
             # A stopped step leaves ``_cached`` as it was. The cache may hold less (a stop drops
             # a half-prefilled message): only the next step's size is then off, never its cells.
         self._next_step()
