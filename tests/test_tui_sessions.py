@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fake_engine import SIZE, FakeEngine, make_app, ready, reply_finished, send, wait_until
+from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, wait_until
 from localchat.cli import main
 from localchat.store import Store
 from localchat.tui.chat_log import ReplyView, UserMessage
@@ -204,3 +204,20 @@ async def test_the_first_prompt_titles_the_session_while_the_reply_streams(store
         assert app.prompt.border_title == "Plan a trip to Lisbon"
         await pilot.press("escape")
         await reply_finished(pilot)
+
+
+async def test_search_finds_a_message_in_another_session_and_opens_it(store):
+    from localchat.tui.screens import SearchScreen
+
+    old = store.create_session("trip")
+    store.add_user_turn(old.id, "Pack sunscreen and a penguin plush.")
+    store.add_reply(old.id, "Noted.", model="m")
+    app = make_app(store, FakeEngine())
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "/search penguin")
+        await wait_until(pilot, lambda: isinstance(app.screen, SearchScreen), "the results")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.conversation.session_id == old.id, "the found session")
+        await send(pilot, "/search zebra")
+        await wait_until(pilot, lambda: any("No message contains" in n for n in notices(app)), "no match")

@@ -159,10 +159,11 @@ class ChatSession:
             if keeper is not None:
                 if keeper.in_flight is not None or keeper.prepared is not None:
                     return None
+                # Below the point where a summary starts, the next turn cannot need a trim.
                 settings = keeper.settings
                 needed = (self.engine.tokens_in_context + self.engine.count_tokens(draft)
-                          + self.engine.template_overhead() + settings.reply_reserve)
-                if needed > settings.summarize_threshold * settings.n_ctx:
+                          + self.engine.template_overhead())
+                if needed > settings.summarize_threshold * settings.prompt_capacity:
                     return None
             return self.model_messages() + [{"role": "user", "content": draft}]
 

@@ -29,9 +29,13 @@ if TYPE_CHECKING:
     from localchat.engine.turn import TurnHandle
     from localchat.session.chat import ChatSession
 
-# About 100 tokens of English: one step takes ~0.5 s on 2 CPU cores with the test model, so a
-# stop throws away little, and each step's extra end-of-turn marker (2-3 tokens) costs little.
-STEP_CHARS = 400
+# The first step: about 50 tokens of English. Later steps are sized from the measured prefill
+# speed to take about STEP_SECONDS each: a stop (Enter) throws away at most that much work, while
+# each step's extra end-of-turn marker and cut token (2-3 tokens) stay a small share.
+STEP_CHARS = 200
+STEP_SECONDS = 0.3
+MAX_STEP_CHARS = 8000
+CHARS_PER_TOKEN = 4  # English prose; only step sizes depend on it, never what is reused
 
 
 class DraftPrefill:
@@ -45,6 +49,7 @@ class DraftPrefill:
         self._running: tuple[TurnHandle, str] | None = None  # a step and the prefix it prepares
         self.steps = 0  # finished steps (tests and bench read it)
         self.step_timings: list = []  # each finished step's Timings: cache_n reused, prompt_n prefilled
+        self.step_chars = STEP_CHARS
 
     def __repr__(self) -> str:
         return f"DraftPrefill(wanted={len(self._wanted)} chars, cached={len(self._cached)} chars)"
@@ -79,7 +84,7 @@ class DraftPrefill:
         with self._lock:
             if self._running is not None:
                 return
-            target = next_prefix(self._wanted, self._cached)
+            target = next_prefix(self._wanted, self._cached, self.step_chars)
             messages = self.session.draft_messages(target) if target else None
             if messages is None:
                 return
@@ -95,21 +100,30 @@ class DraftPrefill:
                 self._cached = target
                 self.steps += 1
                 self.step_timings.append(event.timings)
+                self.step_chars = _step_chars(event.timings.prompt_n, event.timings.prompt_ms, self.step_chars)
             # A stopped step leaves ``_cached`` as it was. The cache may hold less (a stop drops
             # a half-prefilled message): only the next step's size is then off, never its cells.
         self._next_step()
 
 
-def next_prefix(wanted: str, cached: str) -> str:
-    """The draft prefix the next step should prepare: about STEP_CHARS past what is cached and
+def _step_chars(prompt_n: int, prompt_ms: float, current: int) -> int:
+    """A step size taking about STEP_SECONDS at the speed the last step prefilled."""
+    if prompt_n < 8 or prompt_ms <= 0:  # too little measured to tell a speed
+        return current
+    per_second = prompt_n / (prompt_ms / 1000)
+    return int(min(MAX_STEP_CHARS, max(STEP_CHARS, per_second * STEP_SECONDS * CHARS_PER_TOKEN)))
+
+
+def next_prefix(wanted: str, cached: str, step: int = STEP_CHARS) -> str:
+    """The draft prefix the next step should prepare: about ``step`` characters past what is cached and
     still wanted, cut after whitespace (a cut inside a word tokenizes differently from the whole
     word, which the real turn would then evaluate again), or the whole draft if that is near.
     "" when the cache already holds the whole draft."""
     if not wanted.strip() or wanted == cached:
         return ""
     common = _common_prefix(wanted, cached)
-    end = common + STEP_CHARS
-    if end + STEP_CHARS // 4 >= len(wanted):
+    end = common + step
+    if end + step // 4 >= len(wanted):
         return wanted
     cut = max(wanted.rfind(" ", common + 1, end), wanted.rfind("\n", common + 1, end))
     return wanted[:cut + 1] if cut > common else wanted[:end]

@@ -25,7 +25,7 @@ from localchat.store import SessionRecord, TurnRecord
 from localchat.tui import slash
 from localchat.tui.clipboard import copy_fallback, in_tmux, osc52_sequence
 from localchat.tui.conversation import Conversation
-from localchat.tui.screens import AskTextScreen, ConfirmScreen, HelpScreen, PageScreen
+from localchat.tui.screens import AskTextScreen, ConfirmScreen, HelpScreen, PageScreen, SearchScreen
 from localchat.tui.sidebar import SessionRequest
 
 if TYPE_CHECKING:
@@ -243,6 +243,21 @@ class SessionActions:
 
     async def slash_sessions(self: LocalChatApp, argument: str) -> None:
         self.action_toggle_sidebar()
+
+    async def slash_search(self: LocalChatApp, text: str) -> None:
+        hits = self.store.search(text)
+        if not hits:
+            raise UserError(f"No message contains “{text}”.")
+        labels = {s.id: s.label for s in self.store.list_sessions()}
+        rows = [(h.session_id, labels.get(h.session_id, "?"),
+                 ("you: " if h.role == "user" else "reply: ") + " ".join(h.snippet.split())) for h in hits]
+        self.push_screen(SearchScreen(text, rows), self._open_found)
+
+    @shows_user_errors
+    async def _open_found(self: LocalChatApp, session_id: int | None) -> None:
+        if session_id is not None and (self.conversation is None or self.conversation.session_id != session_id):
+            await self.open_session(self.store.session(session_id))
+        self.prompt.focus()
 
     async def slash_rename(self: LocalChatApp, name: str) -> None:
         record = self._require_conversation().rename(name)

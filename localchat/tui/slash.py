@@ -35,6 +35,8 @@ COMMANDS: tuple[SlashCommand, ...] = (
     SlashCommand("retry", "Ask the last question again"),
     SlashCommand("copy", "Copy the last reply, or its last code block with /copy code", "code"),
     SlashCommand("sessions", "Show or hide the sessions sidebar"),
+    SlashCommand("search", "Find messages in every session; Enter opens the session", "TEXT",
+                 argument_required=True),
     SlashCommand("rename", "Rename this session", "NAME", argument_required=True),
     SlashCommand("export", "Save this session as Markdown, or JSON for a .json PATH (default: a new "
                  ".md file in the current folder)", "PATH"),
