@@ -193,6 +193,17 @@ class ChatSession:
         if self.keeper is not None:
             self.keeper.reset()
 
+    def rewind(self, n_messages: int) -> None:
+        """Keep only the first ``n_messages`` of the history (an edit or a branch switch). Turns
+        a summary stood in for may be among those dropped: the summary then goes too, and the
+        window starts over from the first message."""
+        with self.state_lock:
+            del self.history[n_messages:]
+            if n_messages < self.first_visible:
+                self.summary, self.summary_in_context, self.first_visible = "", True, 0
+                if self.keeper is not None:
+                    self.keeper.reset()
+
     def undo_last_exchange(self) -> str:
         """Remove the last user message and the reply to it; return the user's text (for /retry)."""
         while self.history and self.history[-1].role == "assistant":

@@ -96,7 +96,26 @@ def _v3_message_search(db: sqlite3.Connection) -> None:
     db.execute("INSERT INTO turns_fts (turns_fts) VALUES ('rebuild')")
 
 
-UPGRADES: list[UpgradeStep] = [_v1_sessions_and_turns, _v2_system_prompt_history, _v3_message_search]
+def _v4_branches(db: sqlite3.Connection) -> None:
+    """Branches left behind by an edit or a /retry: the turns from ``fork_seq`` on as they were,
+    as JSON rows of ``turns``. The ``turns`` table stays the branch on screen, which is what
+    every reader (the model's history, search, export, ``ask --session``) means by the session."""
+    db.execute(
+        """
+        CREATE TABLE branches (
+            id          INTEGER PRIMARY KEY,
+            session_id  INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            fork_seq    INTEGER NOT NULL,   -- the first turn that differs from the branch on screen
+            turns       TEXT NOT NULL,      -- JSON list of the branch's turn rows from fork_seq on
+            created_at  REAL NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX branches_by_fork ON branches (session_id, fork_seq, id)")
+
+
+UPGRADES: list[UpgradeStep] = [_v1_sessions_and_turns, _v2_system_prompt_history, _v3_message_search,
+                               _v4_branches]
 
 
 def latest_version() -> int:

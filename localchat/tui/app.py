@@ -36,6 +36,7 @@ from localchat.tui.messages import (
 )
 from localchat.tui.draft import DraftPrefiller
 from localchat.tui.input_actions import InputActions, Notices
+from localchat.tui.message_actions import MessageActions
 from localchat.tui.model_loading import ModelLoader
 from localchat.tui.model_setup import ChatServices, build_engine, build_services, default_sampling, model_choices
 from localchat.tui.pacing import FramePacer
@@ -58,7 +59,8 @@ EngineFactory = Callable[[str | None], "Engine"]
 GIL_SWITCH_INTERVAL_S = 0.001
 
 
-class LocalChatApp(SessionActions, ModelLoader, TypeAhead, DraftPrefiller, InputActions, Notices, App[int]):
+class LocalChatApp(SessionActions, MessageActions, ModelLoader, TypeAhead, DraftPrefiller, InputActions, Notices,
+                   App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "localchat"
     BINDINGS = [
@@ -67,6 +69,8 @@ class LocalChatApp(SessionActions, ModelLoader, TypeAhead, DraftPrefiller, Input
         Binding("ctrl+n", "new_session", "New"),
         Binding("ctrl+b", "toggle_sidebar", "Sessions"),
         Binding("ctrl+t", "toggle_thinking", "Thinking", show=False),
+        Binding("alt+up,ctrl+up", "select_messages", "Select message", show=False, priority=True),
+        Binding("ctrl+e", "external_editor", "$EDITOR", show=False, priority=True),
         Binding("f1", "help", "Help"),
         Binding("question_mark", "help", "Help", show=False),
     ]
@@ -184,7 +188,8 @@ class LocalChatApp(SessionActions, ModelLoader, TypeAhead, DraftPrefiller, Input
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop_reply":
-            return True if self.turn is not None or self.queued else None  # greyed when idle
+            busy = self.turn is not None or self.queued or self.editing is not None
+            return True if busy else None  # greyed in the footer when idle
         return True
 
     # --- sending and streaming --------------------------------------------------------------
@@ -208,6 +213,8 @@ class LocalChatApp(SessionActions, ModelLoader, TypeAhead, DraftPrefiller, Input
                 self.prompt.remember(text)
             self.prompt.clear()
             await self.run_slash_command(text)
+        elif self.editing is not None:
+            await self.send_edited(text[1:] if text.startswith("//") else text)
         else:
             await self.send_prompt(text[1:] if text.startswith("//") else text)
 
@@ -338,8 +345,10 @@ class LocalChatApp(SessionActions, ModelLoader, TypeAhead, DraftPrefiller, Input
     # --- stopping and quitting --------------------------------------------------------------
 
     async def action_stop_reply(self) -> None:
-        """Esc: take back the newest queued message if there is one, else stop the reply."""
-        if self.queued:
+        """Esc: cancel an edit, or take back the newest queued message, else stop the reply."""
+        if self.editing is not None:
+            self.cancel_edit()
+        elif self.queued:
             await self.remove_last_queued()
         else:
             self._stop_turn()

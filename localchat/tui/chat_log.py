@@ -8,7 +8,10 @@ come out right.
 
 from __future__ import annotations
 
+from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
+from textual.widget import Widget
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
@@ -32,10 +35,19 @@ def reply_caption(model: str, timings: Timings | None, *, stopped: bool) -> str:
 
 
 class UserMessage(Static):
-    """A prompt as the user typed it (shown literally, not as Markdown)."""
+    """A prompt as the user typed it (shown literally, not as Markdown). When an edit or a
+    /retry forked the conversation here, its title says which version is on screen."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, versions: tuple[int, int] | None = None) -> None:
         super().__init__(text, markup=False)
+        self.text = text
+        if versions is not None:
+            self.show_versions(*versions)
+
+    def show_versions(self, current: int, count: int) -> None:
+        """Mark a forked prompt: version ``current`` (0-based) of ``count``; ←/→ switch."""
+        if count > 1:
+            self.border_title = f"‹ {current + 1}/{count} ›"
 
 
 class QueuedPrompt(Static):
@@ -128,10 +140,64 @@ class ChatLog(VerticalScroll):
     def on_mount(self) -> None:
         self.anchor()
 
-    async def show_turns(self, turns: list[TurnRecord]) -> None:
-        """Replace the log with a stored session's turns."""
+    BINDINGS = [
+        Binding("up,k", "select(-1)", "Previous", show=False),
+        Binding("down,j", "select(1)", "Next", show=False),
+        Binding("c", "act('copy')", "Copy"),
+        Binding("e", "act('edit')", "Edit"),
+        Binding("left", "act('older')", "Older version", show=False),
+        Binding("right", "act('newer')", "Newer version", show=False),
+        Binding("escape", "act('leave')", "Back", show=False),
+    ]
+
+    class Action(Message):
+        """The user asked for ``action`` on the selected message (``code`` carries a number)."""
+
+        def __init__(self, action: str, message: Widget | None, number: int = 0) -> None:
+            super().__init__()
+            self.action = action
+            self.message = message
+            self.number = number
+
+    selected: Widget | None = None
+
+    def messages(self) -> list[Widget]:
+        return [w for w in self.children if isinstance(w, (UserMessage, ReplyView))]
+
+    def select(self, widget: Widget | None) -> None:
+        if self.selected is not None:
+            self.selected.remove_class("-selected")
+        self.selected = widget
+        if widget is not None:
+            widget.add_class("-selected")
+            self.scroll_to_widget(widget, animate=False)
+
+    def action_select(self, step: int) -> None:
+        items = self.messages()
+        if not items:
+            return
+        index = items.index(self.selected) + step if self.selected in items else len(items) - 1
+        self.select(items[max(0, min(len(items) - 1, index))])
+
+    def on_key(self, event) -> None:
+        if event.key in "123456789" and len(event.key) == 1:
+            event.stop()
+            self.post_message(self.Action("code", self.selected, int(event.key)))
+
+    def action_act(self, action: str) -> None:
+        self.post_message(self.Action(action, self.selected))
+
+    def on_blur(self) -> None:
+        self.select(None)
+
+    async def show_turns(self, turns: list[TurnRecord], forks: dict[int, tuple[int, int]] | None = None) -> None:
+        """Replace the log with a stored session's turns; ``forks``: {seq: (version on screen,
+        versions)} for turns an edit or a retry forked."""
         await self.remove_children()
-        widgets = [UserMessage(t.content) if t.role == "user" else self._stored_reply(t) for t in turns]
+        self.selected = None
+        forks = forks or {}
+        widgets = [UserMessage(t.content, forks.get(t.seq)) if t.role == "user" else self._stored_reply(t)
+                   for t in turns]
         if widgets:
             await self.mount_all(widgets)
         self.anchor()
@@ -178,15 +244,6 @@ class ChatLog(VerticalScroll):
     def last_reply(self) -> ReplyView | None:
         replies = self.query(ReplyView)
         return replies.last() if replies else None
-
-    async def remove_last_exchange(self) -> None:
-        """Drop the last prompt and what follows it (``/retry``)."""
-        prompts = self.query(UserMessage)
-        if not prompts:
-            return
-        last = prompts.last()
-        children = list(self.children)
-        await self.remove_children(children[children.index(last):])
 
     async def add_notice(self, text: str) -> None:
         """A line for the user that is not part of the conversation (not saved)."""

@@ -18,6 +18,9 @@ KEYS = (
     ("↑ / ↓", "earlier / later prompts (on the first / last line of the input)"),
     ("Tab", "complete a /command or model name"),
     ("PageUp / PageDown", "scroll the conversation (also while typing)"),
+    ("Alt+↑ or Ctrl+↑", "select a message: ↑/↓ move, c copies, 1-9 copy code block N, e edits a prompt "
+                        "(Enter resends, forking the conversation), ←/→ other versions, Esc back"),
+    ("Ctrl+E", "write the message in $VISUAL / $EDITOR"),
     ("Esc", "remove the newest queued message; else stop the reply (the partial reply is kept, "
             "marked stopped)"),
     ("Ctrl+C", "stop the reply; when idle, asks before quitting"),

@@ -66,8 +66,9 @@ class SessionActions:
             self._discard_if_empty(previous)
         self.conversation = Conversation(self.store, record, self.services)
         self.store.touch(record.id)
+        self.editing = None
         turns = self.conversation.turns()
-        await self.chat_log.show_turns(turns)
+        await self.show_conversation()
         if self.engine is not None:
             self.conversation.attach(self.engine, self.sampling)
         self.show_session_numbers(turns)
@@ -212,9 +213,12 @@ class SessionActions:
     async def slash_retry(self: LocalChatApp, argument: str) -> None:
         if not self._ready_for_a_turn():
             return
-        prompt = self._require_conversation().take_back_last_prompt()
-        await self.chat_log.remove_last_exchange()
+        conversation = self._require_conversation()
+        seq = conversation.last_prompt().seq
+        prompt = conversation.take_back_last_prompt()  # the old reply stays a branch
+        await self.show_conversation()
         await self.send_prompt(prompt)
+        self.mark_new_version(seq)
 
     async def slash_copy(self: LocalChatApp, argument: str) -> None:
         if argument not in ("", "code"):
