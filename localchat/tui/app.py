@@ -23,6 +23,7 @@ from textual.widgets import Footer
 
 from localchat.errors import UserError
 from localchat.events import Done, Event, Failed, Notice, PrefillProgress
+from localchat.attachments import Attachment
 from localchat.store import SessionRecord, Store
 from localchat.tui import slash
 from localchat.tui.chat_log import ChatLog, reply_caption
@@ -34,6 +35,7 @@ from localchat.tui.messages import (
     TurnMailbox,
     TurnWake,
 )
+from localchat.tui.attach import AttachmentChips, Attachments
 from localchat.tui.draft import DraftPrefiller
 from localchat.tui.input_actions import InputActions, Notices
 from localchat.tui.message_actions import MessageActions
@@ -59,7 +61,7 @@ EngineFactory = Callable[[str | None], "Engine"]
 GIL_SWITCH_INTERVAL_S = 0.001
 
 
-class LocalChatApp(SessionActions, MessageActions, ModelLoader, TypeAhead, DraftPrefiller, InputActions, Notices,
+class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, TypeAhead, DraftPrefiller, InputActions, Notices,
                    App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "localchat"
@@ -102,6 +104,7 @@ class LocalChatApp(SessionActions, MessageActions, ModelLoader, TypeAhead, Draft
         self.engine: Engine | None = None
         self.model_ref_loaded = model  # what the loaded model was called (reloaded if a switch fails)
         self.queued: list[Queued] = []  # type-ahead, oldest first
+        self.attachments: list[Attachment] = []  # files going with the next message
         self._typing_model = False  # the input starts with /model (model names are re-read)
         self._notices_by_cause: dict[str, list[Notification]] = {}
         self.loading_model: str | None = None
@@ -122,6 +125,7 @@ class LocalChatApp(SessionActions, MessageActions, ModelLoader, TypeAhead, Draft
             with Vertical(id="chat"):
                 yield ChatLog(id="log")
                 yield CommandHints(id="hints", markup=False)
+                yield AttachmentChips(id="attachments", markup=False)
                 yield PromptInput(self.store.recent_prompts(), self._completions, id="prompt")
         yield StatusBar(id="status")
         yield Footer()
@@ -213,10 +217,17 @@ class LocalChatApp(SessionActions, MessageActions, ModelLoader, TypeAhead, Draft
                 self.prompt.remember(text)
             self.prompt.clear()
             await self.run_slash_command(text)
-        elif self.editing is not None:
-            await self.send_edited(text[1:] if text.startswith("//") else text)
         else:
-            await self.send_prompt(text[1:] if text.startswith("//") else text)
+            typed = text[1:] if text.startswith("//") else text
+            try:
+                text = self.message_with_files(typed)
+            except UserError as exc:  # the message stays in the input
+                self.notify(str(exc), severity="error")
+                return
+            if self.editing is not None:
+                await self.send_edited(text)
+            else:
+                await self.send_prompt(text, recall=typed)
 
     def _ask_user(self, question: str) -> bool:
         """Mode "ask": offer the remote model (one key to accept). Runs on the turn's worker
@@ -234,20 +245,23 @@ class LocalChatApp(SessionActions, MessageActions, ModelLoader, TypeAhead, Draft
         answered.wait()
         return answer[0]
 
-    async def send_prompt(self, text: str, route: str = "auto", *, queued: bool = False) -> None:
+    async def send_prompt(self, text: str, route: str = "auto", *, queued: bool = False,
+                          recall: str | None = None) -> None:
         """Send ``text`` now, or queue it (type-ahead) while a reply streams or the model loads.
-        With no model and none loading it stays in the input, with a notice saying why."""
+        With no model and none loading it stays in the input, with a notice saying why.
+        ``recall``: what Up brings back (the typed text, without attached files)."""
+        recall = text if recall is None else recall
         if self.conversation is None:
             return
         if not queued and self.must_queue():
-            self.prompt.remember(text)
+            self.prompt.remember(recall)
             self.prompt.clear()
             await self.queue_message(text, route)
             return
         if not self._ready_for_a_turn():
             return
         if not queued:
-            self.prompt.remember(text)
+            self.prompt.remember(recall)
             self.prompt.clear()
         self.cancel_draft_prefill()
         reply = await self.chat_log.add_prompt(text)

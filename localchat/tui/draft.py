@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from localchat.attachments import with_attachments
 from localchat.tui import slash
 
 if TYPE_CHECKING:
@@ -42,10 +43,12 @@ class DraftPrefiller:
         if chat is None or self._closed or not self.is_running:
             return
         text = self.prompt.text
-        if not text.strip() or slash.is_command(text) or self.turn is not None or self.queued:
+        if (not text.strip() and not self.attachments) or slash.is_command(text) or self.turn is not None \
+                or self.queued:
             chat.draft.cancel()
             return
-        chat.draft.update(text[1:] if text.startswith("//") else text)
+        # As it will be sent: attached files first, so that they are prefilled too.
+        chat.draft.update(with_attachments(text[1:] if text.startswith("//") else text, self.attachments))
 
     def cancel_draft_prefill(self: LocalChatApp) -> None:
         if self._draft_timer is not None:

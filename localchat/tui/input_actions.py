@@ -9,6 +9,7 @@ from textual import work
 from textual.notifications import Notification, Notify
 
 from localchat.tui import slash
+from localchat.tui.attach import path_completions
 from localchat.tui.prompt import CommandHints, PromptInput
 from localchat.tui.screens import HelpScreen
 
@@ -45,7 +46,7 @@ class InputActions:
             self.push_screen(HelpScreen())
 
     def _completions(self: LocalChatApp, text: str) -> list[slash.Completion]:
-        return slash.completions(text, self._model_choices)
+        return slash.completions(text, self._model_choices) or path_completions(text)
 
     def on_text_area_changed(self: LocalChatApp, event: PromptInput.Changed) -> None:
         text = event.text_area.text

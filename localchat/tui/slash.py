@@ -35,6 +35,8 @@ COMMANDS: tuple[SlashCommand, ...] = (
     SlashCommand("retry", "Ask the last question again"),
     SlashCommand("copy", "Copy the last reply, or its last code block with /copy code", "code"),
     SlashCommand("sessions", "Show or hide the sessions sidebar"),
+    SlashCommand("file", "Attach a text file to the next message (also @path in a message; "
+                 "`clear` removes them)", "PATH|clear", argument_required=True),
     SlashCommand("search", "Find messages in every session; Enter opens the session", "TEXT",
                  argument_required=True),
     SlashCommand("rename", "Rename this session", "NAME", argument_required=True),
