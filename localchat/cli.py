@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "localchat.commands.models",
     "localchat.commands.doctor",
     "localchat.commands.sessions",
+    "localchat.commands.stats",
 ]
 
 

@@ -287,6 +287,11 @@ class SessionActions:
                                                  "fits in the model's context._")
         ))
 
+    async def slash_stats(self: LocalChatApp, argument: str) -> None:
+        from localchat.store.stats import session_speed_markdown
+
+        self.push_screen(PageScreen(session_speed_markdown(self.store, self._require_conversation().session_id)))
+
     async def slash_big(self: LocalChatApp, text: str) -> None:
         """Send this message to the remote (large) model, whatever the routing mode."""
         await self.send_prompt(text, route="remote")

@@ -42,6 +42,7 @@ COMMANDS: tuple[SlashCommand, ...] = (
     SlashCommand("rename", "Rename this session", "NAME", argument_required=True),
     SlashCommand("export", "Save this session as Markdown, or JSON for a .json PATH (default: a new "
                  ".md file in the current folder)", "PATH"),
+    SlashCommand("stats", "TTFT and TPOT of this session's replies as sparklines; p50/p95 per model"),
     SlashCommand("summary", "Show the summary of turns trimmed from the context"),
     SlashCommand("think", "Thinking switch for models that have one: on, off or auto (the model's "
                  "default); no argument shows it", "on|off|auto"),
