@@ -36,7 +36,8 @@ async def _turn_ttft(app: LocalChatApp, pilot: Any, store: Store, text: str, del
     await pilot.press("enter")
     while app.turn is None:
         await asyncio.sleep(0.01)
-    while app.turn is not None:
+    reply = app.chat_log.last_reply()
+    while app.turn is not None or not reply.finished:  # finished on screen, not only stored
         await asyncio.sleep(0.02)
     timings = store.turns(store.last_session().id)[-1].timings
     return {"ttft_ms": round(timings.ttft_ms, 1), "prompt_n": timings.prompt_n,
