@@ -36,6 +36,7 @@ from localchat.tui.messages import (
     TurnWake,
 )
 from localchat.tui.attach import AttachmentChips, Attachments
+from localchat.tui.download import Downloads, ModelDownloads, RegistryDownloads
 from localchat.tui.draft import DraftPrefiller
 from localchat.tui.input_actions import InputActions, Notices
 from localchat.tui.message_actions import MessageActions
@@ -61,7 +62,7 @@ EngineFactory = Callable[[str | None], "Engine"]
 GIL_SWITCH_INTERVAL_S = 0.001
 
 
-class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, TypeAhead, DraftPrefiller, InputActions, Notices,
+class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, ModelDownloads, TypeAhead, DraftPrefiller, InputActions, Notices,
                    App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "localchat"
@@ -88,8 +89,10 @@ class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, Typ
         sampling_factory: Callable[[], Sampling | None] = default_sampling,
         list_models: Callable[[], list[tuple[str, bool]]] = model_choices,
         services_factory: Callable[..., ChatServices | None] = build_services,
+        downloads: Downloads | None = None,
     ) -> None:
         super().__init__()
+        self._downloads = downloads or RegistryDownloads()
         self._services_factory = services_factory
         self.services: ChatServices | None = None
         self.store = store

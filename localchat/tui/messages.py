@@ -46,11 +46,12 @@ class ModelFailed(Message):
     """The model could not be found or loaded; ``message`` is one line for the user. ``kept``:
     the model in use before stays (or is being loaded again)."""
 
-    def __init__(self, model: str, message: str, kept: bool = False) -> None:
+    def __init__(self, model: str, message: str, kept: bool = False, model_ref: str | None = None) -> None:
         super().__init__()
         self.model = model
         self.message = message
         self.kept = kept
+        self.model_ref = model_ref  # what was asked for (None: the default model)
 
 
 class SessionChanged(Message):

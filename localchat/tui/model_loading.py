@@ -46,7 +46,7 @@ class ModelLoader:
             engine = self._engine_factory(model_ref)  # a name that is not downloaded stops here
             check_loadable(engine)  # and a GGUF without a usable chat template here
         except UserError as exc:
-            self.post_message(ModelFailed(label, str(exc), kept=self.engine is not None))
+            self.post_message(ModelFailed(label, str(exc), kept=self.engine is not None, model_ref=model_ref))
             return
         previous = self.call_from_thread(self._release_engine)
         if previous is not None:
@@ -100,6 +100,8 @@ class ModelLoader:
         self.loading_model, self.model_error = None, message.message
         self.status.info.model = message.model
         self.set_state("no model")
+        if self.offer_download(message.model_ref):  # not downloaded: offered here, no need to quit
+            return
         await self.drop_queued("No model is loaded, so it was not sent.")
         await self.chat_log.add_notice(f"{message.message}. Pick another with /model NAME.")
         self.notify(message.message, title="Model not loaded", severity="error", timeout=15, cause="model")
