@@ -259,6 +259,12 @@ async def send(pilot, text: str) -> None:
     await pilot.press("enter")
 
 
+async def command(pilot, text: str) -> None:
+    """Type a slash command and let the app handle it."""
+    await send(pilot, text)
+    await pilot.pause()
+
+
 async def reply_finished(pilot) -> None:
     """Wait until the newest reply on screen has finished (done, stopped or failed)."""
 

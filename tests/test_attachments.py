@@ -11,13 +11,6 @@ import pytest
 from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, wait_until
 from localchat.attachments import complete_path, mentioned_files, read_attachment, with_attachments
 from localchat.errors import UserError
-from localchat.store import Store
-
-
-@pytest.fixture
-def store():
-    with Store.open() as s:
-        yield s
 
 
 @pytest.fixture

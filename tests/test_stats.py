@@ -5,20 +5,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from fake_engine import SIZE, FakeEngine, make_app, ready, reply_finished, send, wait_until
 from localchat.cli import main
 from localchat.events import Timings
-from localchat.store import Store
 from localchat.store.stats import model_stats, percentile, sparkline
 from localchat.tui.screens import PageScreen
-
-
-@pytest.fixture
-def store():
-    with Store.open() as s:
-        yield s
 
 
 def add_turns(store, session_id: int, model: str, ttfts: list[float]) -> None:

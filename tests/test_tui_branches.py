@@ -4,27 +4,16 @@ select it with the keyboard, copy it or one of its code blocks, write the input 
 
 from __future__ import annotations
 
-import os
 import stat
 
 import pytest
 
 from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, wait_until
 from localchat.store import Store, branches
-from localchat.tui import clipboard
 from localchat.tui.chat_log import UserMessage
 
 
-@pytest.fixture
-def store():
-    with Store.open() as s:
-        yield s
-
-
-@pytest.fixture(autouse=True)
-def no_clipboard_tools(monkeypatch):
-    monkeypatch.setattr(clipboard, "CLIPBOARD_TOOLS", ())
-    monkeypatch.delenv("TMUX", raising=False)
+pytestmark = pytest.mark.usefixtures("no_clipboard_tools")
 
 
 def echo(messages):

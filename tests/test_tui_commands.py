@@ -7,29 +7,13 @@ from pathlib import Path
 import pytest
 from textual.widgets import Markdown
 
-from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, wait_until
-from localchat.store import Store
+from fake_engine import SIZE, FakeEngine, command, make_app, notices, ready, reply_finished, send, wait_until
 from localchat.tui import clipboard
 from localchat.tui.prompt import CommandHints
 from localchat.tui.screens import ConfirmScreen, HelpScreen, PageScreen
 
 
-@pytest.fixture
-def store():
-    with Store.open() as s:
-        yield s
-
-
-@pytest.fixture(autouse=True)
-def no_clipboard_tools(monkeypatch):
-    """The fallback path is the same on every machine: no clipboard program, a file instead."""
-    monkeypatch.setattr(clipboard, "CLIPBOARD_TOOLS", ())
-    monkeypatch.delenv("TMUX", raising=False)
-
-
-async def command(pilot, text: str) -> None:
-    await send(pilot, text)
-    await pilot.pause()
+pytestmark = pytest.mark.usefixtures("no_clipboard_tools")
 
 
 async def test_system_sets_the_prompt_the_model_sees_and_is_saved(store):

@@ -6,21 +6,12 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-
 from fake_engine import SIZE, FakeEngine, make_app, notices, wait_until
 from localchat.errors import ModelNotFound
-from localchat.store import Store
 from localchat.tui.download import DownloadScreen, Offer, RegistryDownloads
 from localchat.tui.screens import ConfirmScreen
 
 TOTAL = 98_000_000
-
-
-@pytest.fixture
-def store():
-    with Store.open() as s:
-        yield s
 
 
 class ScriptedDownloads:

@@ -6,35 +6,19 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
 from pathlib import Path
 
 import pytest
 
-from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, wait_until
+from fake_engine import SIZE, FakeEngine, command, make_app, notices, ready, reply_finished, send, wait_until
 from localchat.errors import ModelNotFound
 from localchat.events import Timings
-from localchat.store import Store
 from localchat.tui import clipboard
 from localchat.tui.model_loading import check_loadable
 from localchat.tui.screens import PageScreen
 
 
-@pytest.fixture
-def store():
-    with Store.open() as s:
-        yield s
-
-
-@pytest.fixture(autouse=True)
-def no_clipboard_tools(monkeypatch):
-    monkeypatch.setattr(clipboard, "CLIPBOARD_TOOLS", ())
-    monkeypatch.delenv("TMUX", raising=False)
-
-
-async def command(pilot, text: str) -> None:
-    await send(pilot, text)
-    await pilot.pause()
+pytestmark = pytest.mark.usefixtures("no_clipboard_tools")
 
 
 async def test_switching_to_a_model_that_is_not_downloaded_keeps_the_current_one(store):
