@@ -38,7 +38,7 @@ def test_nothing_is_prefilled_while_a_reply_runs():
             raise AssertionError("prepared during a reply")
 
     chat = ChatSession(Busy())
-    chat._current = type("Running", (), {"finished": False})()
+    chat._current = type("Running", (), {"finished": False})()  # a reply is streaming
     assert chat.draft_messages("hello") is None
     chat.draft.update("hello there")  # no step starts
 
@@ -97,12 +97,15 @@ def test_an_edit_mid_draft_reprefills_from_the_first_changed_token_only_and_stay
     assert_matches_fresh(tokens, fresh, chat.last_sent)
 
 
-def test_sending_while_a_step_runs_stops_it_and_the_reply_is_exact(engine, fresh):
+def test_sending_while_a_step_runs_reuses_every_finished_step_and_the_reply_is_exact(engine, fresh):
     chat = started_chat(engine)
+    history = engine.prompt_tokens(chat.model_messages(), False)
     chat.draft.update(PASTE)
     while not chat.draft.steps:  # one step done, the next one running
         time.sleep(0.01)
     tokens, done = reply_tokens(chat.send(PASTE))
-    assert done.timings.cache_n > 0
+    # The running step finished rather than being stopped (a stop would drop the whole draft).
+    assert done.timings.cache_n >= history + len(chat.draft.step_timings) * 20
+    assert done.timings.prompt_n < engine.count_tokens(PASTE)
     assert_matches_fresh(tokens, fresh, chat.last_sent)
     reply_tokens(chat.send("Thanks."))  # and the conversation goes on from there

@@ -60,13 +60,13 @@ async def test_editing_an_earlier_prompt_forks_there_and_left_right_show_both_br
         assert contents(store) == ["one", "re: one", "TWO", "re: TWO"]
         # The model saw the conversation cut at the fork, then the edited prompt.
         assert [m["content"] for m in engine.submitted[-1]] == ["one", "re: one", "TWO"]
-        assert app.chat_log.query(UserMessage).last().border_title == "‹ 2/2 ›"
+        assert app.chat_log.query(UserMessage).last().versions_label == "‹ 2/2 ›"
 
         await pilot.press("alt+up", "up")
         await pilot.press("left")
         await wait_until(pilot, lambda: contents(store)[2:] == ["two", "re: two", "three", "re: three"],
                          "the old branch")
-        assert app.chat_log.query(UserMessage).nodes[1].border_title == "‹ 1/2 ›"
+        assert app.chat_log.query(UserMessage).nodes[1].versions_label == "‹ 1/2 ›"
         assert [m.text for m in app.chat_log.query(UserMessage)] == ["one", "two", "three"]
         await pilot.press("escape")  # back to the input
         await send(pilot, "four")  # the conversation goes on from the branch on screen
@@ -84,7 +84,7 @@ async def test_retry_keeps_the_previous_reply_as_a_sibling(store):
         await send(pilot, "/retry")
         await reply_finished(pilot)
         assert contents(store) == ["question", "second answer"]
-        assert app.chat_log.query(UserMessage).last().border_title == "‹ 2/2 ›"
+        assert app.chat_log.query(UserMessage).last().versions_label == "‹ 2/2 ›"
         await pilot.press("alt+up", "up", "left")
         await wait_until(pilot, lambda: contents(store) == ["question", "first answer"], "the first answer")
         assert app.chat_log.last_reply().text == "first answer"

@@ -9,11 +9,14 @@ all its progress to the first keystroke or to Enter. It goes in steps of about `
 each step prepares the draft up to a word boundary a little further on, and every finished step
 leaves that prefix (and its end-of-turn marker) in the cache, where the next step or the real
 turn reuses it up to the first token that differs. So an edit in the middle re-prefills from the
-first changed token on, and nothing before it; a stop loses at most the step in flight.
+first changed token on, and nothing before it.
 
 Never competes with a reply: nothing is prepared while a turn runs or a summary is being written
-or installed, and ``ChatSession.send`` cancels the draft before it submits (a foreground turn
-stops the engine's background work at once). Nor is it done when the next turn may trim the
+or installed. When the message is sent, ``ChatSession.send`` lets a running step finish (about
+STEP_SECONDS of prefill that the turn reuses, so the wait costs the reply nothing) instead of
+stopping it: the engine's ``prepare`` keeps whole messages only when stopped, and the draft is
+one message, so a stop would throw away every step. Edits let the running step finish too, and
+the next step starts from the first changed token. Nor is it done when the next turn may trim the
 context: a turn that trims shifts cached turns down, which needs the cache to end with the
 conversation, not with a draft.
 """
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
 STEP_CHARS = 200
 STEP_SECONDS = 0.3
 MAX_STEP_CHARS = 8000
+# The most a send waits for a running step (one takes ~STEP_SECONDS; this only bounds a stall).
+FINISH_WAIT_S = 5.0
 CHARS_PER_TOKEN = 4  # English prose; only step sizes depend on it, never what is reused
 
 
@@ -55,25 +60,29 @@ class DraftPrefill:
         return f"DraftPrefill(wanted={len(self._wanted)} chars, cached={len(self._cached)} chars)"
 
     def update(self, text: str) -> None:
-        """The draft is now ``text``: prefill towards it. A step already running goes on if its
-        prefix is still part of ``text`` (typing at the end); an edit before its end stops it."""
+        """The draft is now ``text``: prefill towards it. A step already running is left to
+        finish (see ``finish``); the next one starts from what it and ``text`` have in common."""
         with self._lock:
             self._wanted = text
-            running = self._running
-            if running is not None and not text.startswith(running[1]):
-                running[0].stop()  # its finish starts the step the new text needs
-                return
-            if running is not None:
+            if self._running is not None:
                 return
         self._next_step()
 
     def cancel(self) -> None:
-        """Stop prefilling (the message was sent, or the input emptied); what is cached stays."""
+        """No further steps (the input emptied, a command or another session); what is cached,
+        or still being cached by a running step, stays."""
+        with self._lock:
+            self._wanted = ""
+
+    def finish(self, timeout: float = FINISH_WAIT_S) -> None:
+        """Before the message is sent: no further steps, and wait for a running one to end. Its
+        cells are then reused by the turn; stopping it instead would throw away every step,
+        since a stopped prefill keeps whole messages only and the draft is still one message."""
         with self._lock:
             self._wanted = ""
             running = self._running
         if running is not None:
-            running[0].stop()
+            running[0].wait(timeout)
 
     @property
     def cached_text(self) -> str:
@@ -101,8 +110,10 @@ class DraftPrefill:
                 self.steps += 1
                 self.step_timings.append(event.timings)
                 self.step_chars = _step_chars(event.timings.prompt_n, event.timings.prompt_ms, self.step_chars)
-            # A stopped step leaves ``_cached`` as it was. The cache may hold less (a stop drops
-            # a half-prefilled message): only the next step's size is then off, never its cells.
+            elif isinstance(event, Done) and event.timings.prompt_n:
+                # Stopped mid-prefill (a turn came first): the engine kept whole messages only,
+                # so no part of the draft is cached any more.
+                self._cached = ""
         self._next_step()
 
 

@@ -8,6 +8,7 @@ come out right.
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
@@ -44,10 +45,13 @@ class UserMessage(Static):
         if versions is not None:
             self.show_versions(*versions)
 
+    versions_label = ""
+
     def show_versions(self, current: int, count: int) -> None:
         """Mark a forked prompt: version ``current`` (0-based) of ``count``; ←/→ switch."""
         if count > 1:
-            self.border_title = f"‹ {current + 1}/{count} ›"
+            self.versions_label = f"‹ {current + 1}/{count} ›"
+            self.update(Text(self.text) + Text(f"\n{self.versions_label}  ←/→ on it (Alt+↑ selects)", style="dim"))
 
 
 class QueuedPrompt(Static):
