@@ -59,7 +59,7 @@ class ModelLoader:
             message = str(exc) if isinstance(exc, UserError) else f"could not load {label}: {exc}"
             if previous is not None and not self._closed:
                 self.post_message(ModelFailed(label, message, kept=True))
-                self._load_in_background(previous_ref, previous_ref)
+                self.call_from_thread(self._load_in_background, previous_ref, previous_ref)  # the old one back
             else:
                 self.post_message(ModelFailed(label, message))
             return
