@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "localchat.commands.models",
     "localchat.commands.doctor",
     "localchat.commands.sessions",
+    "localchat.commands.stats",
 ]
 
 
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", "-m", help="registry name, hf:ORG/REPO/FILE.gguf or a .gguf path")
     parser.add_argument("--continue", dest="continue_last", action="store_true",
                         help="reopen the most recently used session")
-    parser.add_argument("--session", "-s", help="open (or create) the session with this name")
+    parser.add_argument("--session", "-s", help="open the session with this id or name (a new name starts one)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:

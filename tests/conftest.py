@@ -91,6 +91,25 @@ def engine(shared_engine):
 
 
 @pytest.fixture
+def store():
+    """The session store of the test's isolated home."""
+    from localchat.store import Store
+
+    with Store.open() as s:
+        yield s
+
+
+@pytest.fixture
+def no_clipboard_tools(monkeypatch):
+    """The copy fallback is the same on every machine: no clipboard program, not inside tmux,
+    a file instead (use with ``pytestmark = pytest.mark.usefixtures("no_clipboard_tools")``)."""
+    from localchat.tui import clipboard
+
+    monkeypatch.setattr(clipboard, "CLIPBOARD_TOOLS", ())
+    monkeypatch.delenv("TMUX", raising=False)
+
+
+@pytest.fixture
 def greedy():
     from localchat.engine.options import Sampling
 

@@ -208,6 +208,16 @@ class FakeEngine:
 SIZE = (80, 24)  # the smallest terminal the app promises to work in
 
 
+class NoDownloads:
+    """Nothing to download: a missing model stays a notice (see test_tui_download.py)."""
+
+    def offer(self, model_ref):
+        return None
+
+    def pull(self, model, progress):
+        raise AssertionError("nothing to pull")
+
+
 def make_app(store: object, engine: FakeEngine | None = None, **options: object):
     """A ``LocalChatApp`` over ``store`` whose model is ``engine`` (a default FakeEngine if None).
 
@@ -217,7 +227,8 @@ def make_app(store: object, engine: FakeEngine | None = None, **options: object)
     engine = engine or FakeEngine()
     options.setdefault("engine_factory", lambda ref: engine)
     options.setdefault("sampling_factory", lambda: None)
-    options.setdefault("list_models", lambda: ["fake-model", "other-model"])
+    options.setdefault("list_models", lambda: [("fake-model", True), ("other-model", True)])
+    options.setdefault("downloads", NoDownloads())
     return LocalChatApp(store=store, **options)
 
 
@@ -246,6 +257,12 @@ async def send(pilot, text: str) -> None:
     """Type ``text`` into the prompt (as a paste would) and press Enter."""
     pilot.app.prompt.text = text
     await pilot.press("enter")
+
+
+async def command(pilot, text: str) -> None:
+    """Type a slash command and let the app handle it."""
+    await send(pilot, text)
+    await pilot.pause()
 
 
 async def reply_finished(pilot) -> None:

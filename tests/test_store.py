@@ -44,10 +44,11 @@ def test_upgrade_steps_run_once_each_in_order(tmp_path: Path):
         db.execute("ALTER TABLE sessions ADD COLUMN tags TEXT NOT NULL DEFAULT ''")
 
     path = tmp_path / "s.db"
-    Store.open(path).close()  # at version 1
+    Store.open(path).close()  # at the latest version
     db = sqlite3.connect(path, isolation_level=None)
-    assert schema.upgrade(db, [*schema.UPGRADES, add_tags]) == 2
-    assert schema.upgrade(db, [*schema.UPGRADES, add_tags]) == 2
+    latest = schema.latest_version()
+    assert schema.upgrade(db, [*schema.UPGRADES, add_tags]) == latest + 1
+    assert schema.upgrade(db, [*schema.UPGRADES, add_tags]) == latest + 1
     assert ran == ["v2"]
     assert "tags" in [c[1] for c in db.execute("PRAGMA table_info(sessions)")]
 
@@ -62,7 +63,7 @@ def test_a_failing_upgrade_step_leaves_the_database_at_its_old_version(tmp_path:
     db = sqlite3.connect(path, isolation_level=None)
     with pytest.raises(RuntimeError):
         schema.upgrade(db, [*schema.UPGRADES, broken])
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.latest_version()
     assert "tags" not in [c[1] for c in db.execute("PRAGMA table_info(sessions)")]
 
 
@@ -212,3 +213,64 @@ def test_a_file_that_is_not_a_database_is_a_readable_error(tmp_path: Path):
     path.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(StoreError, match=r"could not be used: file is not a database"):
         Store.open(path)
+
+
+def test_a_version_1_database_is_upgraded_keeping_its_sessions_and_becomes_searchable(tmp_path: Path):
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    schema.upgrade(db, schema.UPGRADES[:1])  # the schema localchat shipped before search
+    db.execute("INSERT INTO sessions (name, system, created_at, updated_at) VALUES ('old', 'Be brief.', 1, 1)")
+    db.execute("INSERT INTO turns (session_id, seq, role, content, created_at) "
+               "VALUES (1, 1, 'user', 'Where do penguins live?', 1)")
+    db.close()
+
+    with Store.open(path) as store:
+        assert store.schema_version == schema.latest_version()
+        assert [t.content for t in store.turns(1)] == ["Where do penguins live?"]
+        assert store.system_history(1) == [(0, "Be brief.")]  # it applied from the start
+        assert [(h.session_id, h.seq) for h in store.search("penguins")] == [(1, 1)]
+        store.add_reply(1, "In Antarctica, mostly.", model="m")
+        assert [h.seq for h in store.search("antarctica")] == [2]
+
+
+def test_search_finds_messages_of_every_session_and_reads_the_query_literally(store: Store):
+    first, second = store.create_session(), store.create_session()
+    store.add_user_turn(first.id, "How do I reverse a list in Python?")
+    store.add_reply(first.id, "Use reversed(items) or items[::-1].", model="m")
+    store.add_user_turn(second.id, "A haiku about lists, please")
+    assert {h.session_id for h in store.search("lists")} == {second.id}
+    assert {(h.session_id, h.role) for h in store.search("reversed")} == {(first.id, "assistant")}
+    assert store.search('reverse" OR "x') == []  # quotes and operators are just text
+    with pytest.raises(UserError, match="at least one word"):
+        store.search("   ")
+    store.delete_session(first.id)
+    assert store.search("reversed") == []
+
+
+def test_a_session_is_found_by_name_or_by_id_and_a_number_never_creates_one(store: Store):
+    named = store.open_named_session("notes")
+    unnamed = store.create_session()
+    assert store.resolve_session("notes").id == named.id
+    assert store.resolve_session(str(unnamed.id)).id == unnamed.id
+    with pytest.raises(SessionNotFound, match="No session with id 99"):
+        store.resolve_session("99", create=True)
+    with pytest.raises(SessionNotFound, match="No session named 'other'"):
+        store.resolve_session("other")
+    assert store.resolve_session("other", create=True).name == "other"
+
+
+def test_a_system_prompt_change_is_recorded_where_it_happened(store: Store):
+    session = store.create_session()
+    store.add_user_turn(session.id, "hi")
+    store.add_reply(session.id, "hello", model="m")
+    store.set_system(session.id, "Answer in French.")
+    assert store.system_history(session.id) == [(2, "Answer in French.")]
+    store.clear_turns(session.id)
+    assert store.system_history(session.id) == [(0, "Answer in French.")]
+
+
+def test_sessions_carry_a_preview_of_their_newest_message(store: Store):
+    session = store.create_session()
+    assert store.session(session.id).preview == ""
+    store.add_user_turn(session.id, "first line\nsecond line")
+    assert store.session(session.id).preview == "first line"

@@ -10,7 +10,7 @@ import pytest
 from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, split_tokens, wait_until
 from localchat.errors import ModelNotFound
 from localchat.store import Store
-from localchat.tui.chat_log import ReplyView, UserMessage
+from localchat.tui.chat_log import QueuedPrompt, ReplyView, UserMessage
 from localchat.tui.screens import ConfirmScreen
 from localchat.tui.status import render_status
 
@@ -141,19 +141,21 @@ async def test_status_bar_shows_model_offload_state_ttft_tpot_speed_cache_and_co
         assert app.status.info.ttft_ms == pytest.approx(timings.ttft_ms, abs=0.001)  # stored rounded
 
 
-async def test_loading_shows_progress_and_a_prompt_sent_meanwhile_stays_in_the_input(store):
+async def test_loading_shows_progress_and_a_prompt_sent_meanwhile_is_queued_then_sent(store):
     gate = threading.Event()
     app = make_app(store, FakeEngine(load_gate=gate))
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: app.status.info.state == "loading 100%", "load progress")
         await send(pilot, "are you there?")
-        assert app.prompt.text == "are you there?"
-        assert any("still loading" in n for n in notices(app))
+        assert app.prompt.text == ""  # it left the input: it is queued, shown as such
+        queued = app.chat_log.query(QueuedPrompt)
+        assert [q.text for q in queued] == ["are you there?"] and "queued #1" in queued.first().border_title
         gate.set()
         await ready(pilot)
-        await pilot.press("enter")
         await reply_finished(pilot)
-        assert [t.content for t in store.turns(store.last_session().id)][0] == "are you there?"
+        assert not app.chat_log.query(QueuedPrompt)
+        assert str(app.chat_log.query(UserMessage).last().content) == "are you there?"
+    assert [t.content for t in store.turns(store.last_session().id)][0] == "are you there?"
 
 
 async def test_a_missing_model_is_a_notice_that_offers_the_pull_command(store):
@@ -222,19 +224,31 @@ async def test_up_recalls_earlier_prompts_including_those_of_earlier_runs(store)
         assert app.prompt.text == "draft"
 
 
-async def test_typing_while_a_reply_streams_goes_to_the_input(store):
-    app = make_app(store, FakeEngine(reply="x y z", hold_after=1))
+async def test_messages_sent_while_a_reply_streams_are_queued_in_order_and_esc_removes_the_newest(store):
+    release = threading.Event()
+    engine = FakeEngine(reply=lambda m: "re: " + m[-1]["content"], hold_after=1, release=release)
+    app = make_app(store, engine)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await send(pilot, "first")
-        await wait_until(pilot, lambda: app.chat_log.last_reply().text == "x", "a token")
-        await pilot.press(*"next question")
-        assert app.prompt.text == "next question"
-        await pilot.press("enter")  # refused while streaming: the text stays
-        assert app.prompt.text == "next question"
-        assert any("still streaming" in n for n in notices(app))
-        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.chat_log.last_reply().text == "re:", "a token")
+        await pilot.press(*"second")
+        await pilot.press("enter")
+        await send(pilot, "third")
+        await send(pilot, "oops")
+        assert [q.text for q in app.chat_log.query(QueuedPrompt)] == ["second", "third", "oops"]
+
+        await pilot.press("escape")  # takes back the newest queued message, not the reply
+        assert [q.text for q in app.chat_log.query(QueuedPrompt)] == ["second", "third"]
+        assert app.prompt.text == "oops" and app.turn is not None
+        app.prompt.text = ""
+
+        release.set()
+        await wait_until(pilot, lambda: len(engine.submitted) == 3 and app.turn is None, "the queue to drain")
         await reply_finished(pilot)
+    assert [m[-1]["content"] for m in engine.submitted] == ["first", "second", "third"]
+    assert [t.content for t in store.turns(store.last_session().id)] == [
+        "first", "re: first", "second", "re: second", "third", "re: third"]
 
 
 async def test_the_layout_fits_80_by_24_with_every_part_on_screen(store):

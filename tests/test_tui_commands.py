@@ -7,28 +7,13 @@ from pathlib import Path
 import pytest
 from textual.widgets import Markdown
 
-from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, wait_until
-from localchat.store import Store
+from fake_engine import SIZE, FakeEngine, command, make_app, notices, ready, reply_finished, send, wait_until
 from localchat.tui import clipboard
 from localchat.tui.prompt import CommandHints
 from localchat.tui.screens import ConfirmScreen, HelpScreen, PageScreen
 
 
-@pytest.fixture
-def store():
-    with Store.open() as s:
-        yield s
-
-
-@pytest.fixture(autouse=True)
-def no_clipboard_tools(monkeypatch):
-    """The fallback path is the same on every machine: no clipboard program, a file instead."""
-    monkeypatch.setattr(clipboard, "CLIPBOARD_TOOLS", ())
-
-
-async def command(pilot, text: str) -> None:
-    await send(pilot, text)
-    await pilot.pause()
+pytestmark = pytest.mark.usefixtures("no_clipboard_tools")
 
 
 async def test_system_sets_the_prompt_the_model_sees_and_is_saved(store):
@@ -112,7 +97,7 @@ async def test_copy_sends_the_reply_over_osc52_and_saves_a_fallback_file(store):
         await reply_finished(pilot)
         await command(pilot, "/copy code")
         assert app.clipboard == "ls -la"
-        await wait_until(pilot, lambda: any("saved to" in n for n in notices(app)), "the copy notice")
+        await wait_until(pilot, lambda: any("Saved 6 characters to" in n for n in notices(app)), "the copy notice")
         assert clipboard.clipboard_file().read_text() == "ls -la"
         await command(pilot, "/copy")
         assert app.clipboard == "Run:\n\n```sh\nls -la\n```\n"

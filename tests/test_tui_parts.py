@@ -60,8 +60,9 @@ def test_double_slash_is_a_message_not_a_command():
 
 def test_completion_offers_commands_then_model_names():
     assert [c.text for c in slash.completions("/re", [])] == ["/retry", "/rename "]
-    assert [c.text for c in slash.completions("/model q", ["qwen", "smollm2", "qwq"])] == [
-        "/model qwen", "/model qwq"]
+    models = [("qwen", True), ("smollm2", True), ("qwq", False)]
+    assert [(c.text, c.help) for c in slash.completions("/model q", models)] == [
+        ("/model qwen", ""), ("/model qwq", "not downloaded: `localchat pull qwq`")]
     assert slash.completions("hello /re", []) == []
 
 

@@ -3,6 +3,8 @@ stops it mid-stream; the partial reply is kept, and the next turn reuses the KV 
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from fake_engine import SIZE, send, wait_until
@@ -60,9 +62,10 @@ async def test_the_real_model_streams_stops_on_esc_and_the_next_turn_reuses_the_
 
 
 def real_app(store, test_model_path, **kwargs) -> LocalChatApp:
+    kwargs.setdefault("engine_factory",
+                      lambda ref: Engine(test_model_path, EngineOptions(n_ctx=1024), name="smollm2-135m"))
     return LocalChatApp(
         store=store,
-        engine_factory=lambda ref: Engine(test_model_path, EngineOptions(n_ctx=1024), name="smollm2-135m"),
         sampling_factory=lambda: Sampling(temperature=0.0, max_tokens=16, seed=0),
         list_models=list,
         **kwargs,
@@ -100,3 +103,35 @@ async def test_big_sends_the_message_to_the_remote_model(test_model_path, llama_
             assert app.status.info.route == "remote"
         (_, reply) = store.turns(store.last_session().id)
     assert reply.route == "remote" and reply.route_reason == "user: remote" and reply.content
+
+
+async def test_type_ahead_and_prefill_while_typing_with_the_real_model(test_model_path):
+    from localchat.tui.chat_log import QueuedPrompt
+
+    gate = threading.Event()
+
+    def slow_to_load(ref):
+        gate.wait()  # "still loading" for as long as the test needs
+        return Engine(test_model_path, EngineOptions(n_ctx=2048), name="smollm2-135m")
+
+    draft = " ".join(f"Item {i} is a {['red', 'blue'][i % 2]} cup." for i in range(60)) + " Which items are red?"
+    with Store.open() as store:
+        app = real_app(store, test_model_path, engine_factory=slow_to_load)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(pilot, "Hello!")
+            await send(pilot, "How are you?")
+            assert [q.text for q in app.chat_log.query(QueuedPrompt)] == ["Hello!", "How are you?"]
+            gate.set()
+            await wait_until(pilot, lambda: len(store.turns(store.last_session().id)) == 4 and finished(app),
+                             "both queued messages answered", timeout=SLOW)
+            assert not app.chat_log.query(QueuedPrompt)
+
+            app.prompt.text = draft  # a paste: prefilled in the background while it sits there
+            chat = app.conversation.chat
+            await wait_until(pilot, lambda: chat.draft.cached_text == draft, "the draft prefill", timeout=SLOW)
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: finished(app), "the answer", timeout=SLOW)
+        turns = store.turns(store.last_session().id)
+    assert [t.content for t in turns[::2]] == ["Hello!", "How are you?", draft]
+    assert turns[-1].timings.prompt_n <= 5  # only the reply header: the draft was already in the cache
+    assert turns[-1].timings.cache_n > 300

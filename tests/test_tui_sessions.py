@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fake_engine import SIZE, FakeEngine, make_app, ready, reply_finished, send, wait_until
+from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, wait_until
 from localchat.cli import main
 from localchat.store import Store
 from localchat.tui.chat_log import ReplyView, UserMessage
@@ -26,7 +26,14 @@ def shown_prompts(app) -> list[str]:
 
 def sidebar_labels(app) -> list[str]:
     options = app.query_one(SessionList)
-    return [str(options.get_option_at_index(i).prompt).lstrip("● ").strip() for i in range(options.option_count)]
+    return [str(options.get_option_at_index(i).prompt).lstrip("● ").strip().split("\n")[0]
+            for i in range(options.option_count)]
+
+
+def sidebar_details(app) -> list[str]:
+    """Each session's second line: when it was last used and its newest message."""
+    options = app.query_one(SessionList)
+    return [str(options.get_option_at_index(i).prompt).split("\n")[1].strip() for i in range(options.option_count)]
 
 
 async def test_a_conversation_survives_an_app_restart_with_continue(store):
@@ -136,14 +143,30 @@ async def test_switching_sessions_while_a_reply_streams_stops_and_saves_it(store
     assert (saved.content, saved.stopped) == ("one two", True)
 
 
-async def test_a_session_left_without_messages_is_not_kept(store):
+async def test_a_session_left_without_messages_is_not_kept_not_even_the_one_open_at_quit(store):
     app = make_app(store, FakeEngine())
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await pilot.press("ctrl+n")
         await pilot.press("ctrl+n")
         await pilot.pause()
-    assert len(store.list_sessions()) == 1
+        assert len(store.list_sessions()) == 1  # the one on screen
+    assert store.list_sessions() == []  # a restart does not list an empty "New chat"
+
+
+async def test_the_sidebar_shows_each_session_with_its_date_and_newest_message(store):
+    old = store.create_session()
+    store.add_user_turn(old.id, "How do penguins keep warm?")
+    store.add_reply(old.id, "Feathers and huddles.", model="m")
+    store.create_session()  # empty, left by a crash: not listed
+    app = make_app(store, FakeEngine())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+b")
+        await pilot.pause()
+        assert sidebar_labels(app) == ["New chat", "How do penguins keep warm?"]  # not the empty one
+        assert sidebar_details(app)[1].startswith("today ") and sidebar_details(app)[1].endswith(
+            " · Feathers and huddles.")
 
 
 def test_sessions_command_lists_sessions_by_last_use(store, capsys):
@@ -181,3 +204,20 @@ async def test_the_first_prompt_titles_the_session_while_the_reply_streams(store
         assert app.prompt.border_title == "Plan a trip to Lisbon"
         await pilot.press("escape")
         await reply_finished(pilot)
+
+
+async def test_search_finds_a_message_in_another_session_and_opens_it(store):
+    from localchat.tui.screens import SearchScreen
+
+    old = store.create_session("trip")
+    store.add_user_turn(old.id, "Pack sunscreen and a penguin plush.")
+    store.add_reply(old.id, "Noted.", model="m")
+    app = make_app(store, FakeEngine())
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "/search penguin")
+        await wait_until(pilot, lambda: isinstance(app.screen, SearchScreen), "the results")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.conversation.session_id == old.id, "the found session")
+        await send(pilot, "/search zebra")
+        await wait_until(pilot, lambda: any("No message contains" in n for n in notices(app)), "no match")

@@ -28,7 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="sampling seed")
     p.add_argument("--n-ctx", type=int, help="context size in tokens")
     p.add_argument("--json", action="store_true", help="JSON Lines events on stdout")
-    p.add_argument("--session", "-s", help="continue (or start) the stored session with this name")
+    p.add_argument("--file", "-f", action="append", default=[], metavar="PATH",
+                   help="attach a text file to the question (repeatable)")
+    p.add_argument("--session", "-s", help="continue the stored session with this id or name (a new name starts one)")
     p.add_argument("--think", choices=("on", "off", "auto"),
                    help="the model's thinking switch, for templates that have one (Qwen3 style)")
     p.add_argument("--hide-thinking", action="store_true",
@@ -40,6 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from localchat.attachments import read_attachment
     from localchat.config import load_config
     from localchat.engine.factory import open_engine, sampling_options
     from localchat.errors import UserError
@@ -53,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         prompt, notice = read_prompt(args.prompt)
         if notice:
             out.event(notice)
+        for path in args.file:  # a missing or binary file is refused before a model loads
+            read_attachment(path, None, None)
         config = load_config()
         escalator = Escalator.from_settings(RemoteSettings.from_config(config.remote))
         route = args.route or ("auto" if escalator.client is not None else "local")
@@ -60,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         engine = open_engine(args.model, config, **overrides)
         sampling = sampling_options(config, **_sampling_flags(args))
         engine.load()
+        prompt = _with_files(prompt, args.file, engine, sampling)
         if args.n_ctx and engine.n_ctx != args.n_ctx:
             out.event(Notice(f"n_ctx {args.n_ctx} was rounded up to {engine.n_ctx} "
                              "(llama.cpp allocates contexts in steps of 256 tokens)", kind="n_ctx"))
@@ -83,6 +89,18 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(final, Failed):
         return 1
     return EXIT_INTERRUPTED if final.finish_reason == "aborted" else 0
+
+
+def _with_files(prompt: str, paths: list[str], engine, sampling) -> str:
+    """The question with ``-f`` files attached; UserError for a binary or over-long file."""
+    from localchat.attachments import read_attachment, with_attachments
+
+    attachments, room = [], engine.n_ctx - min(sampling.max_tokens, engine.n_ctx // 2)
+    for path in paths:
+        attachment = read_attachment(path, engine.count_tokens, room)
+        room -= attachment.tokens
+        attachments.append(attachment)
+    return with_attachments(prompt, attachments)
 
 
 class _StoredSession:
@@ -113,10 +131,10 @@ class _StoredSession:
         store = Store.open()
         lock = None
         try:
-            record = store.open_named_session(name)
+            record = store.resolve_session(name, create=True)
             lock = SessionLock(record.id)
             lock.acquire(on_wait=lambda: out.event(Notice(
-                f"session {name!r} is answering in another localchat; waiting for it",
+                f"session {record.label!r} is answering in another localchat; waiting for it",
                 kind="waiting")))
             if system is not None and system != record.system:
                 store.set_system(record.id, system)

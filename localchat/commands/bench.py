@@ -36,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mode.add_argument("--tui", nargs="?", const=1000, type=int, metavar="N_TOKENS",
                       help="measure what streaming N tokens through the running app costs against "
                       "the engine alone, and keypress latency during streaming")
+    mode.add_argument("--typing", nargs="?", const=1.0, type=float, metavar="DELAY_S",
+                      help="measure prefill while typing: TTFT of a ~1,000-token paste sent DELAY_S "
+                      "(default 1) after pasting, against a 20-token message and against no prefill")
     mode.add_argument("--router", nargs="?", const="", metavar="PROMPTS.jsonl",
                       help="score escalation on a labelled prompt set (default: the shipped one): "
                       "the rules, then the whole route through the local model")
@@ -55,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rules_only:
         raise UserError("--rules-only goes with --router")
     args.max_tokens = args.max_tokens or 48
-    if args.restore or args.tui:
+    if args.restore or args.tui or args.typing is not None:
         return _print(args, _model_report(args))
     return _conversation(args)
 
@@ -163,6 +166,10 @@ def _model_report(args: argparse.Namespace) -> dict:
              "value": report["restored_ttft_over_warm"], "ok": report["restored_ttft_over_warm"] <= 2.0},
         ]
         return report
+    if args.typing is not None:
+        from localchat.tui.bench_typing import measure_typing_prefill
+
+        return measure_typing_prefill(path, args.typing, n_ctx=args.n_ctx)
     from localchat.tui.bench import measure_streaming_overhead
 
     return measure_streaming_overhead(path, args.tui)

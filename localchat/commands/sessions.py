@@ -19,12 +19,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "sessions",
         help="list saved chat sessions",
         description="List saved chat sessions, most recently used first. "
-        "Open one with `localchat --session NAME` or the last one with `localchat --continue`.",
+        "Open one with `localchat --session ID` (or its name) or the last one with "
+        "`localchat --continue`.",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object per session")
     parser.add_argument("--prune", action="store_true",
                         help="delete every saved KV cache and half-written snapshot file "
                         "(sessions then reopen by prefilling once)")
+    parser.add_argument("--search", metavar="TEXT",
+                        help="list the messages of every session that contain all these words")
+    parser.add_argument("--export", metavar="SESSION",
+                        help="print the session with this id or name as Markdown (JSON with --json)")
     parser.set_defaults(func=_run)
 
 
@@ -32,12 +37,43 @@ def _run(args: argparse.Namespace) -> int:
     if args.prune:
         return _prune()
     with Store.open() as store:
+        if args.export is not None:
+            return _export(store, args.export, args.json)
+        if args.search is not None:
+            return _search(store, args.search, args.json)
         sessions = store.list_sessions()
     if args.json:
         print_json(sessions, sys.stdout)
     else:
         print_table(sessions, sys.stdout)
     return 0
+
+
+def _export(store: Store, ref: str, as_json: bool) -> int:
+    from localchat.store import export
+
+    session = store.resolve_session(ref)
+    sys.stdout.write(export.to_json(store, session.id) if as_json else export.to_markdown(store, session.id))
+    return 0
+
+
+def _search(store: Store, text: str, as_json: bool) -> int:
+    """Matches with their session's id and label; exit 1 when nothing matched (like grep)."""
+    hits = store.search(text)
+    labels = {s.id: s.label for s in store.list_sessions()}
+    for hit in hits:
+        if as_json:
+            sys.stdout.write(json.dumps({"session": hit.session_id, "label": labels.get(hit.session_id),
+                                         "seq": hit.seq, "role": hit.role, "snippet": hit.snippet,
+                                         "created_at": hit.created_at}, ensure_ascii=False) + "\n")
+        else:
+            who = "you" if hit.role == "user" else "reply"
+            snippet = _visible(" ".join(hit.snippet.split()))
+            sys.stdout.write(f"{hit.session_id:>4}  {_visible(labels.get(hit.session_id, ''))[:32]:<32}  "
+                             f"{who:<5}  {snippet}\n")
+    if not hits and not as_json:
+        sys.stderr.write(f"No message contains {text!r}.\n")
+    return 0 if hits else 1
 
 
 def _prune() -> int:
@@ -57,6 +93,7 @@ def session_to_dict(session: SessionRecord) -> dict:
         "label": session.label,
         "model": session.model,
         "turns": session.turn_count,
+        "preview": session.preview,
         "created_at": session.created_at,
         "updated_at": session.updated_at,
     }

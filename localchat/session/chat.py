@@ -9,11 +9,13 @@ removes those turns from its KV cache by shifting, so the kept turns are not eva
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
 from localchat.engine.options import Sampling
 from localchat.engine.turn import TurnHandle
+from localchat.session.draft import DraftPrefill
 from localchat.events import Done, Failed
 
 
@@ -59,6 +61,7 @@ class ChatSession:
         # Time spent restoring a saved KV cache before this session's next turn: it is part of
         # what the user waits for, so it is added to that turn's TTFT (and shown as restore_ms).
         self.pending_restore_ms: float | None = None
+        self.pending_draft_ms = 0.0  # time ``send`` waited for a draft prefill step to finish
         # Index into history of the first message the model still sees (earlier ones were trimmed).
         self.first_visible = 0
         # Guards the window (history, first_visible, summary) against the background summary
@@ -68,6 +71,9 @@ class ChatSession:
         # The messages the last turn showed the model (after trimming): what a fresh prefill
         # must reproduce (bench's exactness oracle).
         self.last_sent: list[dict[str, str]] = []
+        # Cells a context shift moved in the last turn: a draft is then not prefilled (see draft.py).
+        self.last_approx_n = 0
+        self.draft = DraftPrefill(self)
 
     # -- what the model sees -------------------------------------------------------------------
 
@@ -96,6 +102,10 @@ class ChatSession:
         ``escalator``, a RoutedTurn that may hand the turn to the remote model). The reply, also
         a stopped one, is added to the history before the final event reaches the reader."""
         sampling = sampling or self.sampling
+        waited = time.perf_counter()
+        self.draft.finish()  # a running step ends first: the turn reuses it instead of stopping it
+        # That wait is part of what the user waits for: added to this turn's TTFT (see _record_reply).
+        self.pending_draft_ms = (time.perf_counter() - waited) * 1000
         remote_ready = escalator is not None and escalator.client is not None and route != "local"
         with self.state_lock:
             if self._current is not None and not self._current.finished:
@@ -131,11 +141,15 @@ class ChatSession:
         return parameter_count(path) if path is not None else None
 
     def _record_reply(self, event: Done | Failed) -> None:
+        if isinstance(event, Done) and event.timings.ttft_ms:
+            event.timings.ttft_ms += self.pending_draft_ms
+        self.pending_draft_ms = 0.0
         if isinstance(event, Done) and self.pending_restore_ms is not None:
             event.timings.restore_ms = self.pending_restore_ms
             event.timings.ttft_ms += self.pending_restore_ms
             self.pending_restore_ms = None
         if isinstance(event, Done):
+            self.last_approx_n = event.timings.approx_n
             self.history.append(Message("assistant", event.reply, stopped=event.finish_reason == "aborted"))
             if self.keeper is not None:
                 in_context = self.summary and self.summary_in_context
@@ -152,6 +166,25 @@ class ChatSession:
         current = self._current
         if current is not None:
             current.stop()
+
+    def draft_messages(self, draft: str) -> list[dict[str, str]] | None:
+        """What prefilling ``draft`` as the next user message means for the model: the messages
+        to prepare, or None when it must not be done now (see draft.py: a turn or a summary is
+        running, or the next turn may trim the context)."""
+        with self.state_lock:
+            if self.busy or self.last_approx_n:
+                return None
+            keeper = self.keeper
+            if keeper is not None:
+                if keeper.in_flight is not None or keeper.prepared is not None:
+                    return None
+                # Below the point where a summary starts, the next turn cannot need a trim.
+                settings = keeper.settings
+                needed = (self.engine.tokens_in_context + self.engine.count_tokens(draft)
+                          + self.engine.template_overhead())
+                if needed > settings.summarize_threshold * settings.prompt_capacity:
+                    return None
+            return self.model_messages() + [{"role": "user", "content": draft}]
 
     @property
     def busy(self) -> bool:
@@ -178,6 +211,17 @@ class ChatSession:
         self.first_visible = 0
         if self.keeper is not None:
             self.keeper.reset()
+
+    def rewind(self, n_messages: int) -> None:
+        """Keep only the first ``n_messages`` of the history (an edit or a branch switch). Turns
+        a summary stood in for may be among those dropped: the summary then goes too, and the
+        window starts over from the first message."""
+        with self.state_lock:
+            del self.history[n_messages:]
+            if n_messages < self.first_visible:
+                self.summary, self.summary_in_context, self.first_visible = "", True, 0
+                if self.keeper is not None:
+                    self.keeper.reset()
 
     def undo_last_exchange(self) -> str:
         """Remove the last user message and the reply to it; return the user's text (for /retry)."""

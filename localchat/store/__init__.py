@@ -1,6 +1,6 @@
 """Persistent sessions: SQLite with a versioned schema, shared by the app and the CLI."""
 
-from localchat.store.records import UNTITLED, SessionRecord, TurnRecord
+from localchat.store.records import UNTITLED, SearchHit, SessionRecord, TurnRecord
 from localchat.store.store import NameTaken, SessionNotFound, Store, StoreError
 
-__all__ = ["Store", "SessionRecord", "TurnRecord", "SessionNotFound", "NameTaken", "StoreError", "UNTITLED"]
+__all__ = ["Store", "SearchHit", "SessionRecord", "TurnRecord", "SessionNotFound", "NameTaken", "StoreError", "UNTITLED"]

@@ -27,6 +27,12 @@ class SessionRecord:
     created_at: float
     updated_at: float
     turn_count: int = 0
+    last_message: str = ""  # the newest message, for the sidebar's preview
+
+    @property
+    def preview(self) -> str:
+        """The newest message on one short line."""
+        return title_from_prompt(self.last_message, 60)
 
     @property
     def label(self) -> str:
@@ -50,6 +56,17 @@ class TurnRecord:
     finish_reason: str = ""
     stopped: bool = False
     created_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """A message that matched a search: where it is, and the words around the match."""
+
+    session_id: int
+    seq: int
+    role: Role
+    snippet: str
+    created_at: float
 
 
 _TIMING_FIELDS = {f.name for f in dataclasses.fields(Timings)}

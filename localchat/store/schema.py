@@ -55,7 +55,67 @@ def _v1_sessions_and_turns(db: sqlite3.Connection) -> None:
     db.execute("CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
 
 
-UPGRADES: list[UpgradeStep] = [_v1_sessions_and_turns]
+def _v2_system_prompt_history(db: sqlite3.Connection) -> None:
+    """When each system prompt took effect, so an export shows a prompt set mid-way where it was
+    set. A session's existing prompt is recorded as applying from the start (the best we know)."""
+    db.execute(
+        """
+        CREATE TABLE system_changes (
+            id          INTEGER PRIMARY KEY,
+            session_id  INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            after_seq   INTEGER NOT NULL,         -- applies to the turns after this seq (0: all)
+            system      TEXT NOT NULL,
+            created_at  REAL NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX system_changes_by_session ON system_changes (session_id, id)")
+    db.execute(
+        "INSERT INTO system_changes (session_id, after_seq, system, created_at) "
+        "SELECT id, 0, system, created_at FROM sessions WHERE system != ''"
+    )
+
+
+def _v3_message_search(db: sqlite3.Connection) -> None:
+    """Full-text search over every message (``/search``, ``localchat sessions --search``): an
+    FTS5 index over ``turns.content`` kept in step by triggers, built once for existing turns."""
+    db.execute("CREATE VIRTUAL TABLE turns_fts USING fts5(content, content='turns', content_rowid='id')")
+    db.execute(
+        "CREATE TRIGGER turns_fts_insert AFTER INSERT ON turns BEGIN "
+        "INSERT INTO turns_fts (rowid, content) VALUES (new.id, new.content); END"
+    )
+    db.execute(
+        "CREATE TRIGGER turns_fts_delete AFTER DELETE ON turns BEGIN "
+        "INSERT INTO turns_fts (turns_fts, rowid, content) VALUES ('delete', old.id, old.content); END"
+    )
+    db.execute(
+        "CREATE TRIGGER turns_fts_update AFTER UPDATE OF content ON turns BEGIN "
+        "INSERT INTO turns_fts (turns_fts, rowid, content) VALUES ('delete', old.id, old.content); "
+        "INSERT INTO turns_fts (rowid, content) VALUES (new.id, new.content); END"
+    )
+    db.execute("INSERT INTO turns_fts (turns_fts) VALUES ('rebuild')")
+
+
+def _v4_branches(db: sqlite3.Connection) -> None:
+    """Branches left behind by an edit or a /retry: the turns from ``fork_seq`` on as they were,
+    as JSON rows of ``turns``. The ``turns`` table stays the branch on screen, which is what
+    every reader (the model's history, search, export, ``ask --session``) means by the session."""
+    db.execute(
+        """
+        CREATE TABLE branches (
+            id          INTEGER PRIMARY KEY,
+            session_id  INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            fork_seq    INTEGER NOT NULL,   -- the first turn that differs from the branch on screen
+            turns       TEXT NOT NULL,      -- JSON list of the branch's turn rows from fork_seq on
+            created_at  REAL NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX branches_by_fork ON branches (session_id, fork_seq, id)")
+
+
+UPGRADES: list[UpgradeStep] = [_v1_sessions_and_turns, _v2_system_prompt_history, _v3_message_search,
+                               _v4_branches]
 
 
 def latest_version() -> int:

@@ -24,12 +24,14 @@ from localchat.errors import UserError
 from localchat.events import Timings
 from localchat.paths import database_file
 from localchat.store.records import (
+    SearchHit,
     SessionRecord,
     TurnRecord,
     timings_from_json,
     timings_to_json,
     title_from_prompt,
 )
+from localchat.store.connect import StoreError, connect as _connect, describe as _describe
 from localchat.store.schema import upgrade
 
 BUSY_TIMEOUT_MS = 5000
@@ -43,13 +45,10 @@ class NameTaken(UserError):
     """A session was renamed to a name another session already has."""
 
 
-class StoreError(UserError):
-    """The database file could not be read or written (locked too long, disk full, corrupt)."""
-
-
 _SESSION_COLUMNS = (
     "s.id, s.name, s.title, s.system, s.summary, s.model, s.created_at, s.updated_at, "
-    "(SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id)"
+    "(SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id), "
+    "COALESCE((SELECT t.content FROM turns t WHERE t.session_id = s.id ORDER BY t.seq DESC LIMIT 1), '')"
 )
 _TURN_COLUMNS = (
     "id, session_id, seq, role, content, model, timings, route, route_reason, finish_reason, "
@@ -182,6 +181,19 @@ class Store:
             # Another process created it between our look-up and insert.
             return self.find_session(name) or self.create_session(name)
 
+    def resolve_session(self, ref: str, *, create: bool = False) -> SessionRecord:
+        """The session ``ref`` names: a session's name, else (all digits) its id; with ``create``
+        a new name starts a session of that name. Raises ``SessionNotFound`` naming what to do."""
+        found = self.find_session(ref)
+        if found is not None:
+            return found
+        if ref.strip().isdigit():
+            # A number means an id: "3" must not quietly start a new session called "3".
+            return self.session(int(ref))
+        if not create:
+            raise SessionNotFound(f"No session named {ref!r}; `localchat sessions` lists them with their ids.")
+        return self.open_named_session(ref)
+
     def last_session(self) -> SessionRecord | None:
         """The most recently used session (``--continue``), or None if there are none."""
         rows = self._read(
@@ -213,7 +225,21 @@ class Store:
                 raise SessionNotFound(f"No session with id {session_id}.")
 
     def set_system(self, session_id: int, system: str) -> None:
-        self._update_session(session_id, "system = ?", (system,))
+        """Set the system prompt from the next turn on (recorded where it changed, for exports)."""
+        with self._write() as db:
+            self._update_session(session_id, "system = ?", (system,))
+            db.execute(
+                "INSERT INTO system_changes (session_id, after_seq, system, created_at) "
+                "VALUES (?, (SELECT COALESCE(MAX(seq), 0) FROM turns WHERE session_id = ?), ?, ?)",
+                (session_id, session_id, system, time.time()),
+            )
+
+    def system_history(self, session_id: int) -> list[tuple[int, str]]:
+        """(after_seq, system prompt) for each change, oldest first: a prompt applies to the
+        turns after ``after_seq``; only the last change at one seq counts."""
+        rows = self._read("SELECT after_seq, system FROM system_changes WHERE session_id = ? ORDER BY id",
+                          (session_id,))
+        return [(seq, text) for seq, text in rows]
 
     def set_summary(self, session_id: int, summary: str) -> None:
         self._update_session(session_id, "summary = ?", (summary,), touch=False)
@@ -328,6 +354,13 @@ class Store:
         with self._write() as db:
             db.execute("DELETE FROM turns WHERE session_id = ?", (session_id,))
             db.execute("UPDATE sessions SET summary = '', title = '' WHERE id = ?", (session_id,))
+            # The prompt in force now applies from the (new) start.
+            db.execute("DELETE FROM system_changes WHERE session_id = ?", (session_id,))
+            db.execute(
+                "INSERT INTO system_changes (session_id, after_seq, system, created_at) "
+                "SELECT id, 0, system, ? FROM sessions WHERE id = ? AND system != ''",
+                (time.time(), session_id),
+            )
 
     def recent_prompts(self, limit: int = 200) -> list[str]:
         """The user's latest distinct prompts across all sessions, oldest first (input history)."""
@@ -337,6 +370,22 @@ class Store:
             (limit,),
         )
         return [r[0] for r in reversed(rows)]
+
+    def search(self, text: str, limit: int = 50) -> list[SearchHit]:
+        """Messages of any session containing every word of ``text`` (FTS5, prefix-free word
+        match, case-insensitive), best matches first. Raises ``UserError`` for an empty query."""
+        words = text.split()
+        if not words:
+            raise UserError("Search for what? Give at least one word.")
+        # Each word quoted: the user's text is matched literally, never read as FTS5 syntax.
+        query = " ".join('"' + w.replace('"', '""') + '"' for w in words)
+        rows = self._read(
+            "SELECT t.session_id, t.seq, t.role, snippet(turns_fts, 0, '', '', '…', 12), t.created_at "
+            "FROM turns_fts JOIN turns t ON t.id = turns_fts.rowid WHERE turns_fts MATCH ? "
+            "ORDER BY rank LIMIT ?",
+            (query, limit),
+        )
+        return [SearchHit(*row) for row in rows]
 
     # --- settings -------------------------------------------------------------------------
 
@@ -359,26 +408,3 @@ def check_session_name(name: str) -> None:
         raise UserError("A session name cannot be empty.")
     if any(ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0 for ch in name):
         raise UserError("A session name cannot contain control characters (newlines, escapes).")
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    """Open the database; a path that cannot hold one (a folder, a FIFO, no permission) is a
-    StoreError naming it, not a sqlite3 traceback."""
-    if path.exists() and not path.is_file():
-        raise StoreError(f"The session database {path} is not a regular file; move it away.")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Autocommit mode: we issue BEGIN ourselves so each write is exactly one transaction.
-        return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    except (OSError, sqlite3.Error) as exc:
-        raise StoreError(_describe(path, exc)) from None
-
-
-def _describe(path: Path, exc: Exception) -> str:
-    """One line for the user: the cause first when it is one they can act on."""
-    text = str(exc).strip() or type(exc).__name__
-    if isinstance(exc, OSError) and exc.strerror:
-        text = exc.strerror
-    if "disk is full" in text or getattr(exc, "errno", None) == 28:
-        return f"Disk full: the session database {path} could not be written."
-    return f"The session database {path} could not be used: {text}."

@@ -18,32 +18,38 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.notifications import Notification
 from textual.widgets import Footer
 
 from localchat.errors import UserError
 from localchat.events import Done, Event, Failed, Notice, PrefillProgress
+from localchat.attachments import Attachment
 from localchat.store import SessionRecord, Store
 from localchat.tui import slash
 from localchat.tui.chat_log import ChatLog, reply_caption
 from localchat.tui.conversation import Conversation
 from localchat.tui.messages import (
-    ModelFailed,
-    ModelLoading,
-    ModelReady,
     SessionChanged,
     ThinkingRun,
     TokenRun,
     TurnMailbox,
     TurnWake,
 )
-from localchat.tui.model_setup import ChatServices, build_engine, build_services, default_sampling, model_names
+from localchat.tui.attach import AttachmentChips, Attachments
+from localchat.tui.download import Downloads, ModelDownloads, RegistryDownloads
+from localchat.tui.draft import DraftPrefiller
+from localchat.tui.input_actions import InputActions, Notices
+from localchat.tui.message_actions import MessageActions
+from localchat.tui.model_loading import ModelLoader
+from localchat.tui.model_setup import ChatServices, build_engine, build_services, default_sampling, model_choices
 from localchat.tui.pacing import FramePacer
 from localchat.tui.prompt import CommandHints, PromptInput
-from localchat.tui.screens import ConfirmScreen, HelpScreen
+from localchat.tui.screens import ConfirmScreen
 from localchat.tui.session_actions import SessionActions
 from localchat.tui.sidebar import SessionSidebar
 from localchat.tui.status import LiveMeter, StatusBar
 from localchat.tui.turn import ActiveTurn
+from localchat.tui.typeahead import Queued, TypeAhead
 
 if TYPE_CHECKING:
     from localchat.engine.engine import Engine
@@ -56,7 +62,8 @@ EngineFactory = Callable[[str | None], "Engine"]
 GIL_SWITCH_INTERVAL_S = 0.001
 
 
-class LocalChatApp(SessionActions, App[int]):
+class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, ModelDownloads, TypeAhead, DraftPrefiller, InputActions, Notices,
+                   App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "localchat"
     BINDINGS = [
@@ -65,6 +72,8 @@ class LocalChatApp(SessionActions, App[int]):
         Binding("ctrl+n", "new_session", "New"),
         Binding("ctrl+b", "toggle_sidebar", "Sessions"),
         Binding("ctrl+t", "toggle_thinking", "Thinking", show=False),
+        Binding("alt+up,ctrl+up", "select_messages", "Select message", show=False, priority=True),
+        Binding("ctrl+e", "external_editor", "$EDITOR", show=False, priority=True),
         Binding("f1", "help", "Help"),
         Binding("question_mark", "help", "Help", show=False),
     ]
@@ -78,10 +87,12 @@ class LocalChatApp(SessionActions, App[int]):
         session: str | None = None,
         engine_factory: EngineFactory = build_engine,
         sampling_factory: Callable[[], Sampling | None] = default_sampling,
-        list_models: Callable[[], list[str]] = model_names,
+        list_models: Callable[[], list[tuple[str, bool]]] = model_choices,
         services_factory: Callable[..., ChatServices | None] = build_services,
+        downloads: Downloads | None = None,
     ) -> None:
         super().__init__()
+        self._downloads = downloads or RegistryDownloads()
         self._services_factory = services_factory
         self.services: ChatServices | None = None
         self.store = store
@@ -92,8 +103,13 @@ class LocalChatApp(SessionActions, App[int]):
         self.sampling: Sampling | None = None
         self.thinking_mode = ""  # set by /think; "" = the config's [sampling] thinking
         self._list_models = list_models
-        self._model_names: list[str] = []
+        self._model_choices: list[tuple[str, bool]] = []
         self.engine: Engine | None = None
+        self.model_ref_loaded = model  # what the loaded model was called (reloaded if a switch fails)
+        self.queued: list[Queued] = []  # type-ahead, oldest first
+        self.attachments: list[Attachment] = []  # files going with the next message
+        self._typing_model = False  # the input starts with /model (model names are re-read)
+        self._notices_by_cause: dict[str, list[Notification]] = {}
         self.loading_model: str | None = None
         self.model_error = ""
         self.conversation: Conversation | None = None
@@ -112,6 +128,7 @@ class LocalChatApp(SessionActions, App[int]):
             with Vertical(id="chat"):
                 yield ChatLog(id="log")
                 yield CommandHints(id="hints", markup=False)
+                yield AttachmentChips(id="attachments", markup=False)
                 yield PromptInput(self.store.recent_prompts(), self._completions, id="prompt")
         yield StatusBar(id="status")
         yield Footer()
@@ -142,7 +159,7 @@ class LocalChatApp(SessionActions, App[int]):
         if saved_theme in self.available_themes:
             self.theme = saved_theme
         self.theme_changed_signal.subscribe(self, lambda theme: self.store.set_setting("theme", theme.name))
-        self.prompt.border_subtitle = "Enter send · Ctrl+J newline · F1 help"
+        self.prompt.border_subtitle = "Enter send · Ctrl+J newline · PgUp/PgDn scroll · F1 help"
         try:
             self.services = self._services_factory(ask_user=self._ask_user)
         except UserError as exc:  # a malformed config.toml: chat still works, without extras
@@ -155,15 +172,9 @@ class LocalChatApp(SessionActions, App[int]):
     def _initial_session(self) -> SessionRecord:
         continue_last, name = self._start
         if name:
-            return self.store.open_named_session(name)
+            return self.store.resolve_session(name, create=True)
         last = self.store.last_session() if continue_last else None
         return last or self.store.create_session()
-
-    def notify(self, message: str, *, title: str = "", severity: str = "information",
-               timeout: float | None = None, markup: bool = False) -> None:
-        """Toasts show plain text: error messages and names carry brackets such as [remote]
-        that Textual would otherwise read as markup."""
-        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
     def set_state(self, state: str) -> None:
         self.status.info.state = state
@@ -184,64 +195,11 @@ class LocalChatApp(SessionActions, App[int]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop_reply":
-            return True if self.turn is not None else None  # greyed in the footer when idle
+            busy = self.turn is not None or self.queued or self.editing is not None
+            return True if busy else None  # greyed in the footer when idle
         return True
 
-    # --- model loading ----------------------------------------------------------------------
-
-    def load_model(self, model_ref: str | None) -> None:
-        """Close the current model (freeing its memory first) and load ``model_ref`` off the UI thread."""
-        previous, self.engine = self.engine, None
-        if self.conversation is not None:
-            self.conversation.chat = None
-        self.loading_model = model_ref or "default model"
-        self.set_state("loading model")
-        self._load_in_background(model_ref, previous)
-
-    @work(thread=True, group="model", exit_on_error=False)
-    def _load_in_background(self, model_ref: str | None, previous: Engine | None) -> None:
-        label = model_ref or "default model"
-        try:
-            if previous is not None:
-                previous.close()
-            sampling = self._sampling_factory()
-            engine = self._engine_factory(model_ref)
-            loaded = engine.load(on_progress=lambda f: self.post_message(ModelLoading(engine.name, f)))
-        except UserError as exc:
-            self.post_message(ModelFailed(label, str(exc)))
-        except Exception as exc:  # out of memory, a corrupt file: shown as a notice, not a traceback
-            log.exception("loading %s failed", label)
-            self.post_message(ModelFailed(label, f"could not load {label}: {exc}"))
-        else:
-            if self._closed:  # the user quit while it loaded
-                engine.close()
-                return
-            self.post_message(ModelReady(engine, loaded, sampling))
-
-    def on_model_loading(self, message: ModelLoading) -> None:
-        self.status.info.model = message.model
-        self.set_state(f"loading {message.fraction:.0%}")
-
-    async def on_model_ready(self, message: ModelReady) -> None:
-        await self.chat_log.clear_notices()  # an earlier "model not loaded" no longer applies
-        self.engine, self.loading_model, self.model_error = message.engine, None, ""
-        self.sampling = message.sampling
-        if self.thinking_mode:  # /think outlives a model switch
-            from localchat.engine.options import Sampling
-
-            self.sampling = self.sampling or Sampling()
-            self.sampling.thinking = self.thinking_mode
-        self.status.info.show_loaded(message.loaded)
-        self.set_state("idle")
-        if self.conversation is not None:
-            self.conversation.attach(self.engine, self.sampling)
-
-    async def on_model_failed(self, message: ModelFailed) -> None:
-        self.loading_model, self.model_error = None, message.message
-        self.status.info.model = message.model
-        self.set_state("no model")
-        await self.chat_log.add_notice(f"{message.message}. Pick another with /model NAME.")
-        self.notify(message.message, title="Model not loaded", severity="error", timeout=15)
+    # --- sending and streaming --------------------------------------------------------------
 
     def _ready_for_a_turn(self) -> bool:
         """Whether a prompt can be sent now; if not, say why (the prompt stays in the input)."""
@@ -255,16 +213,24 @@ class LocalChatApp(SessionActions, App[int]):
             return True
         return False
 
-    # --- sending and streaming --------------------------------------------------------------
-
     async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
         text = message.text
         if slash.is_command(text):
-            self.prompt.remember(text)
+            if " " in text.strip():  # "/model qwen" is worth recalling; a bare "/retry" is not
+                self.prompt.remember(text)
             self.prompt.clear()
             await self.run_slash_command(text)
         else:
-            await self.send_prompt(text[1:] if text.startswith("//") else text)
+            typed = text[1:] if text.startswith("//") else text
+            try:
+                text = self.message_with_files(typed)
+            except UserError as exc:  # the message stays in the input
+                self.notify(str(exc), severity="error")
+                return
+            if self.editing is not None:
+                await self.send_edited(text)
+            else:
+                await self.send_prompt(text, recall=typed)
 
     def _ask_user(self, question: str) -> bool:
         """Mode "ask": offer the remote model (one key to accept). Runs on the turn's worker
@@ -282,11 +248,25 @@ class LocalChatApp(SessionActions, App[int]):
         answered.wait()
         return answer[0]
 
-    async def send_prompt(self, text: str, route: str = "auto") -> None:
-        if not self._ready_for_a_turn() or self.conversation is None:
+    async def send_prompt(self, text: str, route: str = "auto", *, queued: bool = False,
+                          recall: str | None = None) -> None:
+        """Send ``text`` now, or queue it (type-ahead) while a reply streams or the model loads.
+        With no model and none loading it stays in the input, with a notice saying why.
+        ``recall``: what Up brings back (the typed text, without attached files)."""
+        recall = text if recall is None else recall
+        if self.conversation is None:
             return
-        self.prompt.remember(text)
-        self.prompt.clear()
+        if not queued and self.must_queue():
+            self.prompt.remember(recall)
+            self.prompt.clear()
+            await self.queue_message(text, route)
+            return
+        if not self._ready_for_a_turn():
+            return
+        if not queued:
+            self.prompt.remember(recall)
+            self.prompt.clear()
+        self.cancel_draft_prefill()
         reply = await self.chat_log.add_prompt(text)
         turn_id = next(self._turn_ids)
         mailbox = TurnMailbox(wake=lambda: self.post_message(TurnWake(turn_id)))
@@ -361,24 +341,39 @@ class LocalChatApp(SessionActions, App[int]):
                                     stopped=stopped, thinking=done.thinking, timings=done.timings)
         if done.finish_reason == "length":
             self.notify("The reply reached the max_tokens limit.", severity="warning")
-        self._after_turn()
+        if not stopped:
+            self.withdraw_notices("turn")  # an earlier failure no longer applies
+        await self._after_turn()
 
     async def _fail_turn(self, turn: ActiveTurn, failed: Failed) -> None:
         self.turn = None
         self.set_state("idle")
         if turn.reply is not None:
             await turn.reply.fail(failed.message)
-        self.notify(failed.message, title="The reply failed", severity="error", timeout=10)
-        self._after_turn()
+        self.notify(failed.message, title="The reply failed", severity="error", timeout=10, cause="turn")
+        await self._after_turn()
 
-    def _after_turn(self) -> None:
+    async def _after_turn(self) -> None:
         self.refresh_sidebar()
         if self._quit_when_idle:
             self.exit(0)
+            return
+        await self.send_next_queued()
+        if self.turn is None and self.prompt.text:
+            self.schedule_draft_prefill(self.prompt.text)  # typed while the reply streamed
 
     # --- stopping and quitting --------------------------------------------------------------
 
-    def action_stop_reply(self) -> None:
+    async def action_stop_reply(self) -> None:
+        """Esc: cancel an edit, or take back the newest queued message, else stop the reply."""
+        if self.editing is not None:
+            self.cancel_edit()
+        elif self.queued:
+            await self.remove_last_queued()
+        else:
+            self._stop_turn()
+
+    def _stop_turn(self) -> None:
         if self.turn is not None:
             self.turn.stop()
             self.set_state("stopping")
@@ -386,7 +381,7 @@ class LocalChatApp(SessionActions, App[int]):
     def action_interrupt(self) -> None:
         """Ctrl+C: stop a streaming reply; when idle, ask before quitting."""
         if self.turn is not None:
-            self.action_stop_reply()
+            self._stop_turn()
         elif isinstance(self.screen, ConfirmScreen):
             self.screen.dismiss(True)
         elif isinstance(self.focused, PromptInput) and self.focused.selected_text:
@@ -404,33 +399,19 @@ class LocalChatApp(SessionActions, App[int]):
             self.exit(0)
             return
         self._quit_when_idle = True
-        self.action_stop_reply()
+        self._stop_turn()
 
     def on_unmount(self) -> None:
         self._closed = True
+        self.cancel_draft_prefill()
         if self.conversation is not None:
             self.conversation.close()
+            self._discard_if_empty(self.conversation)  # a restart must not list it as "New chat"
         if self.services is not None:
             self.services.close()
         sys.setswitchinterval(self._previous_switch_interval)
         if self.engine is not None:
             self.engine.close()
-
-    # --- help and autocomplete --------------------------------------------------------------
-
-    def action_help(self) -> None:
-        if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
-
-    def _completions(self, text: str) -> list[slash.Completion]:
-        return slash.completions(text, self._model_names)
-
-    def on_text_area_changed(self, event: PromptInput.Changed) -> None:
-        self.query_one(CommandHints).show(self._completions(event.text_area.text))
-
-    @work(thread=True, group="registry", exit_on_error=False)
-    def _fetch_model_names(self) -> None:
-        self._model_names = self._list_models()
 
 
 def run_app(model: str | None = None, continue_last: bool = False, session: str | None = None) -> int:
@@ -439,5 +420,7 @@ def run_app(model: str | None = None, continue_last: bool = False, session: str 
     Raises ``UserError`` (shown by the CLI as one line) when the session database cannot be used.
     """
     with Store.open() as store:
+        if session:
+            store.resolve_session(session, create=True)  # an unknown id: one line, before the window opens
         app = LocalChatApp(store=store, model=model, continue_last=continue_last, session=session)
         return app.run() or 0

@@ -129,6 +129,7 @@ def _report(alone: list, in_app: list, keypress_ms: list[float]) -> dict[str, An
         "in_app_tpot_ms": round(statistics.mean(t.tpot_ms for t in in_app), 2),
         "keypresses": len(ordered),
         "keypress_p50_ms": round(statistics.median(ordered), 1) if ordered else None,
+        "keypress_p95_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))], 1) if ordered else None,
         "keypress_max_ms": round(ordered[-1], 1) if ordered else None,
     }
 

@@ -8,7 +8,11 @@ come out right.
 
 from __future__ import annotations
 
+from rich.text import Text
+from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
+from textual.widget import Widget
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
@@ -33,10 +37,34 @@ def reply_caption(model: str, timings: Timings | None, *, stopped: bool) -> str:
 
 
 class UserMessage(Static):
-    """A prompt as the user typed it (shown literally, not as Markdown)."""
+    """A prompt as the user typed it (shown literally, not as Markdown). When an edit or a
+    /retry forked the conversation here, its title says which version is on screen."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, versions: tuple[int, int] | None = None) -> None:
         super().__init__(text, markup=False)
+        self.text = text
+        if versions is not None:
+            self.show_versions(*versions)
+
+    versions_label = ""
+
+    def show_versions(self, current: int, count: int) -> None:
+        """Mark a forked prompt: version ``current`` (0-based) of ``count``; ←/→ switch."""
+        if count > 1:
+            self.versions_label = f"‹ {current + 1}/{count} ›"
+            self.update(Text(self.text) + Text(f"\n{self.versions_label}  ←/→ on it (Alt+↑ selects)", style="dim"))
+
+
+class QueuedPrompt(Static):
+    """A message waiting to be sent (type-ahead): shown dimmed, with its place in the queue."""
+
+    def __init__(self, text: str, position: int) -> None:
+        super().__init__(text, markup=False)
+        self.text = text
+        self.set_position(position)
+
+    def set_position(self, position: int) -> None:
+        self.border_title = f"queued #{position} · sent when the model is free · Esc removes it"
 
 
 class ReplyView(Vertical):
@@ -144,10 +172,64 @@ class ChatLog(VerticalScroll):
     def on_mount(self) -> None:
         self.anchor()
 
-    async def show_turns(self, turns: list[TurnRecord]) -> None:
-        """Replace the log with a stored session's turns."""
+    BINDINGS = [
+        Binding("up,k", "select(-1)", "Previous", show=False),
+        Binding("down,j", "select(1)", "Next", show=False),
+        Binding("c", "act('copy')", "Copy"),
+        Binding("e", "act('edit')", "Edit"),
+        Binding("left", "act('older')", "Older version", show=False),
+        Binding("right", "act('newer')", "Newer version", show=False),
+        Binding("escape", "act('leave')", "Back", show=False),
+    ]
+
+    class Action(Message):
+        """The user asked for ``action`` on the selected message (``code`` carries a number)."""
+
+        def __init__(self, action: str, message: Widget | None, number: int = 0) -> None:
+            super().__init__()
+            self.action = action
+            self.message = message
+            self.number = number
+
+    selected: Widget | None = None
+
+    def messages(self) -> list[Widget]:
+        return [w for w in self.children if isinstance(w, (UserMessage, ReplyView))]
+
+    def select(self, widget: Widget | None) -> None:
+        if self.selected is not None:
+            self.selected.remove_class("-selected")
+        self.selected = widget
+        if widget is not None:
+            widget.add_class("-selected")
+            self.scroll_to_widget(widget, animate=False)
+
+    def action_select(self, step: int) -> None:
+        items = self.messages()
+        if not items:
+            return
+        index = items.index(self.selected) + step if self.selected in items else len(items) - 1
+        self.select(items[max(0, min(len(items) - 1, index))])
+
+    def on_key(self, event) -> None:
+        if event.key in "123456789" and len(event.key) == 1:
+            event.stop()
+            self.post_message(self.Action("code", self.selected, int(event.key)))
+
+    def action_act(self, action: str) -> None:
+        self.post_message(self.Action(action, self.selected))
+
+    def on_blur(self) -> None:
+        self.select(None)
+
+    async def show_turns(self, turns: list[TurnRecord], forks: dict[int, tuple[int, int]] | None = None) -> None:
+        """Replace the log with a stored session's turns; ``forks``: {seq: (version on screen,
+        versions)} for turns an edit or a retry forked."""
         await self.remove_children()
-        widgets = [UserMessage(t.content) if t.role == "user" else self._stored_reply(t) for t in turns]
+        self.selected = None
+        forks = forks or {}
+        widgets = [UserMessage(t.content, forks.get(t.seq)) if t.role == "user" else self._stored_reply(t)
+                   for t in turns]
         if widgets:
             await self.mount_all(widgets)
         self.anchor()
@@ -172,26 +254,32 @@ class ChatLog(VerticalScroll):
     async def add_prompt(self, text: str) -> ReplyView:
         """Show a sent prompt and an empty reply below it, and follow the new text."""
         reply = ReplyView(finished=False, show_thinking=self.show_thinking)
-        await self.mount_all([UserMessage(text), reply])
+        await self.mount_before_queued(UserMessage(text), reply)
         self.anchor()
         return reply
+
+    async def add_queued(self, text: str, position: int) -> QueuedPrompt:
+        """Show a queued message at the end of the log (it moves up as replies arrive above it)."""
+        view = QueuedPrompt(text, position)
+        await self.mount(view)
+        self.anchor()
+        return view
+
+    async def mount_before_queued(self, *widgets: Static | Vertical) -> None:
+        """Add conversation widgets above any queued messages, which stay last."""
+        queued = self.query(QueuedPrompt)
+        if queued:
+            await self.mount_all(widgets, before=queued.first())
+        else:
+            await self.mount_all(widgets)
 
     def last_reply(self) -> ReplyView | None:
         replies = self.query(ReplyView)
         return replies.last() if replies else None
 
-    async def remove_last_exchange(self) -> None:
-        """Drop the last prompt and what follows it (``/retry``)."""
-        prompts = self.query(UserMessage)
-        if not prompts:
-            return
-        last = prompts.last()
-        children = list(self.children)
-        await self.remove_children(children[children.index(last):])
-
     async def add_notice(self, text: str) -> None:
         """A line for the user that is not part of the conversation (not saved)."""
-        await self.mount(Static(text, classes="notice", markup=False))
+        await self.mount_before_queued(Static(text, classes="notice", markup=False))
 
     async def clear_notices(self) -> None:
         await self.query(".notice").remove()

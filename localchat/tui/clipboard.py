@@ -3,12 +3,15 @@
 The app first sends the text with OSC 52 (``App.copy_to_clipboard``), which reaches the system
 clipboard in most modern terminals, also over SSH, but is silently ignored by some (macOS
 Terminal, tmux without ``set-clipboard on``). Nothing tells us whether it worked, so
-``copy_fallback`` also hands the text to a local clipboard tool when one is installed, and
-otherwise saves it to a file the user can open.
+``copy_fallback`` also hands the text to tmux's paste buffer inside tmux, or to a local clipboard
+tool when one is installed, and otherwise saves it to a file the user can open; its notice says
+where the text surely is.
 """
 
 from __future__ import annotations
 
+import base64
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -36,16 +39,40 @@ def copy_fallback(text: str) -> str:
     Blocking (runs a process or writes a file): call it off the UI thread. Returns a one-line
     description of where the text went, for a notice.
     """
+    if in_tmux() and _run(("tmux", "load-buffer", "-w", "-"), text):
+        # -w (tmux 3.2+) also hands it to the outer terminal's clipboard where tmux may.
+        return (f"Copied {len(text)} characters to tmux's paste buffer (prefix + ] pastes it; "
+                "tmux forwards it to the system clipboard if its set-clipboard option allows).")
     for command in CLIPBOARD_TOOLS:
-        if shutil.which(command[0]) is None:
-            continue
-        try:
-            # Output to DEVNULL: xclip keeps running to serve the selection and must not hold our pipes.
-            subprocess.run(command, input=text.encode(), stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=3, check=True)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        return f"Copied {len(text)} characters to the clipboard."
+        if _run(command, text):
+            return f"Copied {len(text)} characters to the clipboard."
     path = clipboard_file()
     write_text_atomic(path, text)
-    return f"Copied {len(text)} characters via the terminal (OSC 52); also saved to {path}."
+    # OSC 52 was sent, but nothing tells whether the terminal took it: say where it surely is.
+    return (f"Saved {len(text)} characters to {path}; also sent to the terminal's clipboard "
+            "(OSC 52), which some terminals ignore.")
+
+
+def _run(command: tuple[str, ...], text: str) -> bool:
+    if shutil.which(command[0]) is None:
+        return False
+    try:
+        # Output to DEVNULL: xclip keeps running to serve the selection and must not hold our pipes.
+        subprocess.run(command, input=text.encode(), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=3, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return True
+
+
+def in_tmux() -> bool:
+    return bool(os.environ.get("TMUX"))
+
+
+def osc52_sequence(text: str) -> str:
+    """The OSC 52 "set clipboard" sequence; inside tmux wrapped for passthrough (reaches the
+    outer terminal when tmux has ``allow-passthrough on``; tmux drops it otherwise)."""
+    sequence = f"\x1b]52;c;{base64.b64encode(text.encode()).decode()}\a"
+    if in_tmux():
+        return "\x1bPtmux;" + sequence.replace("\x1b", "\x1b\x1b") + "\x1b\\"
+    return sequence

@@ -10,16 +10,15 @@ to call from the generation thread.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from localchat.errors import UserError
 from localchat.events import Done, Notice
-from localchat.reasoning import split_reply, strip_reasoning
+from localchat.reasoning import strip_reasoning
 from localchat.session.chat import ChatSession, Message
-from localchat.store import SessionRecord, Store, TurnRecord
+from localchat.store import SessionRecord, Store, TurnRecord, branches, export
 from localchat.store.locks import SessionLock
 
 if TYPE_CHECKING:
@@ -156,13 +155,44 @@ class Conversation:
         chat.history.pop()
 
     def take_back_last_prompt(self) -> str:
-        """Remove the last prompt and its reply (``/retry``) and return the prompt."""
-        prompt = self.store.delete_last_exchange(self.session_id)
-        if prompt is None:
+        """``/retry``: the last prompt and its reply become a branch of their own (still
+        reachable, ←/→ on the prompt); return the prompt, to be sent again."""
+        last = self.last_prompt()
+        self.fork_at(last.seq)
+        return last.content
+
+    def last_prompt(self) -> TurnRecord:
+        """The newest prompt of the user. Raises ``UserError`` if there is none."""
+        last = next((t for t in reversed(self.turns()) if t.role == "user"), None)
+        if last is None:
             raise UserError("There is no earlier message to retry.")
-        if self.chat is not None:
-            self.chat.undo_last_exchange()
-        return prompt
+        return last
+
+    def fork_at(self, seq: int) -> None:
+        """Set the turns from ``seq`` on aside as a branch (an edit or a retry writes the new
+        ones); the model's history is cut there too, so the KV cache keeps exactly the cells
+        before the fork and the next turn prefills only the new message."""
+        branches.fork(self.store, self.session_id, seq)
+        self._resync()
+
+    def switch_branch(self, seq: int, step: int) -> bool:
+        """Show the previous (-1) or next (+1) version from turn ``seq`` on."""
+        if not branches.switch(self.store, self.session_id, seq, step):
+            return False
+        self._resync()
+        return True
+
+    def _resync(self) -> None:
+        """The model's history becomes the turns now on screen (the store's)."""
+        chat = self.chat
+        if chat is None:
+            return
+        history = [Message(t.role, t.content, stopped=t.stopped) for t in self.turns()]
+        kept = 0
+        while kept < min(len(history), len(chat.history)) and history[kept] == chat.history[kept]:
+            kept += 1
+        chat.rewind(kept)
+        chat.history.extend(history[kept:])
 
     def clear(self) -> None:
         self.store.clear_turns(self.session_id)
@@ -191,28 +221,18 @@ class Conversation:
     def last_code_block(self) -> str:
         """The last fenced code block of the latest reply that has one."""
         for turn in reversed(self.turns()):
-            blocks = _CODE_BLOCK.findall(strip_reasoning(turn.content)) if turn.role == "assistant" else []
+            blocks = code_blocks(turn.content) if turn.role == "assistant" else []
             if blocks:
-                return blocks[-1].rstrip("\n")
+                return blocks[-1]
         raise UserError("No reply in this session contains a code block.")
 
     def to_markdown(self) -> str:
         """The session as a Markdown document (``/export``)."""
-        record = self.record
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime())
-        parts = [f"# {record.label}\n", f"_Exported from localchat on {when}._\n"]
-        if record.system:
-            parts.append("**System prompt:**\n\n" + _quote(record.system) + "\n")
-        for turn in self.turns():
-            if turn.role == "user":
-                parts.append("## You\n\n" + turn.content + "\n")
-            else:
-                note = " (stopped)" if turn.stopped else ""
-                thinking, answer = split_reply(turn.content)
-                if thinking:  # folded in viewers that render HTML, readable in those that do not
-                    answer = f"<details><summary>Thinking</summary>\n\n{_quote(thinking)}\n\n</details>\n\n{answer}"
-                parts.append(f"## {turn.model or 'Assistant'}{note}\n\n" + answer + "\n")
-        return "\n".join(parts)
+        return export.to_markdown(self.store, self.session_id)
+
+    def to_json(self) -> str:
+        """The session as JSON (``/export FILE.json``)."""
+        return export.to_json(self.store, self.session_id)
 
     def _require_chat(self) -> ChatSession:
         if self.chat is None:
@@ -220,5 +240,6 @@ class Conversation:
         return self.chat
 
 
-def _quote(text: str) -> str:
-    return "\n".join(f"> {line}" for line in text.splitlines())
+def code_blocks(reply: str) -> list[str]:
+    """The fenced code blocks of a reply's answer (not its reasoning), in order."""
+    return [block.rstrip("\n") for block in _CODE_BLOCK.findall(strip_reasoning(reply))]

@@ -30,22 +30,28 @@ class ModelLoading(Message):
 
 
 class ModelReady(Message):
-    """A model finished loading; ``engine`` is ready for turns with ``sampling`` (None: defaults)."""
+    """A model finished loading; ``engine`` is ready for turns with ``sampling`` (None: defaults).
+    ``model_ref`` is what the user named (None: the default model)."""
 
-    def __init__(self, engine: Engine, loaded: Loaded, sampling: Sampling | None) -> None:
+    def __init__(self, engine: Engine, loaded: Loaded, sampling: Sampling | None,
+                 model_ref: str | None = None) -> None:
         super().__init__()
         self.engine = engine
         self.loaded = loaded
         self.sampling = sampling
+        self.model_ref = model_ref
 
 
 class ModelFailed(Message):
-    """The model could not be found or loaded; ``message`` is one line for the user."""
+    """The model could not be found or loaded; ``message`` is one line for the user. ``kept``:
+    the model in use before stays (or is being loaded again)."""
 
-    def __init__(self, model: str, message: str) -> None:
+    def __init__(self, model: str, message: str, kept: bool = False, model_ref: str | None = None) -> None:
         super().__init__()
         self.model = model
         self.message = message
+        self.kept = kept
+        self.model_ref = model_ref  # what was asked for (None: the default model)
 
 
 class SessionChanged(Message):

@@ -65,13 +65,15 @@ def default_sampling() -> Sampling:
     return sampling_options(load_config())
 
 
-def model_names() -> list[str]:
-    """Registry names for ``/model`` autocomplete; empty if the registry cannot be read (the
-    error then surfaces with its file and line when the user actually switches)."""
+def model_choices() -> list[tuple[str, bool]]:
+    """(registry name, downloaded) for ``/model`` autocomplete, read afresh each time (``localchat
+    import`` or ``pull`` may have run meanwhile); empty if the registry cannot be read (the error
+    then surfaces with its file and line when the user actually switches)."""
     from localchat.errors import UserError
-    from localchat.models.registry import load_registry
+    from localchat.models.registry import is_downloaded, load_registry
 
     try:
-        return sorted(load_registry())
+        registry = load_registry()
+        return [(name, is_downloaded(registry[name])) for name in sorted(registry)]
     except UserError:
         return []

@@ -29,6 +29,13 @@ class PromptInput(TextArea):
             super().__init__()
             self.text = text
 
+    class PageKey(Message):
+        """PageUp / PageDown in the input: they scroll the chat (the input is a line or two)."""
+
+        def __init__(self, direction: int) -> None:
+            super().__init__()
+            self.direction = direction
+
     def __init__(
         self,
         history: list[str],
@@ -60,6 +67,8 @@ class PromptInput(TextArea):
             else self._recall(-1) if event.key == "up" and self.cursor_location[0] == 0
             else self._recall(+1) if event.key == "down" and self._on_last_line()
             else self._complete() if event.key == "tab"
+            else self._page(-1) if event.key == "pageup"
+            else self._page(+1) if event.key == "pagedown"
             else False
         )
         if handled:
@@ -92,6 +101,10 @@ class PromptInput(TextArea):
     def _submit(self) -> bool:
         if self.text.strip():
             self.post_message(self.Submitted(self.text))
+        return True
+
+    def _page(self, direction: int) -> bool:
+        self.post_message(self.PageKey(direction))
         return True
 
     def _newline(self) -> bool:

@@ -6,7 +6,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Markdown
+from rich.text import Text
+from textual.widgets import Button, Input, Label, Markdown, OptionList
+from textual.widgets.option_list import Option
 
 from localchat.tui.slash import COMMANDS
 
@@ -15,7 +17,12 @@ KEYS = (
     ("Ctrl+J", "new line in the message (also Shift+Enter or Alt+Enter where the terminal reports them)"),
     ("↑ / ↓", "earlier / later prompts (on the first / last line of the input)"),
     ("Tab", "complete a /command or model name"),
-    ("Esc", "stop the reply (the partial reply is kept, marked stopped)"),
+    ("PageUp / PageDown", "scroll the conversation (also while typing)"),
+    ("Alt+↑ or Ctrl+↑", "select a message: ↑/↓ move, c copies, 1-9 copy code block N, e edits a prompt "
+                        "(Enter resends, forking the conversation), ←/→ other versions, Esc back"),
+    ("Ctrl+E", "write the message in $VISUAL / $EDITOR"),
+    ("Esc", "remove the newest queued message; else stop the reply (the partial reply is kept, "
+            "marked stopped)"),
     ("Ctrl+C", "stop the reply; when idle, asks before quitting"),
     ("Ctrl+Q", "quit"),
     ("Ctrl+N", "new session"),
@@ -135,4 +142,35 @@ class AskTextScreen(ModalScreen[str | None]):
         self.dismiss(event.value.strip() or None)
 
     def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class SearchScreen(ModalScreen[int | None]):
+    """Search results (``/search``): one line per matching message under its session's label;
+    Enter opens that session (dismissed with its id), Esc closes."""
+
+    BINDINGS = [Binding("escape", "close", "Close")]
+
+    def __init__(self, query: str, hits: list[tuple[int, str, str]]) -> None:
+        """``hits``: (session id, session label, "you: …" or "reply: …" snippet), best first."""
+        super().__init__()
+        self._query = query
+        self._hits = hits
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog search"):
+            yield Label(f"{len(self._hits)} message{'s' if len(self._hits) != 1 else ''} "
+                        f"containing “{self._query}” · Enter opens · Esc closes", markup=False)
+            yield OptionList(*(Option(Text(f"{label}\n  {snippet}"), id=f"{index}:{session_id}")
+                               for index, (session_id, label, snippet) in enumerate(self._hits)))
+
+    def on_mount(self) -> None:
+        results = self.query_one(OptionList)
+        results.highlighted = 0
+        results.focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(int(event.option.id.split(":")[1]))
+
+    def action_close(self) -> None:
         self.dismiss(None)

@@ -16,15 +16,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from textual.app import SystemCommand
+from textual.markup import escape
 from textual.screen import Screen
 
 from localchat.atomic import write_text_atomic
 from localchat.errors import UserError
-from localchat.store import SessionRecord
+from localchat.store import SessionRecord, TurnRecord
 from localchat.tui import slash
-from localchat.tui.clipboard import copy_fallback
+from localchat.tui.clipboard import copy_fallback, in_tmux, osc52_sequence
 from localchat.tui.conversation import Conversation
-from localchat.tui.screens import AskTextScreen, ConfirmScreen, HelpScreen, PageScreen
+from localchat.tui.screens import AskTextScreen, ConfirmScreen, HelpScreen, PageScreen, SearchScreen
 from localchat.tui.sidebar import SessionRequest
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ class SessionActions:
         if self.turn is not None:
             self.turn.stop()
             self.turn.reply = None
+        await self.drop_queued("You left the session they were typed in.")
+        self.cancel_draft_prefill()
         previous = self.conversation
         if previous is not None:
             previous.close()
@@ -63,28 +66,46 @@ class SessionActions:
             self._discard_if_empty(previous)
         self.conversation = Conversation(self.store, record, self.services)
         self.store.touch(record.id)
-        await self.chat_log.show_turns(self.conversation.turns())
+        self.editing = None
+        turns = self.conversation.turns()
+        await self.show_conversation()
         if self.engine is not None:
             self.conversation.attach(self.engine, self.sampling)
-        info = self.status.info
-        info.ttft_ms = info.tpot_ms = info.tokens_per_s = info.cache_n = info.prompt_n = None
-        info.n_ctx_used = 0
-        self.status.refresh()
+        self.show_session_numbers(turns)
         self.prompt.border_title = record.label
         self.refresh_sidebar()
 
+    def show_session_numbers(self: LocalChatApp, turns: list[TurnRecord]) -> None:
+        """The status bar shows the open session: its last reply's numbers and the context it
+        filled (0 for an empty or cleared one), never those of the session shown before."""
+        info = self.status.info
+        last = next((t.timings for t in reversed(turns) if t.role == "assistant" and t.timings), None)
+        n_ctx = info.n_ctx  # the loaded model's, whatever model the session used before
+        info.ttft_ms = info.answer_ms = info.tpot_ms = info.tokens_per_s = info.cache_n = info.prompt_n = None
+        info.n_ctx_used = 0
+        if last is not None:
+            info.show_timings(last)
+            info.n_ctx = n_ctx or info.n_ctx
+        self.status.refresh()
+
     def _discard_if_empty(self: LocalChatApp, conversation: Conversation) -> None:
         """Sessions the user opened and left without writing anything are not kept."""
-        record = conversation.record
-        if record.turn_count == 0 and not record.name and not record.system:
-            self.store.delete_session(record.id)
+        try:
+            record = conversation.record
+            if record.turn_count == 0 and not record.name and not record.system:
+                self.store.delete_session(record.id)
+        except UserError:  # already deleted, or the database is busy: nothing worth keeping was lost
+            pass
 
     def refresh_sidebar(self: LocalChatApp) -> None:
         """Show the store's current session list and title (after any change to either)."""
         current = self.conversation.session_id if self.conversation else None
         try:
             if self.sidebar.display:
-                self.sidebar.show(self.store.list_sessions(), current)
+                # Empty sessions left by a crash or another window are not worth a line.
+                sessions = [r for r in self.store.list_sessions()
+                            if r.turn_count or r.name or r.system or r.id == current]
+                self.sidebar.show(sessions, current)
             if self.conversation is not None:
                 self.prompt.border_title = self.conversation.record.label
         except UserError as exc:  # the database is locked by another process or unreadable
@@ -162,8 +183,18 @@ class SessionActions:
         self.load_model(name)
 
     async def slash_system(self: LocalChatApp, text: str) -> None:
-        self._require_conversation().set_system(text)
-        self.notify("System prompt set." if text else "System prompt cleared.")
+        """``/system TEXT`` sets the prompt from the next turn on, ``/system`` shows it,
+        ``/system clear`` removes it."""
+        conversation = self._require_conversation()
+        if not text:
+            current = conversation.record.system
+            self.push_screen(PageScreen("# System prompt\n\n" + (
+                _quote(current) + "\n\n_Change it with `/system TEXT`, remove it with `/system clear`._"
+                if current else "_None set. Set one with `/system TEXT`._")))
+            return
+        cleared = text.lower() == "clear"
+        conversation.set_system("" if cleared else text)
+        self.notify("System prompt cleared." if cleared else "System prompt set; it applies from the next message.")
 
     async def slash_clear(self: LocalChatApp, argument: str) -> None:
         self.push_screen(ConfirmScreen("Forget all messages of this session?", yes="Clear"), self._clear)
@@ -176,21 +207,35 @@ class SessionActions:
             raise UserError("Stop the reply (Esc) before clearing.")
         self._require_conversation().clear()
         await self.chat_log.show_turns([])
+        self.show_session_numbers([])
         self.refresh_sidebar()
 
     async def slash_retry(self: LocalChatApp, argument: str) -> None:
         if not self._ready_for_a_turn():
             return
-        prompt = self._require_conversation().take_back_last_prompt()
-        await self.chat_log.remove_last_exchange()
+        conversation = self._require_conversation()
+        seq = conversation.last_prompt().seq
+        prompt = conversation.take_back_last_prompt()  # the old reply stays a branch
+        await self.show_conversation()
         await self.send_prompt(prompt)
+        self.mark_new_version(seq)
 
     async def slash_copy(self: LocalChatApp, argument: str) -> None:
         if argument not in ("", "code"):
             raise UserError("Usage: /copy [code] — the last reply, or its last code block.")
         conversation = self._require_conversation()
         text = conversation.last_code_block() if argument == "code" else conversation.last_reply()
-        self.copy_to_clipboard(text)  # OSC 52, on this thread: it writes to the terminal
+        self.copy_text(text)
+
+    def copy_text(self: LocalChatApp, text: str) -> None:
+        """Copy ``text``: OSC 52 (tmux passthrough inside tmux), then a fallback that says where
+        the text surely went."""
+        if in_tmux():  # Textual's plain OSC 52 would stop at tmux
+            self._clipboard = text
+            if self._driver is not None:
+                self._driver.write(osc52_sequence(text))  # on this thread: it writes to the terminal
+        else:
+            self.copy_to_clipboard(text)
         self._copy_fallback(text)
 
     def _copy_fallback(self: LocalChatApp, text: str) -> None:
@@ -203,6 +248,21 @@ class SessionActions:
     async def slash_sessions(self: LocalChatApp, argument: str) -> None:
         self.action_toggle_sidebar()
 
+    async def slash_search(self: LocalChatApp, text: str) -> None:
+        hits = self.store.search(text)
+        if not hits:
+            raise UserError(f"No message contains “{text}”.")
+        labels = {s.id: s.label for s in self.store.list_sessions()}
+        rows = [(h.session_id, labels.get(h.session_id, "?"),
+                 ("you: " if h.role == "user" else "reply: ") + " ".join(h.snippet.split())) for h in hits]
+        self.push_screen(SearchScreen(text, rows), self._open_found)
+
+    @shows_user_errors
+    async def _open_found(self: LocalChatApp, session_id: int | None) -> None:
+        if session_id is not None and (self.conversation is None or self.conversation.session_id != session_id):
+            await self.open_session(self.store.session(session_id))
+        self.prompt.focus()
+
     async def slash_rename(self: LocalChatApp, name: str) -> None:
         record = self._require_conversation().rename(name)
         self.refresh_sidebar()
@@ -214,7 +274,8 @@ class SessionActions:
         if path.is_dir():
             path = path / export_file_name(conversation.record)
         try:
-            write_text_atomic(path, conversation.to_markdown())
+            as_json = path.suffix.lower() == ".json"
+            write_text_atomic(path, conversation.to_json() if as_json else conversation.to_markdown())
         except OSError as exc:
             raise UserError(f"Could not write {path}: {exc.strerror or exc}") from None
         self.notify(f"Exported to {path}")
@@ -225,6 +286,11 @@ class SessionActions:
             "# Context summary\n\n" + (summary or "_No summary yet: every turn of this session still "
                                                  "fits in the model's context._")
         ))
+
+    async def slash_stats(self: LocalChatApp, argument: str) -> None:
+        from localchat.store.stats import session_speed_markdown
+
+        self.push_screen(PageScreen(session_speed_markdown(self.store, self._require_conversation().session_id)))
 
     async def slash_big(self: LocalChatApp, text: str) -> None:
         """Send this message to the remote (large) model, whatever the routing mode."""
@@ -252,7 +318,8 @@ class SessionActions:
                 callback = lambda c=command: self._prefill_prompt(f"/{c.name} ")  # noqa: E731
             else:
                 callback = lambda c=command: self.run_worker(self.run_slash_command(f"/{c.name}"))  # noqa: E731
-            yield SystemCommand(f"/{command.name}", command.help, callback)
+            # The palette reads help as markup: "[remote]" would vanish as an unknown style.
+            yield SystemCommand(f"/{command.name}", escape(command.help), callback)
         yield SystemCommand("Show or hide thinking", "Open or fold the reasoning of thinking models "
                             "(Ctrl+T)", self.action_toggle_thinking)
 
@@ -294,3 +361,7 @@ def set_thinking(app: LocalChatApp, mode: str) -> str:
 def export_file_name(record: SessionRecord) -> str:
     slug = re.sub(r"[^A-Za-z0-9]+", "-", record.label).strip("-").lower()[:40] or "session"
     return f"localchat-{slug}-{time.strftime('%Y%m%d-%H%M%S')}.md"
+
+
+def _quote(text: str) -> str:
+    return "\n".join(f"> {line}" for line in text.splitlines())

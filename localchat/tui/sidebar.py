@@ -6,6 +6,9 @@ calls ``show`` with the new list, so the store stays the one source of truth.
 
 from __future__ import annotations
 
+import datetime
+import time
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -25,6 +28,25 @@ class SessionRequest(Message):
         super().__init__()
         self.action = action
         self.session_id = session_id
+
+
+def session_line(session: SessionRecord, current: bool, now: float | None = None) -> Text:
+    """Two lines: the session's label, then when it was last used and its newest message."""
+    text = Text(("● " if current else "  ") + session.label)
+    detail = when(session.updated_at, now) + (f" · {session.preview}" if session.preview else "")
+    text.append("\n  " + detail, style="dim")
+    return text
+
+
+def when(timestamp: float, now: float | None = None) -> str:
+    """``today 14:02``, ``yesterday 09:15``, ``Mar 3`` or ``2024-03-03`` (older years)."""
+    moment, today = time.localtime(timestamp), time.localtime(now)
+    days = (datetime.date(*today[:3]) - datetime.date(*moment[:3])).days
+    if days == 0:
+        return time.strftime("today %H:%M", moment)
+    if days == 1:
+        return time.strftime("yesterday %H:%M", moment)
+    return time.strftime("%b %d" if moment.tm_year == today.tm_year else "%Y-%m-%d", moment)
 
 
 class SessionList(OptionList):
@@ -60,10 +82,7 @@ class SessionSidebar(Vertical):
         options = self.sessions
         keep = options.highlighted_session_id
         options.clear_options()
-        options.add_options(
-            Option(Text(("● " if s.id == current_id else "  ") + s.label), id=str(s.id))
-            for s in sessions
-        )
+        options.add_options(Option(session_line(s, s.id == current_id), id=str(s.id)) for s in sessions)
         ids = [s.id for s in sessions]
         for wanted in (keep, current_id):
             if wanted in ids:

@@ -29,13 +29,20 @@ class SlashCommand:
 COMMANDS: tuple[SlashCommand, ...] = (
     SlashCommand("new", "Start a new session"),
     SlashCommand("model", "Switch model (loads in the background)", "NAME", argument_required=True),
-    SlashCommand("system", "Set this session's system prompt (empty to clear it)", "TEXT"),
+    SlashCommand("system", "Set this session's system prompt from the next message on; no text "
+                 "shows it, `clear` removes it", "TEXT|clear"),
     SlashCommand("clear", "Forget this session's messages (name and system prompt stay)"),
     SlashCommand("retry", "Ask the last question again"),
     SlashCommand("copy", "Copy the last reply, or its last code block with /copy code", "code"),
     SlashCommand("sessions", "Show or hide the sessions sidebar"),
+    SlashCommand("file", "Attach a text file to the next message (also @path in a message; "
+                 "`clear` removes them)", "PATH|clear", argument_required=True),
+    SlashCommand("search", "Find messages in every session; Enter opens the session", "TEXT",
+                 argument_required=True),
     SlashCommand("rename", "Rename this session", "NAME", argument_required=True),
-    SlashCommand("export", "Save this session as Markdown (default: a new file in the current folder)", "PATH"),
+    SlashCommand("export", "Save this session as Markdown, or JSON for a .json PATH (default: a new "
+                 ".md file in the current folder)", "PATH"),
+    SlashCommand("stats", "TTFT and TPOT of this session's replies as sparklines; p50/p95 per model"),
     SlashCommand("summary", "Show the summary of turns trimmed from the context"),
     SlashCommand("think", "Thinking switch for models that have one: on, off or auto (the model's "
                  "default); no argument shows it", "on|off|auto"),
@@ -78,8 +85,9 @@ class Completion:
     help: str = ""
 
 
-def completions(text: str, model_names: list[str]) -> list[Completion]:
-    """Suggestions for the input ``text``: command names after ``/``, model names after ``/model ``."""
+def completions(text: str, models: list[tuple[str, bool]]) -> list[Completion]:
+    """Suggestions for the input ``text``: command names after ``/``, model names after
+    ``/model `` (``models``: (name, downloaded); one not downloaded says so)."""
     if not is_command(text) or "\n" in text:
         return []
     head, space, rest = text[1:].partition(" ")
@@ -90,5 +98,6 @@ def completions(text: str, model_names: list[str]) -> list[Completion]:
             if c.name.startswith(head.lower())
         ]
     if head.lower() == "model":
-        return [Completion(f"/model {name}", name) for name in model_names if name.startswith(rest.strip())]
+        return [Completion(f"/model {name}", name, "" if downloaded else "not downloaded: `localchat pull " + name + "`")
+                for name, downloaded in models if name.startswith(rest.strip())]
     return []

@@ -1,0 +1,90 @@
+"""Text files attached to a message (``/file PATH`` and ``@path`` in the app, ``ask -f PATH``).
+
+A file goes into the message as a fenced block under its name, so the model sees where it starts
+and ends and the conversation shows what was sent. Only text is accepted: a file with NUL bytes
+or that is not UTF-8 is refused, and so is one that could not fit the model's context, with the
+numbers, before anything is sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from localchat.errors import UserError
+
+# Read at most this much before deciding: a bigger file cannot fit any context we run.
+MAX_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Attachment:
+    path: Path
+    text: str
+    tokens: int
+    estimated: bool = False  # counted without a tokenizer (no model loaded yet): about 4 chars/token
+
+    @property
+    def chip(self) -> str:
+        """What the input shows for it: ``notes.md · 1,234 tokens``."""
+        return f"{self.path.name} · {'~' if self.estimated else ''}{self.tokens:,} tokens"
+
+
+def read_attachment(path_text: str, count_tokens: Callable[[str], int] | None, max_tokens: int | None) -> Attachment:
+    """Read a text file to attach. ``count_tokens`` is the model's tokenizer (None: estimate);
+    ``max_tokens`` the most a message may hold (None: no limit known). Raises ``UserError``."""
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise UserError(f"{path} is not a file." if path.exists() else f"No file {path}.")
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise UserError(f"Cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_BYTES:
+        raise UserError(f"{path.name} is over {MAX_BYTES // 1024 // 1024} MB; attach a smaller text file.")
+    if b"\0" in data[:65536]:
+        raise UserError(f"{path.name} looks binary (it has NUL bytes); only text files can be attached.")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path.name} is not UTF-8 text (byte {exc.start} is not); only text files can be attached.") from None
+    tokens = count_tokens(text) if count_tokens is not None else (len(text) + 3) // 4
+    if max_tokens is not None and tokens > max_tokens:
+        raise UserError(f"{path.name} is {'about ' if count_tokens is None else ''}{tokens:,} tokens; "
+                        f"a message can hold at most {max_tokens:,} with this model's context.")
+    return Attachment(path, text, tokens, estimated=count_tokens is None)
+
+
+def with_attachments(message: str, attachments: list[Attachment]) -> str:
+    """The message as sent: each file as a fenced block under its name, then the text."""
+    parts = []
+    for attachment in attachments:
+        fence = "````" if "```" in attachment.text else "```"
+        language = attachment.path.suffix.lstrip(".")
+        parts.append(f"File `{attachment.path.name}`:\n{fence}{language}\n{attachment.text.rstrip()}\n{fence}")
+    return "\n\n".join([*parts, message]) if parts else message
+
+
+def mentioned_files(message: str) -> list[str]:
+    """``@path`` words of ``message`` that name existing files (``@`` alone or an address is not one)."""
+    found = []
+    for word in message.split():
+        candidate = word[1:].rstrip(".,;:!?)")
+        if word.startswith("@") and candidate and Path(candidate).expanduser().is_file():
+            found.append(candidate)
+    return found
+
+
+def complete_path(fragment: str) -> list[str]:
+    """Paths starting with ``fragment`` (folders end with /), for ``@`` completion."""
+    base = Path(fragment).expanduser()
+    folder, stem = (base, "") if fragment.endswith("/") else (base.parent, base.name)
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []
+    prefix = fragment[: len(fragment) - len(stem)]
+    return [prefix + e.name + ("/" if e.is_dir() else "") for e in entries
+            if e.name.startswith(stem) and (stem.startswith(".") or not e.name.startswith("."))][:50]

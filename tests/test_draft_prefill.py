@@ -1,0 +1,111 @@
+"""Prefill while typing (session/draft.py): the draft is prefilled in steps in the background,
+the real turn then evaluates only what changed, an edit in the middle re-prefills from the first
+changed token and nothing before it, and every reply equals a fresh prefill's (the oracle)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from localchat.session.chat import ChatSession
+from localchat.session.draft import STEP_CHARS, next_prefix
+from oracle import GREEDY, assert_matches_fresh, loaded_engine, reply_tokens
+
+PASTE = " ".join(f"Item {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} box holds {i * 7} marbles."
+                 for i in range(40))  # ~1,900 characters, ~600 tokens
+
+
+def test_steps_advance_by_about_a_step_and_end_after_whitespace():
+    text = "word " * 300
+    first = next_prefix(text, "")
+    assert first.endswith(" ") and STEP_CHARS - 10 <= len(first) <= STEP_CHARS
+    assert len(next_prefix(text, first)) > len(first) + STEP_CHARS - 10
+    assert next_prefix(text, text) == ""
+    assert next_prefix("short draft", "") == "short draft"  # close enough: all of it
+
+
+def test_an_edit_restarts_from_the_changed_character_not_from_the_start():
+    old = "a " * 600
+    edited = old[:300] + "CHANGED " + old[300:]
+    following = next_prefix(edited, old)
+    assert following.startswith(edited[:300]) and len(following) <= 300 + STEP_CHARS
+
+
+def test_nothing_is_prefilled_while_a_reply_runs():
+    class Busy:
+        def prepare(self, messages):
+            raise AssertionError("prepared during a reply")
+
+    chat = ChatSession(Busy())
+    chat._current = type("Running", (), {"finished": False})()  # a reply is streaming
+    assert chat.draft_messages("hello") is None
+    chat.draft.update("hello there")  # no step starts
+
+
+@pytest.fixture(scope="module")
+def fresh(test_model_path):
+    with loaded_engine(test_model_path, 2048, "oracle") as engine:
+        yield engine
+
+
+def settle(chat: ChatSession, text: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while chat.draft.cached_text != text:
+        assert time.monotonic() < deadline, f"draft prefill stuck at {len(chat.draft.cached_text)} chars"
+        time.sleep(0.02)
+
+
+def started_chat(engine) -> ChatSession:
+    chat = ChatSession(engine, system="You are a helpful assistant.", sampling=GREEDY)
+    reply_tokens(chat.send("Remember these boxes."))
+    return chat
+
+
+def test_a_prefilled_draft_leaves_only_the_reply_header_to_evaluate_and_the_reply_is_exact(engine, fresh):
+    chat = started_chat(engine)
+    chat.draft.update(PASTE)
+    settle(chat, PASTE)
+    assert chat.draft.steps >= 2  # in steps, so that a stop loses at most one
+
+    tokens, done = reply_tokens(chat.send(PASTE))
+    assert done.timings.prompt_n <= 5  # the assistant header (and a token at the cut), not ~600
+    assert_matches_fresh(tokens, fresh, chat.last_sent)
+
+
+def test_an_edit_mid_draft_reprefills_from_the_first_changed_token_only_and_stays_exact(engine, fresh):
+    chat = started_chat(engine)
+    head, tail = PASTE[:900], PASTE[900:1300]
+    draft = head + tail
+    chat.draft.update(draft)
+    settle(chat, draft)
+    edited = head + "Also, one box is empty. " + tail
+    steps_before = chat.draft.steps
+    chat.draft.update(edited)
+    settle(chat, edited)
+
+    steps = chat.draft.step_timings[steps_before:]
+    unchanged = engine.prompt_tokens(chat.model_messages() + [{"role": "user", "content": head}], False)
+    changed = engine.prompt_tokens(chat.model_messages() + [{"role": "user", "content": edited}], False)
+    # The first step after the edit reused everything up to it, less the end marker and the
+    # token at the cut (<= 3); all the steps together prefilled only what follows the edit.
+    assert unchanged - 3 <= steps[0].cache_n <= unchanged
+    assert sum(s.prompt_n for s in steps) <= changed - unchanged + 3 * len(steps)
+
+    tokens, done = reply_tokens(chat.send(edited))
+    assert done.timings.prompt_n <= 5
+    assert_matches_fresh(tokens, fresh, chat.last_sent)
+
+
+def test_sending_while_a_step_runs_reuses_every_finished_step_and_the_reply_is_exact(engine, fresh):
+    chat = started_chat(engine)
+    history = engine.prompt_tokens(chat.model_messages(), False)
+    chat.draft.update(PASTE)
+    while not chat.draft.steps:  # one step done, the next one running
+        time.sleep(0.01)
+    tokens, done = reply_tokens(chat.send(PASTE))
+    # The running step finished rather than being stopped (a stop would drop the whole draft).
+    assert done.timings.cache_n >= history + len(chat.draft.step_timings) * 20
+    assert done.timings.prompt_n < engine.count_tokens(PASTE)
+    assert_matches_fresh(tokens, fresh, chat.last_sent)
+    reply_tokens(chat.send("Thanks."))  # and the conversation goes on from there
