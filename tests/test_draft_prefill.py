@@ -104,8 +104,26 @@ def test_sending_while_a_step_runs_reuses_every_finished_step_and_the_reply_is_e
     while not chat.draft.steps:  # one step done, the next one running
         time.sleep(0.01)
     tokens, done = reply_tokens(chat.send(PASTE))
-    # The running step finished rather than being stopped (a stop would drop the whole draft).
+    # The running step was stopped at once and kept what it had evaluated, as did every
+    # finished step: the turn reuses all of it.
     assert done.timings.cache_n >= history + len(chat.draft.step_timings) * 20
     assert done.timings.prompt_n < engine.count_tokens(PASTE)
     assert_matches_fresh(tokens, fresh, chat.last_sent)
     reply_tokens(chat.send("Thanks."))  # and the conversation goes on from there
+
+
+def test_a_stopped_draft_step_keeps_what_it_evaluated_for_the_turn(engine, fresh):
+    """Prefill is abortable at once without losing work: a prepare stopped half-way keeps its
+    cells as a partial record, and the turn that stopped it reuses them (exactly)."""
+    chat = started_chat(engine)
+    history = engine.prompt_tokens(chat.model_messages(), False)
+    handle = engine.prepare(chat.model_messages() + [{"role": "user", "content": PASTE}])
+    for event in handle:
+        if getattr(event, "done", 0) >= 256:  # two 128-token chunks evaluated
+            handle.stop()
+    assert handle.result.finish_reason == "aborted"
+    partial = engine.cached_messages()[-1]
+    assert partial.partial and engine.tokens_in_context >= history + 250  # all 256 but the stop
+    tokens, done = reply_tokens(chat.send(PASTE))
+    assert done.timings.cache_n >= history + 250
+    assert_matches_fresh(tokens, fresh, chat.last_sent)

@@ -373,6 +373,8 @@ class Engine:
     def _background_turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling) -> None:
         """Run a turn on top of the conversation, then put the cache back exactly as it was."""
         kv = self._require_kv()
+        if kv.records and kv.records[-1].partial:  # a stopped draft's cells: not this turn's base
+            kv.truncate(kv.n_tokens - len(kv.records[-1].tokens), whole_messages=True)
         saved, saved_tokens = kv.records, kv.tokens()
         layout = plan_layout(saved, messages, self._render, kv.runtime.tokenize, allow_shift=False)
         if layout.prefix_fallback or layout.tokens[:len(saved_tokens)] != saved_tokens:
@@ -421,7 +423,7 @@ class Engine:
               needs_logits: bool = True) -> bool:
         """Bring the KV cache to ``layout``: apply its trim shift, keep the longest prefix of
         cells that may be reused, prefill the rest. False if a stop request ended the prefill
-        (the cache then holds whole messages only, or exactly what it held before)."""
+        (the cache then holds what it evaluated, the stopped message as a partial record)."""
         kv = self._require_kv()
         runtime = kv.runtime
         timings.prefix_fallback = layout.prefix_fallback
@@ -459,11 +461,12 @@ class Engine:
                        lambda done, total: handle.emit(PrefillProgress(done, total)),
                        checkpoint_at=checkpoint_at if kv.uses_checkpoints else None)
         except DecodeAborted:
-            if only_appends:
+            if only_appends and runtime.max_position() + 1 <= before_n:
+                # Stopped before adding a cell: exactly as before (the last reply stays open).
                 kv.records = before
                 kv.truncate(before_n, whole_messages=True)
             else:
-                kv.keep_whole_messages()
+                kv.keep_evaluated()
             return False
         except Exception:
             kv.forget()  # the cache no longer matches its record: start clean, never wrong

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import codecs
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from localchat.engine.layout import CachedMessage, Shift
@@ -74,7 +74,7 @@ class ConversationCache:
         return [t for m in self.records for t in m.tokens]
 
     def copy_records(self) -> list[CachedMessage]:
-        return [CachedMessage(m.role, m.content, m.text, list(m.tokens), m.open) for m in self.records]
+        return [replace(m, tokens=list(m.tokens)) for m in self.records]
 
     # -- changing what is cached ---------------------------------------------------------------
 
@@ -232,10 +232,26 @@ class ConversationCache:
         reply_record.text += reply_bytes[:evaluated_bytes].decode("utf-8", errors="replace")
         return reply, finish
 
-    def keep_whole_messages(self) -> None:
-        """After a stopped prefill keep only the messages whose tokens all made it into the cache."""
-        self.records = self._whole_records(self.runtime.max_position() + 1)
-        self.truncate(sum(len(m.tokens) for m in self.records), whole_messages=True)
+    def keep_evaluated(self) -> None:
+        """After a stopped prefill keep every cell it evaluated: the whole messages, then the
+        first tokens of the one it stopped in as a partial record (exact cells, which the next
+        prompt reuses as far as its tokens agree: a long draft is not lost to a keystroke)."""
+        held = self.runtime.max_position() + 1
+        kept, total = [], 0
+        for record in self.records:
+            n = len(record.tokens)
+            if total + n <= held and not record.open:
+                kept.append(record)
+                total += n
+                continue
+            if held > total:
+                kept.append(CachedMessage(record.role, record.content, "", record.tokens[:held - total],
+                                          partial=True))
+                total = held
+            break
+        self.records = kept
+        if total < held:  # cells beyond the record (none expected): drop them
+            self.truncate(total, whole_messages=True)
 
     def forget(self) -> None:
         """Empty the cache and its record (after a failure: start clean, never wrong)."""
@@ -255,8 +271,7 @@ class ConversationCache:
         if not self.runtime.import_sequence(snapshot.state) or self.runtime.max_position() + 1 != snapshot.n_tokens:
             self.forget()
             raise EngineError("the saved context does not match this model; it will be rebuilt")
-        self.records = [CachedMessage(m.role, m.content, m.text, list(m.tokens), m.open)
-                        for m in snapshot.records]
+        self.records = [replace(m, tokens=list(m.tokens)) for m in snapshot.records]
         self.checkpoints = []
         self.checkpoint()
         self.exact_n = min(snapshot.exact_n, snapshot.n_tokens)

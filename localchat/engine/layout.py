@@ -43,9 +43,12 @@ class CachedMessage:
     # The reply being generated or just generated: its end-of-turn marker is not in the cache yet
     # (the model sampled it, but sampled tokens are only evaluated when the next one is needed).
     open: bool = False
+    # The first tokens of a message whose prefill was stopped (a draft being typed, a turn
+    # stopped during prefill): exact cells, reused by token prefix, never matched as a message.
+    partial: bool = False
 
     def matches(self, message: dict) -> bool:
-        return self.role == message["role"] and self.content == message["content"]
+        return not self.partial and self.role == message["role"] and self.content == message["content"]
 
 
 @dataclass
@@ -93,6 +96,10 @@ def plan_layout(
     a turn)."""
     prompt = render(messages, add_generation_prompt)
     boundary = _Boundaries(messages, render, prompt)
+    if cache and cache[-1].partial:
+        # A stopped prefill's tokens: the engine reuses them by token prefix; the conversation
+        # they follow still goes on.
+        cache = cache[:-1]
     sources, shift = _match(cache, messages, allow_shift)
     continues = shift is not None or (
         len(messages) >= len(cache) and all(s is not None for s in sources[:len(cache)]))

@@ -9,7 +9,6 @@ removes those turns from its KV cache by shifting, so the kept turns are not eva
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -61,7 +60,6 @@ class ChatSession:
         # Time spent restoring a saved KV cache before this session's next turn: it is part of
         # what the user waits for, so it is added to that turn's TTFT (and shown as restore_ms).
         self.pending_restore_ms: float | None = None
-        self.pending_draft_ms = 0.0  # time ``send`` waited for a draft prefill step to finish
         # Index into history of the first message the model still sees (earlier ones were trimmed).
         self.first_visible = 0
         # Guards the window (history, first_visible, summary) against the background summary
@@ -102,10 +100,7 @@ class ChatSession:
         ``escalator``, a RoutedTurn that may hand the turn to the remote model). The reply, also
         a stopped one, is added to the history before the final event reaches the reader."""
         sampling = sampling or self.sampling
-        waited = time.perf_counter()
-        self.draft.finish()  # a running step ends first: the turn reuses it instead of stopping it
-        # That wait is part of what the user waits for: added to this turn's TTFT (see _record_reply).
-        self.pending_draft_ms = (time.perf_counter() - waited) * 1000
+        self.draft.finish()  # no more steps; the submit below stops a running one at once
         remote_ready = escalator is not None and escalator.client is not None and route != "local"
         with self.state_lock:
             if self._current is not None and not self._current.finished:
@@ -141,9 +136,6 @@ class ChatSession:
         return parameter_count(path) if path is not None else None
 
     def _record_reply(self, event: Done | Failed) -> None:
-        if isinstance(event, Done) and event.timings.ttft_ms:
-            event.timings.ttft_ms += self.pending_draft_ms
-        self.pending_draft_ms = 0.0
         if isinstance(event, Done) and self.pending_restore_ms is not None:
             event.timings.restore_ms = self.pending_restore_ms
             event.timings.ttft_ms += self.pending_restore_ms

@@ -3,21 +3,18 @@ it is sent only what changed since is evaluated.
 
 The engine's ``prepare`` brings the KV cache to a list of messages, reusing the cells it may
 (exactly: the longest common token prefix of cells computed in order) and prefilling the rest,
-abortably. Here the list is the conversation plus the draft as a user message. A draft is not
-prefilled in one job: an aborted prepare keeps whole messages only, so a long paste would lose
-all its progress to the first keystroke or to Enter. It goes in steps of about ``STEP_CHARS``:
-each step prepares the draft up to a word boundary a little further on, and every finished step
-leaves that prefix (and its end-of-turn marker) in the cache, where the next step or the real
-turn reuses it up to the first token that differs. So an edit in the middle re-prefills from the
-first changed token on, and nothing before it.
+abortably. Here the list is the conversation plus the draft as a user message. It goes in steps of
+about ``STEP_CHARS``: each step prepares the draft up to a word boundary a little further on, and
+every finished step leaves that prefix (and its end-of-turn marker) in the cache, where the next
+step or the real turn reuses it up to the first token that differs. So an edit in the middle
+re-prefills from the first changed token on, and nothing before it.
 
 Never competes with a reply: nothing is prepared while a turn runs or a summary is being written
-or installed. When the message is sent, ``ChatSession.send`` lets a running step finish (about
-STEP_SECONDS of prefill that the turn reuses, so the wait costs the reply nothing) instead of
-stopping it: the engine's ``prepare`` keeps whole messages only when stopped, and the draft is
-one message, so a stop would throw away every step. Edits let the running step finish too, and
-the next step starts from the first changed token. Nor is it done when the next turn may trim the
-context: a turn that trims shifts cached turns down, which needs the cache to end with the
+or installed, and sending stops a running step at once (the engine's submit does). A stopped
+prepare keeps the cells it evaluated (the draft's first tokens as a partial record), so the turn
+reuses them as far as its tokens agree: stopping costs nothing. Edits let the running step finish,
+and the next step starts from the first changed token. Nor is it done when the next turn may trim
+the context: a turn that trims shifts cached turns down, which needs the cache to end with the
 conversation, not with a draft.
 """
 
@@ -33,13 +30,11 @@ if TYPE_CHECKING:
     from localchat.session.chat import ChatSession
 
 # The first step: about 50 tokens of English. Later steps are sized from the measured prefill
-# speed to take about STEP_SECONDS each: a stop (Enter) throws away at most that much work, while
-# each step's extra end-of-turn marker and cut token (2-3 tokens) stay a small share.
+# speed to take about STEP_SECONDS each: an edit waits for at most that much work, while each
+# step's extra end-of-turn marker and cut token (2-3 tokens) stay a small share.
 STEP_CHARS = 200
 STEP_SECONDS = 0.3
 MAX_STEP_CHARS = 8000
-# The most a send waits for a running step (one takes ~STEP_SECONDS; this only bounds a stall).
-FINISH_WAIT_S = 5.0
 CHARS_PER_TOKEN = 4  # English prose; only step sizes depend on it, never what is reused
 
 
@@ -74,15 +69,11 @@ class DraftPrefill:
         with self._lock:
             self._wanted = ""
 
-    def finish(self, timeout: float = FINISH_WAIT_S) -> None:
-        """Before the message is sent: no further steps, and wait for a running one to end. Its
-        cells are then reused by the turn; stopping it instead would throw away every step,
-        since a stopped prefill keeps whole messages only and the draft is still one message."""
+    def finish(self) -> None:
+        """Before the message is sent: no further steps. A running one is stopped by the turn's
+        submit at once and keeps what it evaluated, which the turn reuses."""
         with self._lock:
             self._wanted = ""
-            running = self._running
-        if running is not None:
-            running[0].wait(timeout)
 
     @property
     def cached_text(self) -> str:
@@ -111,8 +102,8 @@ class DraftPrefill:
                 self.step_timings.append(event.timings)
                 self.step_chars = _step_chars(event.timings.prompt_n, event.timings.prompt_ms, self.step_chars)
             elif isinstance(event, Done) and event.timings.prompt_n:
-                # Stopped mid-prefill (a turn came first): the engine kept whole messages only,
-                # so no part of the draft is cached any more.
+                # Stopped mid-prefill (a turn came first): the engine kept what it evaluated, but
+                # not a whole step's prefix; the next step starts over and reuses those cells.
                 self._cached = ""
         self._next_step()
 
