@@ -277,8 +277,7 @@ class ContextKeeper:
 
 def _records_match(records: list, messages: list[dict[str, str]]) -> bool:
     """The engine's KV records cover ``messages`` (so their token counts are exact)."""
-    return len(records) >= len(messages) and all(
-        r.role == m["role"] and r.content == m["content"] for r, m in zip(records, messages))
+    return len(records) >= len(messages) and all(r.matches(m) for r, m in zip(records, messages))
 
 
 def _position_of_exchange(session: "ChatSession", exchange: int) -> int:
