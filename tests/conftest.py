@@ -83,6 +83,16 @@ def shared_engine(test_model_path):
     engine.close()
 
 
+@pytest.fixture(scope="session")
+def fresh(test_model_path):
+    """A second engine (n_ctx 2048), used only as the exactness oracle (tests/oracle.py): its
+    cache is emptied before every answer. One for the session, shared by every oracle test."""
+    from oracle import loaded_engine
+
+    with loaded_engine(test_model_path, 2048, "oracle") as engine:
+        yield engine
+
+
 @pytest.fixture
 def engine(shared_engine):
     """The shared engine with an empty KV cache."""

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import time
 
-import pytest
 
 from localchat.session.chat import ChatSession
 from localchat.session.draft import STEP_CHARS, next_prefix
-from oracle import GREEDY, assert_matches_fresh, loaded_engine, reply_tokens
+from oracle import GREEDY, assert_matches_fresh, reply_tokens
 
 PASTE = " ".join(f"Item {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} box holds {i * 7} marbles."
                  for i in range(40))  # ~1,900 characters, ~600 tokens
@@ -41,12 +40,6 @@ def test_nothing_is_prefilled_while_a_reply_runs():
     chat._current = type("Running", (), {"finished": False})()  # a reply is streaming
     assert chat.draft_messages("hello") is None
     chat.draft.update("hello there")  # no step starts
-
-
-@pytest.fixture(scope="module")
-def fresh(test_model_path):
-    with loaded_engine(test_model_path, 2048, "oracle") as engine:
-        yield engine
 
 
 def settle(chat: ChatSession, text: str, timeout: float = 120.0) -> None:

@@ -4,16 +4,9 @@ prefill's (the oracle)."""
 
 from __future__ import annotations
 
-import pytest
 
 from localchat.session.chat import ChatSession
-from oracle import GREEDY, assert_matches_fresh, loaded_engine, reply_tokens
-
-
-@pytest.fixture(scope="module")
-def fresh(test_model_path):
-    with loaded_engine(test_model_path, 2048, "oracle") as engine:
-        yield engine
+from oracle import GREEDY, assert_matches_fresh, reply_tokens
 
 
 def test_an_edited_prompt_prefills_only_itself_after_the_fork_and_is_exact(engine, fresh):

@@ -28,13 +28,6 @@ SYSTEM = "You are a helpful assistant."
 PIRATE = "You are a pirate. Always answer like a pirate."
 
 
-@pytest.fixture(scope="module")
-def fresh(test_model_path):
-    """A second engine, used only as the oracle: its cache is emptied before every answer."""
-    with loaded_engine(test_model_path, 2048, "oracle") as engine:
-        yield engine
-
-
 def assert_exact(chat: ChatSession, oracle: Engine, text: str) -> Done:
     """Send ``text``; its greedy reply must equal a fresh prefill's of what the model was shown."""
     tokens, done = reply_tokens(chat.send(text))

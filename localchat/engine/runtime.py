@@ -387,13 +387,13 @@ class Sampler:
 
     def sample(self) -> int:
         """The next token, from the last logits (which the repeat penalty edits in place)."""
+        logits = self._logits()
         if self._penalty != 1.0 and self._recent:
-            logits = self._logits()
             ids = np.fromiter(set(self._recent), dtype=np.int64)
             values = logits[ids]
             logits[ids] = np.where(values <= 0, values * self._penalty, values / self._penalty)
         if self._chain is None:
-            token = int(np.argmax(self._logits()))
+            token = int(np.argmax(logits))
         else:
             token = int(self._lib.llama_sampler_sample(self._chain, self._ctx, -1))
         self._recent.append(token)

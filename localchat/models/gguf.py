@@ -243,9 +243,7 @@ class GGUFInfo:
         """KV-cache bytes one token of context costs across all layers (f16 cache by default)."""
         if not (self.n_layers and self.n_kv_heads and self.head_dim):
             return None
-        value_dim = self.value_head_dim or self.head_dim
-        per_layer = self.n_kv_heads * (self.head_dim + value_dim)
-        return int(per_layer * self.n_layers * bytes_per_element)
+        return self.kv_cache_bytes(1, bytes_per_element)
 
     def require_complete(self) -> None:
         """Raise GGUFError if the file is shorter than its tensor table says (a cut download)."""
