@@ -47,8 +47,12 @@ class DraftPrefiller:
                 or self.queued:
             chat.draft.cancel()
             return
-        # As it will be sent: attached files first, so that they are prefilled too.
-        chat.draft.update(with_attachments(text[1:] if text.startswith("//") else text, self.attachments))
+        # As it will be sent: attached files first, so that they are prefilled too. Off the event
+        # loop: sizing a step tokenizes the draft (and any attached file), which a long paste
+        # would make keypresses wait for.
+        draft = with_attachments(text[1:] if text.startswith("//") else text, self.attachments)
+        self.run_worker(lambda: chat.draft.update(draft), thread=True, group="draft",
+                        exit_on_error=False)
 
     def cancel_draft_prefill(self: LocalChatApp) -> None:
         if self._draft_timer is not None:
