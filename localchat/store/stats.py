@@ -53,16 +53,10 @@ def spread(values: list[float], high: list[float] | None = None) -> Spread:
 def model_stats(store: Store, session_id: int | None = None) -> list[ModelStats]:
     """Per model, over the stored local replies that produced tokens (of one session, or all)."""
     by_model: dict[str, list[Timings]] = {}
-    for turn in _assistant_turns(store, session_id):
+    for turn in store.replies(session_id):
         if turn.timings is not None and turn.timings.predicted_n and turn.route != "remote":
             by_model.setdefault(turn.model or "?", []).append(turn.timings)
     return [_stats(model, timings) for model, timings in sorted(by_model.items())]
-
-
-def _assistant_turns(store: Store, session_id: int | None):
-    ids = [session_id] if session_id is not None else [s.id for s in store.list_sessions()]
-    for sid in ids:
-        yield from (t for t in store.turns(sid) if t.role == "assistant")
 
 
 def _stats(model: str, timings: list[Timings]) -> ModelStats:

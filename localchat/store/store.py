@@ -336,6 +336,13 @@ class Store:
         )
         return [_turn(r) for r in rows]
 
+    def replies(self, session_id: int | None = None) -> list[TurnRecord]:
+        """Every stored reply (of one session, or of all), in one query."""
+        where, args = ("AND session_id = ? ", (session_id,)) if session_id is not None else ("", ())
+        rows = self._read(f"SELECT {_TURN_COLUMNS} FROM turns WHERE role = 'assistant' {where}"
+                          "ORDER BY session_id, seq", args)
+        return [_turn(r) for r in rows]
+
     def delete_last_exchange(self, session_id: int) -> str | None:
         """Remove the last user prompt and every reply after it (``/retry``); return the prompt."""
         with self._write() as db:

@@ -8,6 +8,8 @@ which turn it into a one-line notice.
 
 from __future__ import annotations
 
+import asyncio
+
 import functools
 import re
 import time
@@ -290,7 +292,10 @@ class SessionActions:
     async def slash_stats(self: LocalChatApp, argument: str) -> None:
         from localchat.store.stats import session_speed_markdown
 
-        self.push_screen(PageScreen(session_speed_markdown(self.store, self._require_conversation().session_id)))
+        # Off the event loop: it reads every stored reply.
+        text = await asyncio.to_thread(session_speed_markdown, self.store,
+                                       self._require_conversation().session_id)
+        self.push_screen(PageScreen(text))
 
     async def slash_big(self: LocalChatApp, text: str) -> None:
         """Send this message to the remote (large) model, whatever the routing mode."""
