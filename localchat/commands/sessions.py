@@ -114,9 +114,16 @@ def print_table(sessions: list[SessionRecord], out: TextIO) -> None:
         (str(s.id), _visible(s.label), str(s.turn_count), _visible(s.model) or "-", _ago(s.updated_at))
         for s in sessions
     ]
-    header = ("ID", "SESSION", "TURNS", "MODEL", "LAST USED")
+    print_columns(("ID", "SESSION", "TURNS", "MODEL", "LAST USED"), rows, out, max_widths={1: 48})
+
+
+def print_columns(header: tuple[str, ...], rows: list[tuple[str, ...]], out: TextIO,
+                  max_widths: dict[int, int] | None = None) -> None:
+    """A plain text table: columns as wide as their widest cell (capped by ``max_widths``,
+    longer cells cut with "…")."""
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    widths[1] = min(widths[1], 48)
+    for column, cap in (max_widths or {}).items():
+        widths[column] = min(widths[column], cap)
     for row in [header, *rows]:
         cells = [cell if len(cell) <= w else cell[: w - 1] + "…" for cell, w in zip(row, widths)]
         out.write("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip() + "\n")

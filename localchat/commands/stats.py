@@ -20,6 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from localchat.store import Store
+    from localchat.commands.sessions import print_columns
     from localchat.store.stats import model_stats
 
     with Store.open() as store:
@@ -35,7 +36,5 @@ def _run(args: argparse.Namespace) -> int:
     header = ("MODEL", "REPLIES", "TTFT ms p50/p95", "TPOT ms p50/p95", "ITL ms p50/p95", "REUSE % p50/p95")
     rows = [(s.model, str(s.turns), str(s.ttft_ms), str(s.tpot_ms), str(s.itl_ms), str(s.reuse_percent))
             for s in stats]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")
+    print_columns(header, rows, sys.stdout)
     return 0

@@ -100,7 +100,7 @@ class ChatSession:
         ``escalator``, a RoutedTurn that may hand the turn to the remote model). The reply, also
         a stopped one, is added to the history before the final event reaches the reader."""
         sampling = sampling or self.sampling
-        self.draft.finish()  # no more steps; the submit below stops a running one at once
+        self.draft.cancel()  # no more steps; the submit below stops a running one at once
         remote_ready = escalator is not None and escalator.client is not None and route != "local"
         with self.state_lock:
             if self._current is not None and not self._current.finished:

@@ -64,14 +64,9 @@ class DraftPrefill:
         self._next_step()
 
     def cancel(self) -> None:
-        """No further steps (the input emptied, a command or another session); what is cached,
-        or still being cached by a running step, stays."""
-        with self._lock:
-            self._wanted = ""
-
-    def finish(self) -> None:
-        """Before the message is sent: no further steps. A running one is stopped by the turn's
-        submit at once and keeps what it evaluated, which the turn reuses."""
+        """No further steps (the input emptied, a command, another session, or the message is
+        sent: the turn's submit then stops a running step at once, and it keeps what it
+        evaluated); what is cached stays."""
         with self._lock:
             self._wanted = ""
 

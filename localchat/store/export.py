@@ -14,17 +14,13 @@ from localchat.store.records import TurnRecord
 from localchat.store.store import Store
 
 
-def system_prompts_by_turn(store: Store, session_id: int) -> dict[int, str]:
-    """{after_seq: system prompt in force from the next turn on}; the last change at a seq wins."""
-    return dict(store.system_history(session_id))
-
-
 def to_markdown(store: Store, session_id: int) -> str:
     """The session as a Markdown document."""
     record = store.session(session_id)
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime())
     parts = [f"# {record.label}\n", f"_Exported from localchat on {when}._\n"]
-    changes = system_prompts_by_turn(store, session_id)
+    # {after_seq: system prompt in force from the next turn on}; the last change at a seq wins.
+    changes = dict(store.system_history(session_id))
     if not changes and record.system:  # set before localchat recorded changes
         changes = {0: record.system}
     for turn in [None, *store.turns(session_id)]:
@@ -34,7 +30,7 @@ def to_markdown(store: Store, session_id: int) -> str:
         if seq in changes:
             text = changes[seq]
             heading = "**System prompt:**" if seq == 0 else "**System prompt changed to:**"
-            parts.append(f"{heading}\n\n{_quote(text)}\n" if text else "**System prompt cleared.**\n")
+            parts.append(f"{heading}\n\n{quote(text)}\n" if text else "**System prompt cleared.**\n")
     return "\n".join(parts)
 
 
@@ -44,7 +40,7 @@ def _turn_markdown(turn: TurnRecord) -> str:
     note = " (stopped)" if turn.stopped else ""
     thinking, answer = split_reply(turn.content)
     if thinking:  # folded in viewers that render HTML, readable in those that do not
-        answer = f"<details><summary>Thinking</summary>\n\n{_quote(thinking)}\n\n</details>\n\n{answer}"
+        answer = f"<details><summary>Thinking</summary>\n\n{quote(thinking)}\n\n</details>\n\n{answer}"
     return f"## {turn.model or 'Assistant'}{note}\n\n" + answer + "\n"
 
 
@@ -67,5 +63,6 @@ def to_json(store: Store, session_id: int) -> str:
     return json.dumps(document, ensure_ascii=False, indent=2) + "\n"
 
 
-def _quote(text: str) -> str:
+def quote(text: str) -> str:
+    """``text`` as a Markdown block quote."""
     return "\n".join(f"> {line}" for line in text.splitlines())

@@ -25,12 +25,10 @@ class SessionLock:
     def acquire(self, on_wait: Callable[[], None] | None = None) -> None:
         """Take the lock, blocking while another process holds it; ``on_wait`` is called once
         before waiting so the user knows why nothing happens."""
-        try:
-            self._lock.acquire(timeout=0)
+        if self.try_acquire():
             return
-        except Timeout:
-            if on_wait is not None:
-                on_wait()
+        if on_wait is not None:
+            on_wait()
         self._lock.acquire()
 
     def try_acquire(self) -> bool:

@@ -24,6 +24,7 @@ from textual.screen import Screen
 from localchat.atomic import write_text_atomic
 from localchat.errors import UserError
 from localchat.store import SessionRecord, TurnRecord
+from localchat.store.export import quote
 from localchat.tui import slash
 from localchat.tui.clipboard import copy_fallback, in_tmux, osc52_sequence
 from localchat.tui.conversation import Conversation
@@ -191,7 +192,7 @@ class SessionActions:
         if not text:
             current = conversation.record.system
             self.push_screen(PageScreen("# System prompt\n\n" + (
-                _quote(current) + "\n\n_Change it with `/system TEXT`, remove it with `/system clear`._"
+                quote(current) + "\n\n_Change it with `/system TEXT`, remove it with `/system clear`._"
                 if current else "_None set. Set one with `/system TEXT`._")))
             return
         cleared = text.lower() == "clear"
@@ -368,5 +369,3 @@ def export_file_name(record: SessionRecord) -> str:
     return f"localchat-{slug}-{time.strftime('%Y%m%d-%H%M%S')}.md"
 
 
-def _quote(text: str) -> str:
-    return "\n".join(f"> {line}" for line in text.splitlines())
