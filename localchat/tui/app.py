@@ -223,7 +223,7 @@ class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, Mod
         else:
             typed = text[1:] if text.startswith("//") else text
             try:
-                text = self.message_with_files(typed)
+                text = await self.message_with_files(typed)
             except UserError as exc:  # the message stays in the input
                 self.notify(str(exc), severity="error")
                 return

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from textual.widgets import Static
@@ -24,15 +25,17 @@ class AttachmentChips(Static):
 
 
 class Attachments:
-    def attach_file(self: LocalChatApp, path_text: str) -> Attachment:
-        """Read ``path_text`` and attach it to the next message. Raises ``UserError``."""
+    async def attach_file(self: LocalChatApp, path_text: str) -> Attachment:
+        """Read ``path_text`` and attach it to the next message. Raises ``UserError``. The file
+        is read and tokenized off the event loop (it may be megabytes)."""
         engine = self.engine
         limit = None
         if engine is not None:
             reply = self.sampling.max_tokens if self.sampling is not None else 1024
             used = sum(a.tokens for a in self.attachments)
             limit = engine.n_ctx - min(reply, engine.n_ctx // 2) - used
-        attachment = read_attachment(path_text, engine.count_tokens if engine is not None else None, limit)
+        attachment = await asyncio.to_thread(
+            read_attachment, path_text, engine.count_tokens if engine is not None else None, limit)
         self.attachments.append(attachment)
         self.query_one(AttachmentChips).show(self.attachments)
         return attachment
@@ -43,16 +46,16 @@ class Attachments:
             self.query_one(AttachmentChips).show([])
             self.notify("Attachments removed.")
             return
-        attachment = self.attach_file(path_text)
+        attachment = await self.attach_file(path_text)
         self.notify(f"Attached {attachment.chip}; it goes with your next message.")
         self.schedule_draft_prefill(self.prompt.text)  # the model can read the file meanwhile
 
-    def message_with_files(self: LocalChatApp, text: str) -> str:
+    async def message_with_files(self: LocalChatApp, text: str) -> str:
         """``text`` with the attached files and those it mentions as ``@path`` (then cleared).
         Raises ``UserError`` (the message then stays in the input) for a file that cannot go."""
         for path in mentioned_files(text):
             if all(str(a.path) != path for a in self.attachments):
-                self.attach_file(path)
+                await self.attach_file(path)
         message = with_attachments(text, self.attachments)
         self.attachments.clear()
         self.query_one(AttachmentChips).show([])
