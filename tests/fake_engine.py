@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from localchat.errors import EngineError
 from localchat.engine.turn import TurnHandle
+from localchat.errors import EngineError
 from localchat.events import Done, Failed, Loaded, PrefillProgress, Thinking, Timings, Token
 from localchat.reasoning import ReasoningSplitter
 

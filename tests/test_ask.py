@@ -10,11 +10,10 @@ import sys
 import time
 
 import pytest
+from fault_server import FaultServer, reply
 
 from localchat.cli import main
 from localchat.commands.ask import PlainText, neutralise_controls
-
-from fault_server import FaultServer, reply
 
 
 def run_cli(capsys, *args):

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from fault_server import FaultServer, Status, reply
+
 from localchat.cli import main
 
 pytestmark = pytest.mark.model

@@ -8,14 +8,14 @@ import io
 import json
 
 import pytest
-
 from fault_server import FaultServer, Stream, chunk, usage_chunk
+from reasoning_templates import THINKING
+from test_remote_reasoning import reasoning_chunk
+
 from localchat.cli import main
 from localchat.commands.ask import PlainText, summary_line
 from localchat.config import dump_toml
 from localchat.events import Done, Thinking, Timings, Token
-from reasoning_templates import THINKING
-from test_remote_reasoning import reasoning_chunk
 
 pytestmark = pytest.mark.model
 

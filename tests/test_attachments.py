@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, wait_until
+
 from localchat.attachments import complete_path, mentioned_files, read_attachment, with_attachments
 from localchat.errors import UserError
 

@@ -211,6 +211,7 @@ def test_confidence_tracking_reports_token_stats_for_the_first_tokens(test_model
 
 def test_token_stats_match_a_plain_softmax():
     import numpy as np
+
     from localchat.engine.runtime import token_stats
 
     logits = np.array([2.0, 1.0, 0.5, -3.0], dtype=np.float32)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from reasoning_templates import STRIPS_REASONING, SWITCH, THINKING
 
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.events import Done, Thinking, Token
-from reasoning_templates import STRIPS_REASONING, SWITCH, THINKING
 
 pytestmark = pytest.mark.model
 

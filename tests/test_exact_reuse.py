@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from oracle import GREEDY, assert_matches_fresh, loaded_engine, reply_tokens
 
 from localchat.config import Config
 from localchat.engine.engine import Engine
@@ -22,7 +23,6 @@ from localchat.events import Done, PrefillProgress, Token
 from localchat.session.chat import ChatSession
 from localchat.session.factory import open_chat
 from localchat.store.snapshots import SnapshotStore
-from oracle import GREEDY, assert_matches_fresh, loaded_engine, reply_tokens
 
 SYSTEM = "You are a helpful assistant."
 PIRATE = "You are a pirate. Always answer like a pirate."

@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fault_server import FaultServer, KeepAlives, Stream, chunk
+
 from localchat.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,16 +84,15 @@ def tmpfs(directory: Path, size: str, *options: str):
 def fill(directory: Path) -> Path:
     """Fill the file system holding ``directory``; returns the filler file (delete to free)."""
     filler = directory / "filler"
-    with open(filler, "wb") as f:
-        with contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-    with contextlib.suppress(OSError):  # the last partial blocks, too
-        with open(directory / "filler-2", "wb") as f:
-            while True:
-                f.write(b"\0" * 512)
-                f.flush()
+    with open(filler, "wb") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+    # the last partial blocks, too
+    with contextlib.suppress(OSError), open(directory / "filler-2", "wb") as f:
+        while True:
+            f.write(b"\0" * 512)
+            f.flush()
     return filler
 
 
@@ -292,9 +291,8 @@ def test_07b_the_app_takes_the_same_lock_and_catches_up_with_turns_another_proce
         conversation.attach(engine)
         other = SessionLock(conversation.session_id)  # an `ask -s same` answering right now
         assert other.try_acquire()
-        with pytest.raises(UserError, match="another localchat process"):
-            with conversation.turn_lock():
-                pass
+        with pytest.raises(UserError, match="another localchat process"), conversation.turn_lock():
+            pass
         store.add_exchange(conversation.session_id, "U1 from ask", "A1 from ask", model="m")
         other.release()
         with conversation.turn_lock():
@@ -311,23 +309,23 @@ def test_08a_a_full_disk_at_the_store_commit_says_so_and_keeps_neither_half(tmp_
     from localchat.store.store import StoreError
 
     data = tmp_path / "data"
-    with tmpfs(data, "2m"):
-        with Store.open(data / "sessions.db") as store:
-            session = store.create_session("s")
-            store.add_exchange(session.id, "warm up", "ok", model="m")
-            fill(data)
-            with pytest.raises(StoreError) as error:
-                store.add_exchange(session.id, "x" * 300_000, "y" * 300_000, model="m")
-            assert str(error.value).startswith("Disk full")
-            assert "no transaction is active" not in str(error.value)
-            free(data)
-            assert [t.content for t in store.turns(session.id)] == ["warm up", "ok"]
+    with tmpfs(data, "2m"), Store.open(data / "sessions.db") as store:
+        session = store.create_session("s")
+        store.add_exchange(session.id, "warm up", "ok", model="m")
+        fill(data)
+        with pytest.raises(StoreError) as error:
+            store.add_exchange(session.id, "x" * 300_000, "y" * 300_000, model="m")
+        assert str(error.value).startswith("Disk full")
+        assert "no transaction is active" not in str(error.value)
+        free(data)
+        assert [t.content for t in store.turns(session.id)] == ["warm up", "ok"]
 
 
 def test_08b_a_reply_the_app_cannot_store_is_forgotten_by_the_model_too(engine, monkeypatch):
     """Store locked past the busy timeout: the reply is not reused by the next turn."""
     from localchat.config import Config
-    from localchat.store import Store, store as store_module
+    from localchat.store import Store
+    from localchat.store import store as store_module
     from localchat.tui.conversation import Conversation
     from localchat.tui.model_setup import ChatServices
 
@@ -523,8 +521,8 @@ def _parse_keys(data: str) -> list:
 
 
 def test_16_a_stalled_pull_says_the_hub_stopped_sending(monkeypatch, capsys):
-    from huggingface_hub import constants, file_download
     from hub_server import FakeHub, make_gguf
+    from huggingface_hub import constants, file_download
 
     from localchat.cli import main
 

@@ -23,7 +23,7 @@ def smollm(test_model_path):
 def llama8b(smollm):
     """Llama 3.1 8B Q4_K_M's shape: 32 layers of ~135 MB, GQA 8 KV heads of 128, 4.9 GB."""
     return replace(smollm, n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128, value_head_dim=128,
-                   embedding_length=4096, layer_bytes={i: 135 * MiB for i in range(32)},
+                   embedding_length=4096, layer_bytes=dict.fromkeys(range(32), 135 * MiB),
                    tensors=smollm.tensors)
 
 

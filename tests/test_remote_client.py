@@ -6,13 +6,13 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from fault_server import Drop, FaultServer, RawBytes, Stall, Status, Stream, chunk, reply
+from remote_fixtures import settings_for
+
 from localchat.engine.options import Sampling
 from localchat.events import Done, Failed, Notice, Token
 from localchat.remote.client import RemoteClient, RemoteOff
 from localchat.remote.settings import RemoteSettings
-from remote_fixtures import settings_for
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
 

@@ -4,12 +4,12 @@ the remote and a scripted local reply, so every decision can be checked on the w
 from __future__ import annotations
 
 import pytest
-
 from fault_server import FaultServer, Stall, Status, Stream, chunk, reply
+from remote_fixtures import LocalFactory, confident, hesitant, settings_for, sure, text_of, unsure
+
 from localchat.events import Failed, Notice, Token
 from localchat.remote.escalate import Escalator
 from localchat.remote.settings import RemoteSettings
-from remote_fixtures import LocalFactory, confident, hesitant, settings_for, sure, text_of, unsure
 
 EASY = [{"role": "user", "content": "What is the capital of France?"}]
 HARD = [{"role": "user", "content": "Prove by induction that the sum of the first n odd numbers "

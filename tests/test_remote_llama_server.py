@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from oracle import loaded_engine
+from remote_fixtures import LocalFactory, settings_for, unsure, wait_until
 
 from localchat.engine.options import Sampling
 from localchat.events import Done, Notice, Token
 from localchat.remote.client import RemoteClient
 from localchat.remote.escalate import Escalator
-from oracle import loaded_engine
-from remote_fixtures import LocalFactory, settings_for, unsure, wait_until
 
 pytestmark = pytest.mark.model
 

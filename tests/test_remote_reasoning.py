@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 from fault_server import FaultServer, Stream, chunk, usage_chunk
+from remote_fixtures import settings_for
+
 from localchat.engine.options import Sampling
 from localchat.events import Done, Thinking, Token
 from localchat.reasoning import split_reply
 from localchat.remote.client import RemoteClient
 from localchat.remote.context import trim_to_budget
-from remote_fixtures import settings_for
 
 
 def reasoning_chunk(text: str) -> str:

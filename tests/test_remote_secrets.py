@@ -6,9 +6,10 @@ from __future__ import annotations
 import logging
 
 from fault_server import FaultServer, Status, reply
+from remote_fixtures import LocalFactory, confident, settings_for
+
 from localchat.events import Failed
 from localchat.remote.escalate import Escalator
-from remote_fixtures import LocalFactory, confident, settings_for
 
 KEY = "sk-test-4f9a2c7e1b8d-do-not-leak"
 HARD = [{"role": "user", "content": "Prove that there are infinitely many primes, step by step."}]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from fake_engine import SIZE, FakeEngine, make_app, ready, reply_finished, send, wait_until
+
 from localchat.cli import main
 from localchat.events import Timings
 from localchat.store.stats import model_stats, percentile, sparkline
@@ -59,5 +60,5 @@ async def test_the_stats_page_draws_the_sessions_ttft_and_tpot(store):
         await wait_until(pilot, lambda: isinstance(app.screen, PageScreen), "the page")
         source = app.screen.query_one("Markdown").source
     assert "TTFT " in source and "TPOT " in source and "| fake-model | 3 |" in source
-    line = next(l for l in source.splitlines() if l.startswith("TTFT "))
+    line = next(row for row in source.splitlines() if row.startswith("TTFT "))
     assert len(line.split()[1]) == 3 and set(line.split()[1]) <= set("▁▂▃▄▅▆▇█")

@@ -12,8 +12,7 @@ import pytest
 
 from localchat.errors import UserError
 from localchat.events import Timings
-from localchat.store import NameTaken, SessionNotFound, Store, StoreError
-from localchat.store import schema
+from localchat.store import NameTaken, SessionNotFound, Store, StoreError, schema
 
 
 @pytest.fixture

@@ -6,13 +6,24 @@ from __future__ import annotations
 import threading
 
 import pytest
+from fake_engine import (
+    SIZE,
+    FakeEngine,
+    make_app,
+    notices,
+    ready,
+    reply_finished,
+    send,
+    split_tokens,
+    wait_until,
+)
 
-from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, split_tokens, wait_until
 from localchat.errors import ModelNotFound
 from localchat.store import Store
 from localchat.tui.chat_log import QueuedPrompt, ReplyView, UserMessage
 from localchat.tui.screens import ConfirmScreen
 from localchat.tui.status import render_status
+
 
 @pytest.fixture
 def store():

@@ -7,11 +7,10 @@ from __future__ import annotations
 import stat
 
 import pytest
-
 from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, wait_until
+
 from localchat.store import Store, branches
 from localchat.tui.chat_log import UserMessage
-
 
 pytestmark = pytest.mark.usefixtures("no_clipboard_tools")
 

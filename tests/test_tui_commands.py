@@ -5,13 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fake_engine import (
+    SIZE,
+    FakeEngine,
+    command,
+    make_app,
+    notices,
+    ready,
+    reply_finished,
+    send,
+    wait_until,
+)
 from textual.widgets import Markdown
 
-from fake_engine import SIZE, FakeEngine, command, make_app, notices, ready, reply_finished, send, wait_until
 from localchat.tui import clipboard
 from localchat.tui.prompt import CommandHints
 from localchat.tui.screens import ConfirmScreen, HelpScreen, PageScreen
-
 
 pytestmark = pytest.mark.usefixtures("no_clipboard_tools")
 

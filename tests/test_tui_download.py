@@ -7,6 +7,7 @@ import threading
 import time
 
 from fake_engine import SIZE, FakeEngine, make_app, notices, wait_until
+
 from localchat.errors import ModelNotFound
 from localchat.tui.download import DownloadScreen, Offer, RegistryDownloads
 from localchat.tui.screens import ConfirmScreen

@@ -8,9 +8,9 @@ import contextlib
 from pathlib import Path
 
 import pytest
-
 from fake_engine import SIZE, FakeEngine, make_app, ready, reply_finished, send, wait_until
 from fault_server import FaultServer, Status, reply
+
 from localchat.store import Store
 from localchat.tui.superseded import SupersededReply
 

@@ -9,14 +9,23 @@ import stat
 from pathlib import Path
 
 import pytest
+from fake_engine import (
+    SIZE,
+    FakeEngine,
+    command,
+    make_app,
+    notices,
+    ready,
+    reply_finished,
+    send,
+    wait_until,
+)
 
-from fake_engine import SIZE, FakeEngine, command, make_app, notices, ready, reply_finished, send, wait_until
 from localchat.errors import ModelNotFound
 from localchat.events import Timings
 from localchat.tui import clipboard
 from localchat.tui.model_loading import check_loadable
 from localchat.tui.screens import PageScreen
-
 
 pytestmark = pytest.mark.usefixtures("no_clipboard_tools")
 
@@ -99,7 +108,7 @@ async def test_the_status_bar_follows_the_session_on_screen_and_a_clear(store):
         await pilot.press("ctrl+n")
         await wait_until(pilot, lambda: app.conversation.session_id != old.id, "the new session")
         assert (info.n_ctx_used, info.ttft_ms) == (0, None)
-        await command(pilot, f"/model fake-model")  # any state: now back to the old one and clear it
+        await command(pilot, "/model fake-model")  # any state: now back to the old one and clear it
         await ready(pilot)
         await app.open_session(store.session(old.id))
         assert info.n_ctx_used == 792

@@ -5,8 +5,8 @@ streaming reply's tokens reach the screen (merged, at a paced rate)."""
 from __future__ import annotations
 
 import pytest
-
 from fake_engine import FakeEngine
+
 from localchat.errors import UserError
 from localchat.events import Loaded, Notice, PrefillProgress, Timings, Token
 from localchat.store import Store

@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from fake_engine import SIZE, send, wait_until
+
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.store import Store

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, wait_until
+
 from localchat.cli import main
 from localchat.store import Store
 from localchat.tui.chat_log import ReplyView, UserMessage

@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, wait_until
+
 from localchat.store import Store
 from localchat.tui.chat_log import ReplyView
 from localchat.tui.status import render_status

@@ -116,7 +116,7 @@ class _StoredSession:
         self.prompt: str | None = None
 
     @classmethod
-    def open(cls, name, engine, config, system, sampling, out) -> "_StoredSession":
+    def open(cls, name, engine, config, system, sampling, out) -> _StoredSession:
         from localchat.session.factory import open_chat
 
         if name is None:
@@ -154,7 +154,7 @@ class _StoredSession:
             raise
         return cls(name, engine, chat, store, record, snapshots, lock)
 
-    def __enter__(self) -> "_StoredSession":
+    def __enter__(self) -> _StoredSession:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -243,7 +243,7 @@ def _escaped_only(text: str) -> bool:
     return all(not "\ud800" <= ch <= "\udfff" or "\udc80" <= ch <= "\udcff" for ch in text)
 
 
-def stream(handle, out: "PlainText | JsonEvents") -> Done | Failed:
+def stream(handle, out: PlainText | JsonEvents) -> Done | Failed:
     """Write each event as it arrives; Ctrl+C stops the reply instead of killing the process."""
     previous = signal.signal(signal.SIGINT, lambda *_: handle.stop())
     try:

@@ -100,8 +100,7 @@ def session_to_dict(session: SessionRecord) -> dict:
 
 
 def print_json(sessions: list[SessionRecord], out: TextIO) -> None:
-    for session in sessions:
-        out.write(json.dumps(session_to_dict(session), ensure_ascii=False) + "\n")
+    out.writelines(json.dumps(session_to_dict(session), ensure_ascii=False) + "\n" for session in sessions)
 
 
 def print_table(sessions: list[SessionRecord], out: TextIO) -> None:

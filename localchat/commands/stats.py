@@ -19,8 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from localchat.store import Store
     from localchat.commands.sessions import print_columns
+    from localchat.store import Store
     from localchat.store.stats import model_stats
 
     with Store.open() as store:

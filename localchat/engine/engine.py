@@ -15,16 +15,21 @@ import queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, plan_layout
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.runtime import DecodeAborted, LlamaRuntime
-from localchat.engine.templates import (choose_template, has_thinking_switch, make_renderer,
-                                       with_thinking)
+from localchat.engine.templates import (
+    choose_template,
+    has_thinking_switch,
+    make_renderer,
+    with_thinking,
+)
 from localchat.engine.turn import ReplyEvents, TurnClock, TurnHandle
 from localchat.errors import EngineError, UserError
 from localchat.events import Done, Failed, Loaded, PrefillProgress, Timings
@@ -149,7 +154,7 @@ class Engine:
             probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
             before = self._render(probe, False)
             after = self._render(probe + [{"role": "user", "content": "z"}], True)
-            delta = after[len(before):] if after.startswith(before) else after
+            delta = after.removeprefix(before)
             self._overhead = max(1, len(runtime.tokenize(delta, False)) - 1) + 2
         return self._overhead
 

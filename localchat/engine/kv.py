@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import codecs
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from localchat.engine.layout import CachedMessage, Shift
 from localchat.engine.options import Sampling

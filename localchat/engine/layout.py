@@ -26,8 +26,8 @@ injected, so it is tested without a model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 Render = Callable[[list[dict], bool], str]
 Tokenize = Callable[[str, bool], list[int]]  # (text, at_start_of_context) -> tokens

@@ -68,13 +68,11 @@ def estimate_gpu_layers(gguf: GGUFInfo, n_ctx: int, kv_type: str, n_ubatch: int,
     kv_per_layer = kv_total // n_layers
     margin = max(SAFETY_MARGIN_BYTES, int(free_bytes * SAFETY_MARGIN_FRACTION))
     budget = free_bytes - margin - graph_reserve_bytes(gguf, n_ubatch, n_ctx)
-    fitted = 0
     for layer in range(n_layers):
         cost = gguf.layer_bytes.get(layer, 0) + kv_per_layer
         if cost > budget:
-            return fitted
+            return layer  # layers 0..layer-1 fit
         budget -= cost
-        fitted += 1
     # The output head (embeddings/output tensors) goes last; llama.cpp counts it as one more layer.
     return n_layers + 1 if gguf.non_layer_bytes <= budget else n_layers
 

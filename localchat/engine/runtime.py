@@ -13,9 +13,9 @@ import ctypes
 import os
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -282,7 +282,7 @@ class LlamaRuntime:
         ptr = self._lib.llama_get_logits_ith(self.ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
-    def new_sampler(self, sampling: Sampling) -> "Sampler":
+    def new_sampler(self, sampling: Sampling) -> Sampler:
         return Sampler(self._lib, sampling, self.ctx, self.last_logits)
 
     # -- KV cache -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ own default.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from localchat.errors import EngineError
 

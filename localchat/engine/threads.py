@@ -12,7 +12,7 @@ time, and a long contention costs a slow token rarely.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 FIRST_PROBE = 2  # tokens before the first comparison
 PROBE_EVERY = 64  # tokens between comparisons

@@ -6,7 +6,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from localchat.events import Done, Event, Failed, Thinking, Timings, Token
 from localchat.reasoning import ReasoningSplitter
@@ -122,7 +123,9 @@ class TurnClock:
             self.first_answer_at = now
 
     def fill(self, timings: Timings) -> Timings:
-        ms = lambda a, b: (b - a) * 1000.0  # noqa: E731
+        def ms(a: float, b: float) -> float:
+            return (b - a) * 1000.0
+
         if self.prefill_started is not None and self.prefill_ended is not None:
             timings.prompt_ms = ms(self.prefill_started, self.prefill_ended)
         times = self.token_times

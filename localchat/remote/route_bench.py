@@ -65,7 +65,7 @@ def simulate(path: Path | str, engine, settings: RemoteSettings, sampling: Sampl
     for prompt, label in read_labelled(Path(path)):
         engine.reset()  # each prompt on its own: no cache from the one before
         messages = [{"role": "user", "content": prompt}]
-        turn = escalator.start_turn(messages, lambda: engine.submit(messages, sampling),
+        turn = escalator.start_turn(messages, lambda messages=messages: engine.submit(messages, sampling),
                                     sampling=sampling, local_params=local_params)
         for _ in turn:
             pass

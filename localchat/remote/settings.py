@@ -164,10 +164,7 @@ def _sub_settings(cls: type, section: dict[str, Any], table: str) -> Any:
 
 def _checked(key: str, value: Any, kinds: tuple[type, ...]) -> Any:
     # TOML booleans are ints in Python; a number key must not silently accept true/false.
-    if isinstance(value, bool) and bool not in kinds:
-        ok = False
-    else:
-        ok = isinstance(value, kinds)
+    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
     if not ok:
         expected = " or ".join(k.__name__ for k in kinds)
         raise ConfigError(f"[remote] {key}: expected {expected}, got {value!r}")

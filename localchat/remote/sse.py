@@ -56,7 +56,7 @@ def iter_sse_data(lines: Iterable[str]) -> Iterator[str]:
             continue  # comment / keep-alive
         name, _, value = line.partition(":")
         if name == "data":
-            data.append(value[1:] if value.startswith(" ") else value)
+            data.append(value.removeprefix(" "))
         # "event", "id", "retry" and unknown fields carry nothing a chat stream needs.
     if data:
         yield "\n".join(data)

@@ -377,9 +377,9 @@ def should_prepare_summary(
     through = context.turns[n_drop - 1].index if n_drop else context.turns[0].index - 1
     if through <= context.summary_through:
         return None
-    if prepared is not None and prepared.through > context.summary_through:
-        if not trim_is_next or prepared.through >= through:
-            return None
+    if (prepared is not None and prepared.through > context.summary_through
+            and (not trim_is_next or prepared.through >= through)):
+        return None
     return SummaryRequest(
         first=context.summary_through + 1,
         through=through,

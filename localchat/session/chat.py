@@ -14,8 +14,8 @@ from typing import Protocol
 
 from localchat.engine.options import Sampling
 from localchat.engine.turn import TurnHandle
-from localchat.session.draft import DraftPrefill
 from localchat.events import Done, Failed
+from localchat.session.draft import DraftPrefill
 
 
 @dataclass

@@ -42,7 +42,7 @@ END_MARKER_ALLOWANCE = 2
 
 
 class ContextKeeper:
-    def __init__(self, engine: "Engine", settings: ContextSettings) -> None:
+    def __init__(self, engine: Engine, settings: ContextSettings) -> None:
         self.engine = engine
         self.settings = settings
         self.summary_through = -1  # newest exchange folded into the session's summary
@@ -69,7 +69,7 @@ class ContextKeeper:
 
     # -- before a turn ---------------------------------------------------------------------------
 
-    def make_room(self, session: "ChatSession", text: str) -> tuple[str, str | None]:
+    def make_room(self, session: ChatSession, text: str) -> tuple[str, str | None]:
         """Trim the session's window so ``text`` and its reply fit. Returns (text to send, which
         may carry a visible cut marker; a refusal message or None)."""
         overhead = self.engine.template_overhead()
@@ -93,7 +93,7 @@ class ContextKeeper:
         self.last_plan = plan
         return text, None
 
-    def _apply(self, session: "ChatSession", plan: TurnPlan) -> None:
+    def _apply(self, session: ChatSession, plan: TurnPlan) -> None:
         if plan.drop:
             session.first_visible = _position_of_exchange(session, plan.drop.stop)
         if plan.summary_action == "replace":
@@ -120,7 +120,7 @@ class ContextKeeper:
 
     # -- measuring -------------------------------------------------------------------------------
 
-    def _exact_layout(self, session: "ChatSession", text: str, new_tokens: int) -> ContextLayout:
+    def _exact_layout(self, session: ChatSession, text: str, new_tokens: int) -> ContextLayout:
         """The layout, corrected to the exact prompt length when the KV records cannot give it
         (first turn, after a restore): per-message estimates miss what a template adds on its
         own, such as a default system prompt when none is set."""
@@ -134,12 +134,12 @@ class ContextKeeper:
             return layout
         return replace(layout, system_tokens=layout.system_tokens + exact - estimate)
 
-    def layout(self, session: "ChatSession") -> ContextLayout:
+    def layout(self, session: ChatSession) -> ContextLayout:
         """The context as the policy sees it: exact token counts from the engine's KV records
         when they match the session's window, estimates otherwise (e.g. right after a restore)."""
         return self._measure(session)[0]
 
-    def _measure(self, session: "ChatSession") -> tuple[ContextLayout, bool, list[dict[str, str]]]:
+    def _measure(self, session: ChatSession) -> tuple[ContextLayout, bool, list[dict[str, str]]]:
         """(layout, whether its counts came from the KV records, the window it measured)."""
         messages = session.model_messages()
         records = self.engine.cached_messages()
@@ -169,7 +169,7 @@ class ContextKeeper:
 
     # -- after a turn ----------------------------------------------------------------------------
 
-    def after_reply(self, session: "ChatSession") -> None:
+    def after_reply(self, session: ChatSession) -> None:
         """After a reply: swap in a summary that is ready, or start writing the next one."""
         with self._lock:
             prepared, in_flight = self.prepared, self.in_flight
@@ -191,7 +191,7 @@ class ContextKeeper:
         handle = self.engine.submit(messages, sampling, background=True)
         handle.on_finish(lambda event: self._summary_finished(session, request, event, generation))
 
-    def _summary_finished(self, session: "ChatSession", request: SummaryRequest,
+    def _summary_finished(self, session: ChatSession, request: SummaryRequest,
                           event: Done | Failed, generation: int) -> None:
         text = event.answer.strip() if isinstance(event, Done) and event.finish_reason != "aborted" else ""
         if text:
@@ -208,7 +208,7 @@ class ContextKeeper:
             self.prepared_text = text
         self._install(session)
 
-    def _install(self, session: "ChatSession") -> None:
+    def _install(self, session: ChatSession) -> None:
         """Swap the prepared summary in: the window drops the turns it covers and shows the
         summary after the system prompt. Nothing is inserted before cached cells (they would not
         be what the model computes for that history), so the engine prefills from the summary on,
@@ -229,7 +229,7 @@ class ContextKeeper:
             messages = session.model_messages()
         self.engine.prepare(messages).on_finish(self._installed)
 
-    def _trim_ahead(self, session: "ChatSession") -> None:
+    def _trim_ahead(self, session: ChatSession) -> None:
         """For a model whose memory cannot drop turns (recurrent, hybrid), a trim means
         prefilling the kept turns again. Do it now, in the background, when the next message
         of the usual size would not fit, so that message does not wait for it."""
@@ -280,7 +280,7 @@ def _records_match(records: list, messages: list[dict[str, str]]) -> bool:
     return len(records) >= len(messages) and all(r.matches(m) for r, m in zip(records, messages))
 
 
-def _position_of_exchange(session: "ChatSession", exchange: int) -> int:
+def _position_of_exchange(session: ChatSession, exchange: int) -> int:
     """History index of the ``exchange``-th user message (len(history) when there is none)."""
     seen = -1
     for position, message in enumerate(session.history):
@@ -291,5 +291,5 @@ def _position_of_exchange(session: "ChatSession", exchange: int) -> int:
     return len(session.history)
 
 
-def _exchange_of_position(session: "ChatSession", position: int) -> int:
+def _exchange_of_position(session: ChatSession, position: int) -> int:
     return sum(1 for m in session.history[:position] if m.role == "user")

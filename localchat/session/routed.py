@@ -5,7 +5,7 @@ event reaches the reader."""
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from localchat.events import Done, Event, Failed
 

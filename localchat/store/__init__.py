@@ -3,4 +3,4 @@
 from localchat.store.records import UNTITLED, SearchHit, SessionRecord, TurnRecord
 from localchat.store.store import NameTaken, SessionNotFound, Store, StoreError
 
-__all__ = ["Store", "SearchHit", "SessionRecord", "TurnRecord", "SessionNotFound", "NameTaken", "StoreError", "UNTITLED"]
+__all__ = ["UNTITLED", "NameTaken", "SearchHit", "SessionNotFound", "SessionRecord", "Store", "StoreError", "TurnRecord"]

@@ -23,6 +23,9 @@ from pathlib import Path
 from localchat.errors import UserError
 from localchat.events import Timings
 from localchat.paths import database_file
+from localchat.store.connect import StoreError
+from localchat.store.connect import connect as _connect
+from localchat.store.connect import describe as _describe
 from localchat.store.records import (
     SearchHit,
     SessionRecord,
@@ -31,7 +34,6 @@ from localchat.store.records import (
     timings_to_json,
     title_from_prompt,
 )
-from localchat.store.connect import StoreError, connect as _connect, describe as _describe
 from localchat.store.schema import upgrade
 
 BUSY_TIMEOUT_MS = 5000

@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 
 from textual.widgets import Static
 
-from localchat.attachments import Attachment, complete_path, mentioned_files, read_attachment, with_attachments
+from localchat.attachments import (
+    Attachment,
+    complete_path,
+    mentioned_files,
+    read_attachment,
+    with_attachments,
+)
 from localchat.tui.slash import Completion
 
 if TYPE_CHECKING:

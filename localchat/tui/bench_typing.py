@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 import tempfile
-
 from pathlib import Path
 from typing import Any
 

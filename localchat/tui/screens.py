@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from rich.text import Text
 from textual.widgets import Button, Input, Label, Markdown, OptionList
 from textual.widgets.option_list import Option
 

@@ -9,7 +9,6 @@ which turn it into a one-line notice.
 from __future__ import annotations
 
 import asyncio
-
 import functools
 import re
 import time
@@ -321,13 +320,16 @@ class SessionActions:
         for command in slash.COMMANDS:
             if command.argument_required:
                 # Needs an argument: put the command in the input for the user to finish.
-                callback = lambda c=command: self._prefill_prompt(f"/{c.name} ")  # noqa: E731
+                callback = functools.partial(self._prefill_prompt, f"/{command.name} ")
             else:
-                callback = lambda c=command: self.run_worker(self.run_slash_command(f"/{c.name}"))  # noqa: E731
+                callback = functools.partial(self._run_slash_worker, f"/{command.name}")
             # The palette reads help as markup: "[remote]" would vanish as an unknown style.
             yield SystemCommand(f"/{command.name}", escape(command.help), callback)
         yield SystemCommand("Show or hide thinking", "Open or fold the reasoning of thinking models "
                             "(Ctrl+T)", self.action_toggle_thinking)
+
+    def _run_slash_worker(self: LocalChatApp, text: str) -> None:
+        self.run_worker(self.run_slash_command(text))
 
     def _prefill_prompt(self: LocalChatApp, text: str) -> None:
         self.prompt.text = text
