@@ -21,6 +21,7 @@ from fake_engine import (
 from localchat.errors import ModelNotFound
 from localchat.store import Store
 from localchat.tui.chat_log import QueuedPrompt, ReplyView, UserMessage
+from localchat.tui.pacing import FramePacer
 from localchat.tui.screens import ConfirmScreen
 from localchat.tui.status import render_status
 
@@ -58,6 +59,25 @@ async def test_a_reply_streams_as_markdown_and_is_saved_with_model_and_timings(s
     assert (prompt.role, prompt.content) == ("user", "Show me code")
     assert (answer.role, answer.model, answer.stopped, answer.finish_reason) == ("assistant", "fake-model", False, "stop")
     assert answer.timings.predicted_n == len(split_tokens(script)) and answer.timings.ttft_ms > 0
+
+
+class _CostlyFrames(FramePacer):
+    """Every redraw waits a minute, as if the screen were very expensive to repaint."""
+
+    def wait(self) -> float:
+        return 60.0
+
+
+async def test_the_first_token_is_shown_at_once_even_when_redraws_are_held_back(store):
+    engine = FakeEngine(reply="one two three", hold_after=1)
+    app = make_app(store, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app._pacer = _CostlyFrames()
+        await send(pilot, "count")
+        await wait_until(pilot, lambda: app.chat_log.last_reply().text == "one", "the first token")
+        assert app.turn.meter.first_token_at is not None
+        await pilot.press("escape")
 
 
 async def test_esc_stops_the_reply_within_one_token_and_keeps_it_marked_stopped(store):

@@ -8,6 +8,7 @@ the screen never shows as saved what is not.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import sys
@@ -273,14 +274,17 @@ class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, Mod
             self.prompt.remember(recall)
             self.prompt.clear()
         self.cancel_draft_prefill()
-        reply = await self.chat_log.add_prompt(text)
         turn_id = next(self._turn_ids)
         mailbox = TurnMailbox(wake=lambda: self.post_message(TurnWake(turn_id)))
-        self.turn = ActiveTurn(turn_id, self.conversation, reply, mailbox, LiveMeter(),
-                               context_before=self.status.info.n_ctx_used)
+        turn = ActiveTurn(turn_id, self.conversation, None, mailbox, LiveMeter(),
+                          context_before=self.status.info.n_ctx_used)
+        self.turn = turn
         self.set_state("prefilling")
-        self._pacer.start()
-        self._generate(self.turn, text, self.engine.name, route)
+        # The model starts first: mounting the prompt and its empty reply takes tens of ms of UI
+        # time, which prefill overlaps (no event is shown before this handler returns).
+        self._generate(turn, text, self.engine.name, route)
+        await asyncio.sleep(0)  # lets the worker's task hand the turn to its thread now
+        turn.reply = await self.chat_log.add_prompt(text)
 
     @work(thread=True, group="turn", exit_on_error=False)
     def _generate(self, turn: ActiveTurn, text: str, model: str, route: str = "auto") -> None:
@@ -309,7 +313,8 @@ class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, Mod
         turn = self.turn
         if turn is None or message.turn_id != turn.id:
             return
-        wait = self._pacer.wait()
+        # The first token is never held back: TTFT is what the user feels most.
+        wait = self._pacer.wait() if turn.meter.first_token_at is not None else 0.0
         if wait > 0:
             self.set_timer(wait, lambda: self._show_turn_events(turn))
         else:
@@ -318,6 +323,10 @@ class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, Mod
     async def _show_turn_events(self, turn: ActiveTurn) -> None:
         if turn is not self.turn:
             return
+        if turn.meter.first_token_at is None:
+            # Until the first token, the UI's CPU went to adding the prompt and prefill progress,
+            # not to streaming: it must not stretch the frames that follow.
+            self._pacer.start()
         self._pacer.frame()
         for event in turn.mailbox.take():
             await self._show_turn_event(turn, event)
