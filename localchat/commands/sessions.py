@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from typing import TextIO
 
 from localchat.store import SessionRecord, Store
@@ -116,7 +117,7 @@ def print_table(sessions: list[SessionRecord], out: TextIO) -> None:
     print_columns(("ID", "SESSION", "TURNS", "MODEL", "LAST USED"), rows, out, max_widths={1: 48})
 
 
-def print_columns(header: tuple[str, ...], rows: list[tuple[str, ...]], out: TextIO,
+def print_columns(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], out: TextIO,
                   max_widths: dict[int, int] | None = None) -> None:
     """A plain text table: columns as wide as their widest cell (capped by ``max_widths``,
     longer cells cut with "…")."""

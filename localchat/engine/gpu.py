@@ -82,7 +82,7 @@ def parse_nvidia_smi(output: str) -> list[GpuInfo]:
 
     The name is everything before the last two fields, so a name containing a comma survives.
     """
-    gpus = []
+    gpus: list[GpuInfo] = []
     for line in output.splitlines():
         parts = [part.strip() for part in line.split(",")]
         if len(parts) < 3:

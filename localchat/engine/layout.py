@@ -133,7 +133,7 @@ def _match(
         tail = cache[j:]
         if len(messages) - common >= len(tail) and all(
                 c.matches(m) for c, m in zip(tail, messages[common:common + len(tail)])):
-            sources: list[CachedMessage | None] = list(cache[:common]) + list(tail)
+            sources: list[CachedMessage | None] = [*cache[:common], *tail]
             sources += [None] * (len(messages) - len(sources))
             start = sum(len(m.tokens) for m in cache[:common])
             end = start + sum(len(m.tokens) for m in cache[common:j])

@@ -90,7 +90,8 @@ def make_renderer(template: str, bos_token: str, eos_token: str) -> Render:
         formatter = with_prompt if add_generation_prompt else without_prompt
         extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         try:
-            return formatter(messages=messages, **extra).prompt
+            # llama-cpp-python passes extra keywords on to the template as variables.
+            return formatter(messages=messages, **extra).prompt  # type: ignore[arg-type]
         except Exception as exc:  # templates raise for role orders they do not support
             raise EngineError(f"the chat template rejected the conversation: {exc}") from None
 

@@ -89,7 +89,7 @@ def decode_chunk(payload: str) -> StreamChunk:
         reasoning=reasoning if isinstance(reasoning, str) else "",
         finish_reason=finish_reason if isinstance(finish_reason, str) else None,
         usage=_usage(obj.get("usage")),
-        model=obj.get("model") if isinstance(obj.get("model"), str) else "",
+        model=model if isinstance(model := obj.get("model"), str) else "",
     )
 
 

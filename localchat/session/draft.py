@@ -90,8 +90,7 @@ class DraftPrefill:
     def _finished(self, target: str, event: Done | Failed) -> None:
         with self._lock:
             self._running = None
-            done = isinstance(event, Done) and event.finish_reason == "stop"
-            if done:
+            if isinstance(event, Done) and event.finish_reason == "stop":
                 self._cached = target
                 self.steps += 1
                 self.step_timings.append(event.timings)

@@ -270,12 +270,17 @@ class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, Mod
             return
         if not self._ready_for_a_turn():
             return
+        assert self.engine is not None  # checked by _ready_for_a_turn
         if not queued:
             self.prompt.remember(recall)
             self.prompt.clear()
         self.cancel_draft_prefill()
         turn_id = next(self._turn_ids)
-        mailbox = TurnMailbox(wake=lambda: self.post_message(TurnWake(turn_id)))
+
+        def wake() -> None:
+            self.post_message(TurnWake(turn_id))
+
+        mailbox = TurnMailbox(wake)
         turn = ActiveTurn(turn_id, self.conversation, None, mailbox, LiveMeter(),
                           context_before=self.status.info.n_ctx_used)
         self.turn = turn

@@ -8,11 +8,12 @@ come out right.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
-from textual.widget import Widget
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
@@ -182,21 +183,20 @@ class ChatLog(VerticalScroll):
         Binding("escape", "act('leave')", "Back", show=False),
     ]
 
+    @dataclass
     class Action(Message):
         """The user asked for ``action`` on the selected message (``code`` carries a number)."""
 
-        def __init__(self, action: str, message: Widget | None, number: int = 0) -> None:
-            super().__init__()
-            self.action = action
-            self.message = message
-            self.number = number
+        action: str
+        message: UserMessage | ReplyView | None
+        number: int = 0
 
-    selected: Widget | None = None
+    selected: UserMessage | ReplyView | None = None
 
-    def messages(self) -> list[Widget]:
+    def messages(self) -> list[UserMessage | ReplyView]:
         return [w for w in self.children if isinstance(w, (UserMessage, ReplyView))]
 
-    def select(self, widget: Widget | None) -> None:
+    def select(self, widget: UserMessage | ReplyView | None) -> None:
         if self.selected is not None:
             self.selected.remove_class("-selected")
         self.selected = widget

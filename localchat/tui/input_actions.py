@@ -37,6 +37,7 @@ class Notices:
 
 
 class InputActions:
+    _typing_model: bool  # the input starts with /model (model names are re-read)
     def on_prompt_input_page_key(self: LocalChatApp, message: PromptInput.PageKey) -> None:
         log_view = self.chat_log
         log_view.scroll_page_up() if message.direction < 0 else log_view.scroll_page_down()

@@ -86,6 +86,7 @@ class MessageActions:
         """Resend an edited prompt: the turns from it on become a branch, the model's cache
         keeps exactly the cells before it, and only the edited message is prefilled."""
         index, self.editing = self.editing, None
+        assert index is not None  # only called while editing
         conversation = self._require_conversation()
         seq = self._prompt_seq(self.chat_log.query(UserMessage).nodes[index])
         conversation.fork_at(seq)

@@ -20,50 +20,45 @@ if TYPE_CHECKING:
     from localchat.engine.options import Sampling
 
 
+@dataclass
 class ModelLoading(Message):
     """Loading progress of the model being opened."""
 
-    def __init__(self, model: str, fraction: float) -> None:
-        super().__init__()
-        self.model = model
-        self.fraction = fraction
+    model: str
+    fraction: float
 
 
+@dataclass
 class ModelReady(Message):
     """A model finished loading; ``engine`` is ready for turns with ``sampling`` (None: defaults).
     ``model_ref`` is what the user named (None: the default model)."""
 
-    def __init__(self, engine: Engine, loaded: Loaded, sampling: Sampling | None,
-                 model_ref: str | None = None) -> None:
-        super().__init__()
-        self.engine = engine
-        self.loaded = loaded
-        self.sampling = sampling
-        self.model_ref = model_ref
+    engine: Engine
+    loaded: Loaded
+    sampling: Sampling | None
+    model_ref: str | None = None
 
 
+@dataclass
 class ModelFailed(Message):
     """The model could not be found or loaded; ``message`` is one line for the user. ``kept``:
     the model in use before stays (or is being loaded again)."""
 
-    def __init__(self, model: str, message: str, kept: bool = False, model_ref: str | None = None) -> None:
-        super().__init__()
-        self.model = model
-        self.message = message
-        self.kept = kept
-        self.model_ref = model_ref  # what was asked for (None: the default model)
+    model: str
+    message: str
+    kept: bool = False
+    model_ref: str | None = None  # what was asked for (None: the default model)
 
 
 class SessionChanged(Message):
     """The store's record of the open session changed (a prompt titled it): refresh labels."""
 
 
+@dataclass
 class TurnWake(Message):
     """Turn ``turn_id`` has new events in its ``TurnMailbox``."""
 
-    def __init__(self, turn_id: int) -> None:
-        super().__init__()
-        self.turn_id = turn_id
+    turn_id: int
 
 
 class TurnMailbox:

@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 
 
 class ModelLoader:
+    # Set here as well as by the app.
+    engine: Engine | None
+    loading_model: str | None
+    model_ref_loaded: str | None
     def load_model(self: LocalChatApp, model_ref: str | None) -> None:
         """Load ``model_ref`` off the UI thread; the model in use stays until ``model_ref`` is
         known to be loadable, and comes back if loading it fails."""
@@ -52,7 +56,10 @@ class ModelLoader:
         if previous is not None:
             previous.close()  # free its memory before the next model takes its share
         try:
-            loaded = engine.load(on_progress=lambda f: self.post_message(ModelLoading(engine.name, f)))
+            def progress(fraction: float) -> None:
+                self.post_message(ModelLoading(engine.name, fraction))
+
+            loaded = engine.load(on_progress=progress)
         except Exception as exc:  # out of memory, a corrupt file: shown as a notice, not a traceback
             if not isinstance(exc, UserError):
                 log.exception("loading %s failed", label)

@@ -3,7 +3,7 @@
 On a small machine the model's threads use every core; whatever CPU the UI thread spends
 re-laying out and repainting the screen is taken from decoding (and the engine thread also
 waits for the GIL while the UI holds it). Redrawing per token cost over 40% of decode speed
-with SmolLM2-135M on 2 cores. So the app redraws a streaming reply at most once per frame, and
+with SmolLM2-135M on a 2-core CPU. So the app redraws a streaming reply at most once per frame, and
 stretches the frame when redrawing is expensive (a long chat with many Markdown blocks), keeping
 the UI thread's share of one core under a budget.
 """

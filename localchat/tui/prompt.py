@@ -8,6 +8,7 @@ Alt+Enter also work where the terminal reports them. Pasted text keeps its newli
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from textual import events
 from textual.message import Message
@@ -22,19 +23,17 @@ STRAY_ESCAPE_S = 0.01
 
 
 class PromptInput(TextArea):
+    @dataclass
     class Submitted(Message):
         """The user pressed Enter on a non-empty prompt."""
 
-        def __init__(self, text: str) -> None:
-            super().__init__()
-            self.text = text
+        text: str
 
+    @dataclass
     class PageKey(Message):
         """PageUp / PageDown in the input: they scroll the chat (the input is a line or two)."""
 
-        def __init__(self, direction: int) -> None:
-            super().__init__()
-            self.direction = direction
+        direction: int
 
     def __init__(
         self,

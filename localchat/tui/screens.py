@@ -86,9 +86,6 @@ class PageScreen(ModalScreen[None]):
         with VerticalScroll(classes="page"):
             yield Markdown(self._markdown)
 
-    def action_dismiss(self) -> None:
-        self.dismiss(None)
-
 
 class HelpScreen(PageScreen):
     def __init__(self) -> None:
@@ -170,6 +167,7 @@ class SearchScreen(ModalScreen[int | None]):
         results.focus()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        assert event.option.id is not None  # every result is made with "session:turn"
         self.dismiss(int(event.option.id.split(":")[1]))
 
     def action_close(self) -> None:

@@ -51,6 +51,10 @@ def shows_user_errors(handler: F) -> F:
 
 
 class SessionActions:
+    # Set here as well as by the app.
+    model_ref: str | None
+    conversation: Conversation | None
+    editing: int | None
     # --- sessions ---------------------------------------------------------------------------
 
     async def open_session(self: LocalChatApp, record: SessionRecord) -> None:
@@ -316,7 +320,7 @@ class SessionActions:
     # --- command palette --------------------------------------------------------------------
 
     def get_system_commands(self: LocalChatApp, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)  # type: ignore[misc]  (App, next in the MRO)
+        yield from super().get_system_commands(screen)  # App's, next in the MRO
         for command in slash.COMMANDS:
             if command.argument_required:
                 # Needs an argument: put the command in the input for the user to finish.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -20,14 +21,13 @@ from textual.widgets.option_list import Option
 from localchat.store import SessionRecord
 
 
+@dataclass
 class SessionRequest(Message):
     """The user asked for ``action`` ("open", "new", "rename", "delete") on a session, or to
     ``leave`` the sidebar for the prompt."""
 
-    def __init__(self, action: str, session_id: int | None) -> None:
-        super().__init__()
-        self.action = action
-        self.session_id = session_id
+    action: str
+    session_id: int | None
 
 
 def session_line(session: SessionRecord, current: bool, now: float | None = None) -> Text:
@@ -64,7 +64,7 @@ class SessionList(OptionList):
     def highlighted_session_id(self) -> int | None:
         if self.highlighted is None:
             return None
-        return int(self.get_option_at_index(self.highlighted).id)
+        return _session_id(self.get_option_at_index(self.highlighted))
 
 
 class SessionSidebar(Vertical):
@@ -91,4 +91,9 @@ class SessionSidebar(Vertical):
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
-        self.post_message(SessionRequest("open", int(event.option.id)))
+        self.post_message(SessionRequest("open", _session_id(event.option)))
+
+
+def _session_id(option: Option) -> int:
+    assert option.id is not None  # every session option is made with its id
+    return int(option.id)
