@@ -46,11 +46,11 @@ def _measure(model_path: Path, config: Config, n_ctx: int, target_tokens: int, m
     from localchat import paths
     from localchat.engine.engine import Engine
     from localchat.engine.factory import engine_options
+    from localchat.engine.snapshot_file import SnapshotStore
     from localchat.models.registry import resolve_model
     from localchat.session.factory import open_chat
     from localchat.session.snapshots import SessionSnapshots
     from localchat.store import Store
-    from localchat.store.snapshots import SnapshotStore
 
     if n_ctx < target_tokens + 2 * max_tokens + 200:
         raise UserError(f"--restore needs --n-ctx of at least {target_tokens + 2 * max_tokens + 200}")

@@ -10,10 +10,9 @@ import threading
 
 import pytest
 
-from localchat.engine.kv import KVSnapshot
 from localchat.engine.layout import CachedMessage
+from localchat.engine.snapshot_file import KVSnapshot, SnapshotStore, SnapshotUnusable
 from localchat.store import Store
-from localchat.store.snapshots import SnapshotStore, SnapshotUnusable
 
 FINGERPRINT = {"model_file": "m.gguf", "n_ctx": 2048, "kv_type": "f16"}
 
@@ -93,6 +92,19 @@ def test_prune_removes_snapshots_and_stray_temp_files(tmp_path):
     (tmp_path / ".a.kvsnap.123.tmp").write_bytes(b"half written")
     count, freed = store.prune()
     assert count == 2 and freed > 0 and store.files() == []
+
+
+def test_pruning_saved_contexts_loads_neither_llama_cpp_nor_numpy(isolated_home):
+    from localchat import paths
+
+    SnapshotStore(paths.snapshots_dir()).save("session-1", FINGERPRINT, snapshot())
+    probe = ("import sys; from localchat.cli import main; code = main(['sessions', '--prune']); "
+             "heavy = sorted(m for m in ('llama_cpp', 'numpy') if m in sys.modules); "
+             "print(heavy); sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            env={**os.environ, "LOCALCHAT_HOME": str(isolated_home)}, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "removed 1 saved context" in result.stdout and result.stdout.splitlines()[-1] == "[]"
 
 
 # -- with the real model, across processes ---------------------------------------------------
