@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from localchat.bench.router import LABEL_LOCAL, LABEL_REMOTE, score
 from localchat.cli import main
 from localchat.remote.escalate import TurnOutcome
-from localchat.remote.route_bench import score
-from localchat.remote.router import LABEL_LOCAL, LABEL_REMOTE, LABELLED_PROMPTS
+from localchat.remote.router import LABELLED_PROMPTS
 
 HOLDOUT = LABELLED_PROMPTS.with_name("router_holdout.jsonl")
 
