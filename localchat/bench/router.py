@@ -212,13 +212,13 @@ def router_report(path: Path, model: str | None, config: Config, *, rules_only: 
                   max_tokens: int | None) -> dict[str, Any]:
     """The rules' scores on the labelled set at ``path``; unless ``rules_only``, also the whole
     route (rules, then the confidence monitor over the local model's reply) with ``model``."""
-    from localchat.engine.factory import open_engine
-    from localchat.models.gguf import parameter_count
-
     settings = RemoteSettings.from_config(config.remote)
     if rules_only:
         params = _parameter_count(model, config)
         return {"set": str(path), "n_params": params, "rules": evaluate(path, settings.router, params)}
+    from localchat.engine.factory import open_engine
+    from localchat.models.gguf import parameter_count
+
     engine = open_engine(model, config, n_ctx=n_ctx, gpu_layers=gpu_layers, track_confidence=True)
     try:
         params = parameter_count(engine.model_path)
