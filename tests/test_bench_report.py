@@ -4,7 +4,7 @@ engine against (with the real model)."""
 from __future__ import annotations
 
 from localchat.bench.report import lines, print_conversation
-from localchat.bench.targets import conversation_targets, restore_targets
+from localchat.bench.targets import conversation_targets, restore_targets, typing_targets
 from localchat.events import Done, Timings
 
 
@@ -38,6 +38,21 @@ def test_a_slow_engine_misses_the_decode_speed_target():
 def test_a_restored_session_that_prefills_everything_misses_its_target():
     report = {"warm": {"prompt_n": 20}, "restored": {"prompt_n": 2000}, "restored_ttft_over_warm": 9.0}
     assert [c["ok"] for c in restore_targets(report)] == [False, False]
+
+
+def test_a_paste_prefilled_while_typing_answers_within_twice_a_short_message():
+    [check] = typing_targets(1.0, paste_ttft_ms=150.0, short_ttft_ms=100.0)
+    assert (check["target"], check["value"], check["ok"]) == (
+        "paste TTFT (1 s after the paste) / short TTFT", 1.5, True)
+    assert not typing_targets(1.0, paste_ttft_ms=250.0, short_ttft_ms=100.0)[0]["ok"]
+
+
+def test_the_timed_app_of_bench_tui_finds_the_apps_stylesheet():
+    from pathlib import Path
+
+    from localchat.bench.app import _TimedApp
+
+    assert Path(_TimedApp.CSS_PATH).is_file()
 
 
 def test_the_conversation_prints_a_row_per_turn_then_its_targets(capsys):

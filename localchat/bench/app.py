@@ -15,6 +15,7 @@ to the prompt having changed, which is what the user waits for.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import statistics
 import sys
@@ -57,6 +58,9 @@ def lend(engine: Engine) -> Engine:
 
 class _TimedApp(LocalChatApp):
     """The app, noting when the prompt changed (to time keypresses)."""
+
+    # Textual looks for a relative CSS_PATH beside the module that defines the app's class.
+    CSS_PATH = str(Path(inspect.getfile(LocalChatApp)).with_name("app.tcss"))
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
