@@ -4,11 +4,9 @@ model — precision, recall, easy prompts kept local, late escalations, local to
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from heavy_imports import heavy_modules_loaded_by
 
 from localchat.bench.router import LABEL_LOCAL, LABEL_REMOTE, score
 from localchat.cli import main
@@ -64,13 +62,8 @@ def test_a_bad_labelled_file_is_one_line_and_exit_1(capsys, tmp_path):
 
 
 def test_scoring_the_rules_alone_loads_neither_llama_cpp_nor_the_http_client(isolated_home):
-    probe = ("import sys; from localchat.cli import main; code = main(['bench', '--router', "
-             "'--rules-only', '--json']); print(sorted(m for m in ('llama_cpp', 'numpy', 'httpx') "
-             "if m in sys.modules)); sys.exit(code)")
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            env={**os.environ, "LOCALCHAT_HOME": str(isolated_home)}, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "[]"
+    loaded, _ = heavy_modules_loaded_by(["bench", "--router", "--rules-only", "--json"], isolated_home)
+    assert loaded == []
 
 
 @pytest.mark.model

@@ -9,6 +9,7 @@ import sys
 import threading
 
 import pytest
+from heavy_imports import heavy_modules_loaded_by
 
 from localchat.engine.layout import CachedMessage
 from localchat.engine.snapshot_file import KVSnapshot, SnapshotStore, SnapshotUnusable
@@ -98,13 +99,8 @@ def test_pruning_saved_contexts_loads_neither_llama_cpp_nor_numpy(isolated_home)
     from localchat import paths
 
     SnapshotStore(paths.snapshots_dir()).save("session-1", FINGERPRINT, snapshot())
-    probe = ("import sys; from localchat.cli import main; code = main(['sessions', '--prune']); "
-             "heavy = sorted(m for m in ('llama_cpp', 'numpy') if m in sys.modules); "
-             "print(heavy); sys.exit(code)")
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            env={**os.environ, "LOCALCHAT_HOME": str(isolated_home)}, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert "removed 1 saved context" in result.stdout and result.stdout.splitlines()[-1] == "[]"
+    loaded, output = heavy_modules_loaded_by(["sessions", "--prune"], isolated_home)
+    assert "removed 1 saved context" in output and not {"llama_cpp", "numpy"} & set(loaded)
 
 
 # -- with the real model, across processes ---------------------------------------------------
