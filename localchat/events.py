@@ -32,7 +32,9 @@ class Timings:
     time_to_answer_ms: float = 0.0  # turn submitted -> first answer text (0: no answer came)
     thinking_n: int = 0  # of predicted_n, tokens spent reasoning (remote: reasoning chunks)
     tpot_ms: float = 0.0  # mean decode time per token after the first
-    itl_p50_ms: float = 0.0  # inter-token latency percentiles
+    # Inter-token latency: percentiles (localchat.percentiles) of the gaps between consecutive
+    # reply tokens as they arrive (remote: streamed chunks, one token each), on either route.
+    itl_p50_ms: float = 0.0
     itl_p95_ms: float = 0.0
     n_ctx: int = 0
     n_ctx_used: int = 0  # tokens in the KV cache when the turn ended

@@ -3,7 +3,7 @@ a reply whose text does not tokenize back to the sampled tokens (plain logic ove
 
 from __future__ import annotations
 
-from localchat.bench import Replayed, exactness
+from localchat.bench.conversation import Replayed, exactness
 from localchat.events import Timings
 
 

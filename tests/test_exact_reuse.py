@@ -19,10 +19,10 @@ from oracle import GREEDY, assert_matches_fresh, loaded_engine, reply_tokens
 from localchat.config import Config
 from localchat.engine.engine import Engine
 from localchat.engine.options import Sampling
+from localchat.engine.snapshot_file import SnapshotStore
 from localchat.events import Done, PrefillProgress, Token
 from localchat.session.chat import ChatSession
 from localchat.session.factory import open_chat
-from localchat.store.snapshots import SnapshotStore
 
 SYSTEM = "You are a helpful assistant."
 PIRATE = "You are a pirate. Always answer like a pirate."

@@ -6,15 +6,9 @@ import json
 
 import pytest
 
+from localchat.bench.router import LABEL_LOCAL, LABEL_REMOTE, evaluate
 from localchat.errors import UserError
-from localchat.remote.router import (
-    LABEL_LOCAL,
-    LABEL_REMOTE,
-    LABELLED_PROMPTS,
-    decide,
-    evaluate,
-    rule_score_for,
-)
+from localchat.remote.router import LABELLED_PROMPTS, decide, rule_score_for
 from localchat.remote.settings import RouterThresholds
 
 PROMPTS = LABELLED_PROMPTS

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from heavy_imports import heavy_modules_loaded_by
 
+from localchat.bench.router import LABEL_LOCAL, LABEL_REMOTE, score
 from localchat.cli import main
 from localchat.remote.escalate import TurnOutcome
-from localchat.remote.route_bench import score
-from localchat.remote.router import LABEL_LOCAL, LABEL_REMOTE, LABELLED_PROMPTS
+from localchat.remote.router import LABELLED_PROMPTS
 
 HOLDOUT = LABELLED_PROMPTS.with_name("router_holdout.jsonl")
 
@@ -58,6 +59,11 @@ def test_a_bad_labelled_file_is_one_line_and_exit_1(capsys, tmp_path):
     code, _, err = bench(capsys, str(bad), "--rules-only")
     assert code == 1 and err.startswith("localchat: error:") and err.count("\n") == 1
     assert "Traceback" not in err
+
+
+def test_scoring_the_rules_alone_loads_neither_llama_cpp_nor_the_http_client(isolated_home):
+    loaded, _ = heavy_modules_loaded_by(["bench", "--router", "--rules-only", "--json"], isolated_home)
+    assert loaded == []
 
 
 @pytest.mark.model

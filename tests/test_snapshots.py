@@ -9,11 +9,11 @@ import sys
 import threading
 
 import pytest
+from heavy_imports import heavy_modules_loaded_by
 
-from localchat.engine.kv import KVSnapshot
 from localchat.engine.layout import CachedMessage
+from localchat.engine.snapshot_file import KVSnapshot, SnapshotStore, SnapshotUnusable
 from localchat.store import Store
-from localchat.store.snapshots import SnapshotStore, SnapshotUnusable
 
 FINGERPRINT = {"model_file": "m.gguf", "n_ctx": 2048, "kv_type": "f16"}
 
@@ -93,6 +93,14 @@ def test_prune_removes_snapshots_and_stray_temp_files(tmp_path):
     (tmp_path / ".a.kvsnap.123.tmp").write_bytes(b"half written")
     count, freed = store.prune()
     assert count == 2 and freed > 0 and store.files() == []
+
+
+def test_pruning_saved_contexts_loads_neither_llama_cpp_nor_numpy(isolated_home):
+    from localchat import paths
+
+    SnapshotStore(paths.snapshots_dir()).save("session-1", FINGERPRINT, snapshot())
+    loaded, output = heavy_modules_loaded_by(["sessions", "--prune"], isolated_home)
+    assert "removed 1 saved context" in output and not {"llama_cpp", "numpy"} & set(loaded)
 
 
 # -- with the real model, across processes ---------------------------------------------------

@@ -9,7 +9,8 @@ from fake_engine import SIZE, FakeEngine, make_app, ready, reply_finished, send,
 
 from localchat.cli import main
 from localchat.events import Timings
-from localchat.store.stats import model_stats, percentile, sparkline
+from localchat.percentiles import percentile
+from localchat.store.stats import model_stats, sparkline
 from localchat.tui.screens import PageScreen
 
 
@@ -22,7 +23,8 @@ def add_turns(store, session_id: int, model: str, ttfts: list[float]) -> None:
 
 
 def test_percentiles_and_sparklines():
-    assert percentile([5, 1, 4, 2, 3], 0.5) == 3 and percentile(list(range(1, 101)), 0.95) == 95
+    assert percentile([5, 1, 4, 2, 3], 50) == 3 and percentile([4, 1, 3, 2], 50) == 2.5
+    assert percentile(list(range(1, 101)), 95) == 95.05 and percentile([], 95) == 0.0
     assert sparkline([1, 5, 9]) == "▁▅█" and sparkline([2, 2]) == "▁▁" and sparkline([]) == ""
 
 
@@ -35,8 +37,9 @@ def test_stats_are_per_model_over_local_replies(store):
     stats = {s.model: s for s in model_stats(store)}
     assert set(stats) == {"small", "big"}
     small = stats["small"]
-    assert (small.turns, small.ttft_ms.p50, small.ttft_ms.p95, small.reuse_percent.p50) == (4, 200, 400, 90)
-    assert (small.itl_ms.p50, small.itl_ms.p95) == (20, 80)
+    # Percentiles interpolate between the nearest ranks (localchat.percentiles).
+    assert (small.turns, small.ttft_ms.p50, small.ttft_ms.p95, small.reuse_percent.p50) == (4, 250, 385, 90)
+    assert (small.itl_ms.p50, small.itl_ms.p95) == (25, 77)
 
 
 def test_the_stats_command_prints_a_table_or_json(store, capsys):
@@ -46,7 +49,7 @@ def test_the_stats_command_prints_a_table_or_json(store, capsys):
     assert out[0].startswith("MODEL") and out[1].split()[:2] == ["small", "2"]
     assert main(["stats", "--json", "--session", "s"]) == 0
     row = json.loads(capsys.readouterr().out)
-    assert (row["model"], row["ttft_ms_p50"], row["ttft_ms_p95"]) == ("small", 100, 200)
+    assert (row["model"], row["ttft_ms_p50"], row["ttft_ms_p95"]) == ("small", 150, 195)
 
 
 async def test_the_stats_page_draws_the_sessions_ttft_and_tpot(store):

@@ -122,11 +122,11 @@ class _StoredSession:
         if name is None:
             return cls(None, engine, open_chat(engine, config, system=system, sampling=sampling))
         from localchat import paths
+        from localchat.engine.snapshot_file import SnapshotStore
         from localchat.session.chat import Message
         from localchat.session.snapshots import SessionSnapshots
         from localchat.store import Store
         from localchat.store.locks import SessionLock
-        from localchat.store.snapshots import SnapshotStore
 
         store = Store.open()
         lock = None

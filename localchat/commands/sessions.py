@@ -79,7 +79,7 @@ def _search(store: Store, text: str, as_json: bool) -> int:
 
 def _prune() -> int:
     from localchat import paths
-    from localchat.store.snapshots import SnapshotStore
+    from localchat.engine.snapshot_file import SnapshotStore
 
     count, freed = SnapshotStore(paths.snapshots_dir()).prune()
     print(f"removed {count} saved context{'s' if count != 1 else ''} ({freed / 1e6:.1f} MB)")

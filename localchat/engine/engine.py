@@ -485,6 +485,35 @@ class Engine:
         timings.approx_n = self._kv.approx_n if self._kv is not None else 0
         return timings
 
+    # -- measuring (``localchat bench``) -------------------------------------------------------
+
+    def raw_decode_ms_per_token(self, messages: list[dict[str, str]], n_tokens: int) -> float:
+        """llama.cpp's own greedy loop with no engine around it, in ms per token: ``Llama.eval``
+        of the rendered ``messages``, then ``n_tokens`` times argmax over the last logits and
+        ``Llama.eval([token])``. The bar the engine's decode speed is measured against. Runs on
+        the engine thread after queued work; the KV cache is empty afterwards."""
+        import numpy as np
+
+        def job() -> float:
+            kv, render = self._require_kv(), self._render
+            if render is None:
+                raise EngineError("no model is loaded")
+            runtime = kv.runtime
+            kv.forget()
+            runtime.llama.reset()
+            try:
+                runtime.llama.eval(runtime.tokenize(render(messages, True), True))
+                started = time.perf_counter()
+                for _ in range(n_tokens):
+                    runtime.llama.eval([int(np.argmax(runtime.last_logits()))])
+                return (time.perf_counter() - started) * 1000.0 / n_tokens
+            finally:
+                kv.forget()
+                runtime.llama.reset()
+
+        result: float = self.call(job)
+        return result
+
 
 def _held_before(records: list[CachedMessage], reused: int, wanted: int, layout: Layout) -> int:
     """Prompt tokens prefilled again although the cache held them: a checkpoint rollback

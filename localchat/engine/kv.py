@@ -28,20 +28,8 @@ from dataclasses import dataclass, replace
 from localchat.engine.layout import CachedMessage, Shift
 from localchat.engine.options import Sampling
 from localchat.engine.runtime import DecodeAborted, LlamaRuntime, TokenStats, token_stats
+from localchat.engine.snapshot_file import KVSnapshot
 from localchat.errors import EngineError
-
-
-@dataclass
-class KVSnapshot:
-    """A conversation's KV cache: the per-message token records and llama.cpp's sequence state."""
-
-    records: list[CachedMessage]
-    state: bytes | memoryview  # llama.cpp's sequence state, as exported or read from disk
-    exact_n: int = 0  # leading cells computed in order (see ConversationCache)
-
-    @property
-    def n_tokens(self) -> int:
-        return sum(len(m.tokens) for m in self.records)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from localchat.events import Done, Event, Failed, Thinking, Timings, Token
+from localchat.percentiles import percentile
 from localchat.reasoning import ReasoningSplitter
 
 if TYPE_CHECKING:
@@ -184,13 +185,3 @@ class ReplyEvents:
             self._reasoning.append(text)
             self._handle.emit(Thinking(text))
 
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    rank = (len(ordered) - 1) * q / 100.0
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)

@@ -13,25 +13,18 @@ Two kinds of rule:
   model's parameter count (:func:`rule_score_for`): a 135M model escalates more than an 8B one.
 
 Everything is regular expressions over the prompt text, compiled once: a decision costs well
-under a millisecond (``evaluate`` measures it on the labelled sets in data/).
+under a millisecond (``localchat bench --router`` measures it on the labelled sets in data/).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from localchat.errors import UserError
 from localchat.remote.context import estimate_tokens
 from localchat.remote.settings import RouterThresholds
-
-LABEL_LOCAL = "local-ok"
-LABEL_REMOTE = "needs-remote"
 
 
 @dataclass(frozen=True)
@@ -54,7 +47,8 @@ class _Feature:
     cap: float = 0.0
 
 
-# The labelled calibration set (local-ok / needs-remote) that `localchat bench --router` scores.
+# The labelled calibration set the rules were tuned on (``localchat bench --router`` scores it;
+# ``router_holdout.jsonl`` beside it was not used for tuning).
 LABELLED_PROMPTS = Path(__file__).parent / "data" / "router_prompts.jsonl"
 
 
@@ -207,81 +201,3 @@ def _score(prompt: str) -> tuple[float, tuple[str, ...]]:
     elif words < _SHORT_WORDS:
         total -= 0.5  # a short question is rarely a hard task, whatever words it uses
     return round(total, 2), tuple(named)
-
-
-def evaluate(path: Path | str, thresholds: RouterThresholds | None = None,
-             local_params: int | None = None) -> dict:
-    """Score the rules on a labelled JSONL file (``{"prompt": ..., "label": "local-ok" |
-    "needs-remote"}`` per line), for ``localchat bench --router``, with the threshold for a local
-    model of ``local_params`` parameters (None: unknown).
-
-    "Positive" means needs-remote. Returns counts, ``precision``, ``recall``, ``f1``,
-    ``easy_kept_local`` (the share of local-ok prompts the rules keep), the added latency of a
-    decision (``mean_latency_ms``, ``max_latency_ms``: over prompts, each the median of five runs)
-    and the misrouted prompts.
-    """
-    thresholds = thresholds or RouterThresholds()
-    examples = read_labelled(Path(path))
-    decide("warm-up", thresholds)  # first-call costs are not a per-turn cost
-    tp = fp = fn = tn = 0
-    latencies: list[float] = []
-    misrouted: list[dict] = []
-    for prompt, label in examples:
-        decision = decide(prompt, thresholds, local_params=local_params)
-        latencies.append(_decision_ms(prompt, thresholds, local_params))
-        wanted = label == LABEL_REMOTE
-        if decision.escalate and wanted:
-            tp += 1
-        elif decision.escalate:
-            fp += 1
-        elif wanted:
-            fn += 1
-        else:
-            tn += 1
-        if decision.escalate != wanted:
-            misrouted.append({"prompt": prompt[:80], "label": label, "score": decision.score})
-    precision = tp / (tp + fp) if tp + fp else 0.0
-    recall = tp / (tp + fn) if tp + fn else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return {
-        "n": len(examples), "tp": tp, "fp": fp, "fn": fn, "tn": tn,
-        "precision": round(precision, 3), "recall": round(recall, 3), "f1": round(f1, 3),
-        "easy_kept_local": round(tn / (tn + fp), 3) if tn + fp else 0.0,
-        "threshold": rule_score_for(thresholds, local_params),
-        "mean_latency_ms": round(statistics.fmean(latencies), 4) if latencies else 0.0,
-        "max_latency_ms": round(max(latencies), 4) if latencies else 0.0,
-        "misrouted": misrouted,
-    }
-
-
-def _decision_ms(prompt: str, thresholds: RouterThresholds, local_params: int | None,
-                 runs: int = 5) -> float:
-    """Median time of one decision over a few runs: the rules' cost, not a scheduler hiccup
-    (on a busy 2-core machine single runs of a 0.1 ms decision occasionally take 10 ms)."""
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        decide(prompt, thresholds, local_params=local_params)
-        times.append((time.perf_counter() - started) * 1000.0)
-    return statistics.median(times)
-
-
-def read_labelled(path: Path) -> list[tuple[str, str]]:
-    """(prompt, label) pairs of a labelled JSONL file; a bad file is a one-line UserError."""
-    examples = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read the labelled prompts: {exc.strerror or exc}") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            prompt, label = row["prompt"], row["label"]
-        except (ValueError, KeyError, TypeError):
-            raise UserError(f"{path}:{number}: expected {{\"prompt\": ..., \"label\": ...}}") from None
-        if label not in (LABEL_LOCAL, LABEL_REMOTE):
-            raise UserError(f"{path}:{number}: label must be {LABEL_LOCAL!r} or {LABEL_REMOTE!r}")
-        examples.append((prompt, label))
-    return examples

@@ -6,6 +6,7 @@ import statistics
 import time
 
 from localchat.events import Timings
+from localchat.percentiles import percentile
 
 
 class ReplyClock:
@@ -15,6 +16,9 @@ class ReplyClock:
     measured here and include the network: ``ttft_ms`` is submit → first text, ``tpot_ms`` the
     mean gap between text chunks after the first, ``prompt_ms`` equals ``ttft_ms`` (the server's
     prefill as seen from the client) and ``predicted_ms`` runs from the first to the last chunk.
+    ``itl_p50_ms``/``itl_p95_ms`` are percentiles of the same gaps, computed as on the local route
+    (which measures the gaps between sampled tokens): servers stream one token per chunk, so both
+    routes report the pause between consecutive tokens as the reader receives them.
     """
 
     def __init__(self) -> None:
@@ -32,7 +36,8 @@ class ReplyClock:
         elif self.first_answer is None:
             self.first_answer = now
 
-    def timings(self, *, prompt_n: int | None, predicted_n: int | None, **labels: str) -> Timings:
+    def timings(self, *, prompt_n: int | None, predicted_n: int | None, route: str,
+                route_reason: str, model: str) -> Timings:
         """Timings so far. ``prompt_n``/``predicted_n`` come from the server's usage chunk when it
         sent one; without it the number of text chunks stands in for the token count."""
         arrivals = self.arrivals
@@ -48,16 +53,10 @@ class ReplyClock:
             time_to_answer_ms=(self.first_answer - self.submitted) * 1000.0 if self.first_answer else 0.0,
             thinking_n=self.thinking_chunks,
             tpot_ms=statistics.fmean(gaps) if gaps else 0.0,
-            itl_p50_ms=_percentile(gaps, 0.50),
-            itl_p95_ms=_percentile(gaps, 0.95),
-            **labels,
+            itl_p50_ms=percentile(gaps, 50),
+            itl_p95_ms=percentile(gaps, 95),
+            route=route,
+            route_reason=route_reason,
+            model=model,
         )
 
-
-def _percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile; 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))
-    return ordered[rank]

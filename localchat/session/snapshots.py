@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from localchat.engine.engine import Engine
 from localchat.engine.kv import KVSnapshot
+from localchat.engine.snapshot_file import SnapshotStore, SnapshotUnusable
 from localchat.errors import EngineError
 from localchat.session.chat import ChatSession
-from localchat.store.snapshots import SnapshotStore, SnapshotUnusable
 
 
 @dataclass

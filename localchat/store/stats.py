@@ -3,10 +3,10 @@ model (``localchat stats``), and sparklines of one session's turns (``/stats`` i
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from localchat.events import Timings
+from localchat.percentiles import percentile
 from localchat.store.store import Store
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -38,16 +38,8 @@ class ModelStats:
                    for name in ("ttft_ms", "tpot_ms", "itl_ms", "reuse_percent") for p in ("p50", "p95")}}
 
 
-def percentile(values: list[float], fraction: float) -> float:
-    """Nearest-rank percentile (0.0 for no values)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
-
-
 def spread(values: list[float], high: list[float] | None = None) -> Spread:
-    return Spread(percentile(values, 0.5), percentile(high if high is not None else values, 0.95))
+    return Spread(percentile(values, 50), percentile(high if high is not None else values, 95))
 
 
 def model_stats(store: Store, session_id: int | None = None) -> list[ModelStats]:
@@ -83,14 +75,15 @@ def sparkline(values: list[float]) -> str:
 def session_speed_markdown(store: Store, session_id: int, width: int = 60) -> str:
     """The ``/stats`` page: TTFT and TPOT of the session's last ``width`` local replies as
     sparklines, then p50/p95 per model for this session and for all sessions."""
-    turns = [t for t in store.turns(session_id)
-             if t.role == "assistant" and t.timings and t.timings.predicted_n and t.route != "remote"][-width:]
+    replies = [t.timings for t in store.turns(session_id)
+               if t.role == "assistant" and t.timings and t.timings.predicted_n and t.route != "remote"]
+    timings = [t for t in replies if t is not None][-width:]
     lines = ["# Speed", ""]
-    if not turns:
+    if not timings:
         return "\n".join(lines + ["_No local replies in this session yet._"])
-    ttft = [t.timings.ttft_ms for t in turns]
-    tpot = [t.timings.tpot_ms for t in turns]
-    lines += [f"Last {len(turns)} replies of this session, oldest first:", "", "```",
+    ttft = [t.ttft_ms for t in timings]
+    tpot = [t.tpot_ms for t in timings]
+    lines += [f"Last {len(timings)} replies of this session, oldest first:", "", "```",
               f"TTFT {sparkline(ttft)}  {min(ttft):,.0f}–{max(ttft):,.0f} ms",
               f"TPOT {sparkline(tpot)}  {min(tpot):,.1f}–{max(tpot):,.1f} ms", "```", ""]
     for title, sid in (("This session", session_id), ("All sessions", None)):

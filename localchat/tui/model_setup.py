@@ -37,10 +37,10 @@ def build_services(ask_user: Callable[[str], bool] | None = None) -> ChatService
     """Services from config.toml. Raises ``ConfigError``."""
     from localchat import paths
     from localchat.config import load_config
+    from localchat.engine.snapshot_file import SnapshotStore
     from localchat.remote.escalate import Escalator
     from localchat.remote.settings import RemoteSettings
     from localchat.session.snapshots import SessionSnapshots
-    from localchat.store.snapshots import SnapshotStore
 
     config = load_config()
     cap = int(config.snapshots.get("max_bytes", 2 * 1024**3))

@@ -9,23 +9,25 @@ During each app run it types keys into the prompt and times each from the key ev
 to the prompt having changed, which is what the user waits for.
 
 ``localchat bench --tui`` prints this; run it directly with
-``python -m localchat.tui.bench MODEL.gguf [N_TOKENS]``.
+``python -m localchat.bench.app MODEL.gguf [N_TOKENS]``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.events import Done, Failed
+from localchat.percentiles import percentile
 from localchat.store import Store
 from localchat.tui.app import LocalChatApp
 from localchat.tui.prompt import PromptInput
@@ -35,8 +37,9 @@ DEFAULT_PROMPT = "Write all the numbers from 1 to 1000, separated by commas. Do 
 KEYPRESS_INTERVAL_S = 0.25
 
 
-class _LentEngine:
-    """The bench's engine, lent to an app run: the app's ``close`` on exit must not unload it."""
+class LentEngine:
+    """The bench's engine, lent to an app run: the app's ``close`` on exit must not unload it.
+    Every other attribute is the engine's, so ``lend`` hands it to the app as the engine."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
@@ -48,8 +51,16 @@ class _LentEngine:
         """The bench closes the engine itself, after the last run."""
 
 
+def lend(engine: Engine) -> Engine:
+    """``engine`` for an app run that must not close it (see ``LentEngine``)."""
+    return cast(Engine, LentEngine(engine))
+
+
 class _TimedApp(LocalChatApp):
     """The app, noting when the prompt changed (to time keypresses)."""
+
+    # Textual looks for a relative CSS_PATH beside the module that defines the app's class.
+    CSS_PATH = str(Path(inspect.getfile(LocalChatApp)).with_name("app.tcss"))
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -70,7 +81,7 @@ def _engine_alone(engine: Engine, prompt: str, sampling: Sampling) -> Done:
 
 
 async def _through_app(engine: Engine, prompt: str, sampling: Sampling, store: Store) -> dict[str, Any]:
-    app = _TimedApp(store=store, engine_factory=lambda ref: _LentEngine(engine),
+    app = _TimedApp(store=store, engine_factory=lambda ref: lend(engine),
                     sampling_factory=lambda: sampling, list_models=list)
     latencies: list[float] = []
     async with app.run_test(size=(100, 40)) as pilot:
@@ -129,7 +140,7 @@ def _report(alone: list, in_app: list, keypress_ms: list[float]) -> dict[str, An
         "in_app_tpot_ms": round(statistics.mean(t.tpot_ms for t in in_app), 2),
         "keypresses": len(ordered),
         "keypress_p50_ms": round(statistics.median(ordered), 1) if ordered else None,
-        "keypress_p95_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))], 1) if ordered else None,
+        "keypress_p95_ms": round(percentile(ordered, 95), 1) if ordered else None,
         "keypress_max_ms": round(ordered[-1], 1) if ordered else None,
     }
 
@@ -147,6 +158,6 @@ def measure_streaming_overhead(model_path: Path, n_tokens: int = 1000, **options
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
-        sys.exit("usage: python -m localchat.tui.bench MODEL.gguf [N_TOKENS]")
+        sys.exit("usage: python -m localchat.bench.app MODEL.gguf [N_TOKENS]")
     tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 1000
     print(json.dumps(measure_streaming_overhead(Path(sys.argv[1]), tokens), indent=2))

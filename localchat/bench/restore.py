@@ -19,22 +19,30 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from localchat.bench import DEFAULT_QUESTIONS, DEFAULT_SYSTEM, run_turn
+from localchat.bench.script import DEFAULT_QUESTIONS, DEFAULT_SYSTEM, run_turn
+from localchat.bench.targets import restore_targets
 from localchat.config import Config
 from localchat.engine.options import Sampling
 from localchat.errors import UserError
+from localchat.store import SessionRecord, Store
 
 NEXT_QUESTION = "Please remind me, in one sentence, what my very first question was about."
 
 
-def measure_restore(model_path: Path, config: Config, n_ctx: int, target_tokens: int = 2000,
-                    max_tokens: int = 48) -> dict:
+def measure_restore(model_path: Path, n_ctx: int, target_tokens: int = 2000,
+                    max_tokens: int = 48) -> dict[str, Any]:
+    """See the module docstring; the report, its targets checked. Takes three long prefills."""
+    # Default settings on both sides, so the new process computes the same fingerprint.
+    config = Config()
     saved_home = os.environ.get("LOCALCHAT_HOME")
     with tempfile.TemporaryDirectory(prefix="localchat-bench-") as home:
         os.environ["LOCALCHAT_HOME"] = home
         try:
-            return _measure(model_path, config, n_ctx, target_tokens, max_tokens)
+            report = _measure(model_path, config, n_ctx, target_tokens, max_tokens)
+            report["targets"] = restore_targets(report)
+            return report
         finally:
             if saved_home is None:
                 os.environ.pop("LOCALCHAT_HOME", None)
@@ -42,15 +50,15 @@ def measure_restore(model_path: Path, config: Config, n_ctx: int, target_tokens:
                 os.environ["LOCALCHAT_HOME"] = saved_home
 
 
-def _measure(model_path: Path, config: Config, n_ctx: int, target_tokens: int, max_tokens: int) -> dict:
+def _measure(model_path: Path, config: Config, n_ctx: int, target_tokens: int,
+             max_tokens: int) -> dict[str, Any]:
     from localchat import paths
     from localchat.engine.engine import Engine
     from localchat.engine.factory import engine_options
+    from localchat.engine.snapshot_file import SnapshotStore
     from localchat.models.registry import resolve_model
     from localchat.session.factory import open_chat
     from localchat.session.snapshots import SessionSnapshots
-    from localchat.store import Store
-    from localchat.store.snapshots import SnapshotStore
 
     if n_ctx < target_tokens + 2 * max_tokens + 200:
         raise UserError(f"--restore needs --n-ctx of at least {target_tokens + 2 * max_tokens + 200}")
@@ -79,6 +87,8 @@ def _measure(model_path: Path, config: Config, n_ctx: int, target_tokens: int, m
         restored_session = _copy_session(store, warm_session.id, "restore-new-process")
         _copy_session(store, warm_session.id, "restore-rebuild")  # no snapshot: must prefill
         saved = snapshots.store.load(snapshots.key(warm_session.id), engine.fingerprint())
+        if saved is None:  # the write failed (a full disk): nothing to restore from
+            raise UserError(snapshots.store.take_notice() or "the session's context was not saved")
         snapshots.store.save(snapshots.key(restored_session.id), engine.fingerprint(),
                              saved.snapshot, saved.meta)
         warm, _ = run_turn(chat.send(NEXT_QUESTION))
@@ -102,7 +112,7 @@ def _measure(model_path: Path, config: Config, n_ctx: int, target_tokens: int, m
     }
 
 
-def _copy_session(store, session_id: int, name: str):
+def _copy_session(store: Store, session_id: int, name: str) -> SessionRecord:
     source = store.session(session_id)
     copy = store.create_session(name, system=source.system)
     for turn in store.turns(session_id):
@@ -113,7 +123,7 @@ def _copy_session(store, session_id: int, name: str):
     return copy
 
 
-def _ask_in_new_process(model_path: Path, session: str, n_ctx: int, max_tokens: int) -> dict:
+def _ask_in_new_process(model_path: Path, session: str, n_ctx: int, max_tokens: int) -> dict[str, Any]:
     command = [sys.executable, "-m", "localchat", "ask", "--json", "--session", session,
                "--model", str(model_path), "--n-ctx", str(n_ctx), "--temperature", "0",
                "--max-tokens", str(max_tokens), NEXT_QUESTION]

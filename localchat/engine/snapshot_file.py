@@ -1,5 +1,9 @@
-"""KV snapshots on disk: a session's KV cache saved after each turn, so reopening it restores
-the cache in milliseconds instead of prefilling the whole conversation again.
+"""KV snapshots: a conversation's KV cache as data (``KVSnapshot``: what the engine exports and
+imports) and on disk, saved after each turn, so reopening a session restores the cache in
+milliseconds instead of prefilling the whole conversation again.
+
+This module is the snapshot *format*; it imports nothing that loads llama.cpp or numpy, so
+``localchat sessions --prune`` and other housekeeping stay light.
 
 One file per session in the cache dir. A file holds a JSON header (the engine fingerprint the
 state belongs to, the exact per-message token records, the session's context window) and
@@ -22,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from localchat.atomic import atomic_writer
-from localchat.engine.kv import KVSnapshot
 from localchat.engine.layout import CachedMessage
 
 # Version 2 records which cells are exact (``exact_n``). Version 1 files may hold cells that were
@@ -32,6 +35,19 @@ _OLD_MAGICS = (b"LCKVSNP1",)
 SUFFIX = ".kvsnap"
 _LENGTH = struct.Struct("<Q")
 DEFAULT_CAP_BYTES = 2 * 1024**3
+
+
+@dataclass
+class KVSnapshot:
+    """A conversation's KV cache: the per-message token records and llama.cpp's sequence state."""
+
+    records: list[CachedMessage]
+    state: bytes | memoryview  # llama.cpp's sequence state, as exported or read from disk
+    exact_n: int = 0  # leading cells computed in order (see engine.kv.ConversationCache)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(m.tokens) for m in self.records)
 
 
 class SnapshotUnusable(Exception):

@@ -5,7 +5,9 @@ Runs the headless app (``App.run_test``) over one loaded model. Each round opens
 has one short exchange (so every measured turn continues a conversation, as in real use), then:
 a ~20-token message sent at once; a ~1,000-token paste sent ``delay_s`` later; the same paste
 sent ``delay_s`` later in a session whose draft prefill is switched off. TTFT is measured on
-screen, from the Enter key to the first token shown (so a wait for a draft step counts). ``localchat bench --typing [DELAY_S]`` prints it.
+screen, from the Enter key to the first token shown (so a wait for a draft step counts).
+``localchat bench --typing [DELAY_S]`` prints it; run it directly with
+``python -m localchat.bench.typing_prefill MODEL.gguf [DELAY_S]``.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from localchat.bench.app import lend
+from localchat.bench.targets import typing_targets
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.store import Store
 from localchat.tui.app import LocalChatApp
-from localchat.tui.bench import _LentEngine
 
 SHORT = "What is the capital of France? Answer with one word, then stop."  # ~20 tokens
 _COLOURS = ("red", "green", "blue", "amber")
@@ -46,7 +49,7 @@ async def _turn_ttft(app: LocalChatApp, pilot: Any, store: Store, text: str, del
 
 
 async def _round(engine: Engine, store: Store, sampling: Sampling, delay_s: float, prefill: bool) -> dict[str, Any]:
-    app = LocalChatApp(store=store, engine_factory=lambda ref: _LentEngine(engine),
+    app = LocalChatApp(store=store, engine_factory=lambda ref: lend(engine),
                        sampling_factory=lambda: sampling, list_models=list)
     async with app.run_test(size=(100, 40)) as pilot:
         while app.engine is None:
@@ -86,9 +89,7 @@ async def measure_typing_prefill_async(model_path: Path, delay_s: float = 1.0, r
         "paste_ttft_without_prefill_ms": paste_off,
         "paste_over_short": round(paste / short, 2) if short else None,
         "runs": runs,
-        "targets": [{"target": f"paste TTFT ({delay_s:g} s after the paste) / short TTFT", "limit": 2.0,
-                     "value": round(paste / short, 2) if short else None,
-                     "ok": bool(short) and paste / short <= 2.0}],
+        "targets": typing_targets(delay_s, paste, short),
     }
 
 

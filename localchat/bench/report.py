@@ -1,0 +1,102 @@
+"""How a bench report is shown: one JSON object (``--json``), the conversation bench as a table
+of turns, any other report as indented ``key: value`` lines; and progress notes on stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def show(report: dict[str, Any], as_json: bool,
+         text: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Print ``report`` as one JSON object, or as text (``text``, default: ``lines``)."""
+    if as_json:
+        json.dump(report, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    elif text is not None:
+        text(report)
+    else:
+        for line in lines(report):
+            print(line)
+
+
+def progress(enabled: bool) -> Callable[[str], None]:
+    """What a long run says after each step: a line on stderr (stdout keeps the report alone)."""
+
+    def say(text: str) -> None:
+        if enabled:
+            print(f"… {text}", file=sys.stderr, flush=True)
+
+    return say
+
+
+# Timing fields worth a line of their own in a text report (--json has them all).
+_KEY_TIMINGS = ("ttft_ms", "prompt_n", "cache_n", "prompt_ms", "restore_ms", "tpot_ms")
+
+
+def lines(report: dict[str, Any], indent: str = "") -> list[str]:
+    """Any report as ``key: value`` lines, nested dicts indented; a record of timings on one line."""
+    out: list[str] = []
+    for key, value in report.items():
+        if key == "targets":
+            out += [_target_line(check) for check in value]
+        elif isinstance(value, dict) and "ttft_ms" in value:
+            out.append(f"{indent}{key}: " + ", ".join(f"{k} {value[k]}" for k in _KEY_TIMINGS))
+        elif isinstance(value, dict):
+            out.append(f"{indent}{key}:")
+            out += lines(value, indent + "  ")
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            out.append(f"{indent}{key}: {len(value)} entries (see --json)")
+        else:
+            out.append(f"{indent}{key}: {value}")
+    return out
+
+
+def print_conversation(report: dict[str, Any]) -> None:
+    """The conversation bench as a table of turns, then one line per measurement and target."""
+    print(f"model {report['model']} · {report['backend']} · n_ctx {report['n_ctx']}")
+    header = f"{'turn':>4} {'cache_n':>7} {'prompt_n':>8} {'prompt_ms':>9} {'TTFT':>7} {'TPOT':>6} " \
+             f"{'itl_p95':>7} {'tokens':>6} {'ctx':>5} {'trim':>5}"
+    baseline = report.get("baseline", {}).get("turns")
+    print(header + ("  fresh-context TTFT" if baseline else ""))
+    for i, t in enumerate(report["turns"]):
+        line = (f"{i + 1:>4} {t['cache_n']:>7} {t['prompt_n']:>8} {t['prompt_ms']:>9.0f} "
+                f"{t['ttft_ms']:>7.0f} {t['tpot_ms']:>6.1f} {t['itl_p95_ms']:>7.1f} "
+                f"{t['predicted_n']:>6} {t['n_ctx_used']:>5} {t['trimmed_n']:>5}")
+        if baseline and i < len(baseline):
+            line += f"  {baseline[i]['ttft_ms']:>8.0f}"
+        print(line)
+    s = report["summary"]
+    print(f"summary: TTFT p50 {s['ttft_p50_ms']} ms, p95 {s['ttft_p95_ms']} ms · ITL p50 "
+          f"{s['itl_p50_ms']} ms, p95 {s['itl_p95_ms']} ms · {s['tokens_per_second']} tok/s · "
+          f"reuse {s['reuse_pct']}%" + (f" · TTFT turn10/turn2 {s['ttft_late_early_ratio']}"
+                                        if "ttft_late_early_ratio" in s else ""))
+    exact = report.get("exactness")
+    if exact:
+        ties = ", ".join(f"turn {d['turn']} token {d['token']}: {d['margin']}"
+                         for d in exact["first_differences"])
+        print(f"exactness: {exact['exact_turns']}/{exact['turns']} greedy replies equal a fresh "
+              f"prefill's, {exact['near_tie_turns']} differ after a near-tie, {exact['wrong_turns']} "
+              f"wrong, {exact['approx_turns']} on shifted cells, {exact['not_comparable_turns']} not "
+              "comparable (an earlier reply's text tokenizes differently)"
+              + (f" (margins {ties})" if ties else ""))
+    change = report.get("system_change")
+    if change:
+        print(f"system prompt changed: background prefill {change.get('background_prompt_n')} tokens in "
+              f"{change.get('background_ms')} ms · next TTFT {change['next_ttft_ms_after_waiting']} ms "
+              f"after it, {change['next_ttft_ms_sent_at_once']} ms when sent at once")
+    installs = report.get("summary_installs")
+    if installs:
+        print(f"summaries put in: {installs['count']} · background prefill up to "
+              f"{installs['prompt_n_max']} tokens, {installs['background_ms_max']} ms")
+    raw = report["raw_decode"]
+    print(f"decode: raw llama.cpp loop {raw['raw_ms_per_token']} ms/token, engine "
+          f"{raw['engine_ms_per_token']} ms/token · engine speed ratio {raw['engine_speed_ratio']}")
+    for check in report["targets"]:
+        print(_target_line(check))
+
+
+def _target_line(check: dict[str, Any]) -> str:
+    return f"  [{'ok' if check['ok'] else 'MISS'}] {check['target']}: {check['value']} (limit {check['limit']})"

@@ -1,0 +1,83 @@
+"""bench's targets and printing over made-up reports, and the raw decode loop it measures the
+engine against (with the real model)."""
+
+from __future__ import annotations
+
+from localchat.bench.report import lines, print_conversation
+from localchat.bench.targets import conversation_targets, restore_targets, typing_targets
+from localchat.events import Done, Timings
+
+
+def turn(cache_n: int, prompt_n: int, n_ctx_used: int, ttft_ms: float) -> dict:
+    return Timings(cache_n=cache_n, prompt_n=prompt_n, n_ctx_used=n_ctx_used, ttft_ms=ttft_ms,
+                   prompt_ms=ttft_ms - 2, predicted_n=8).to_dict()
+
+
+def conversation_report(engine_speed_ratio: float = 1.0) -> dict:
+    return {"model": "m", "backend": "CPU", "n_ctx": 1024, "summary_max_tokens": 128,
+            "turns": [turn(0, 60, 100, 50.0), turn(100, 40, 180, 30.0)],
+            "summary": {"ttft_p50_ms": 40.0, "ttft_p95_ms": 49.0, "itl_p50_ms": 5.0, "itl_p95_ms": 7.0,
+                        "tokens_per_second": 100.0, "reuse_pct": 50.0, "max_ttft_minus_prompt_ms": 2.0,
+                        "median_ttft_minus_prompt_ms": 2.0},
+            "raw_decode": {"raw_ms_per_token": 10.0, "engine_ms_per_token": 10.0 / engine_speed_ratio,
+                           "engine_speed_ratio": engine_speed_ratio}}
+
+
+def test_a_conversation_that_reuses_its_cache_meets_its_targets():
+    checks = {c["target"]: c for c in conversation_targets(conversation_report())}
+    assert checks["turn k>=2: cache_n / tokens kept from the previous turn"]["value"] == 1.0
+    assert all(c["ok"] for c in checks.values())
+
+
+def test_a_slow_engine_misses_the_decode_speed_target():
+    [check] = [c for c in conversation_targets(conversation_report(engine_speed_ratio=0.5))
+               if c["target"] == "engine decode speed / raw loop"]
+    assert (check["value"], check["limit"], check["ok"]) == (0.5, 0.95, False)
+
+
+def test_a_restored_session_that_prefills_everything_misses_its_target():
+    report = {"warm": {"prompt_n": 20}, "restored": {"prompt_n": 2000}, "restored_ttft_over_warm": 9.0}
+    assert [c["ok"] for c in restore_targets(report)] == [False, False]
+
+
+def test_a_paste_prefilled_while_typing_answers_within_twice_a_short_message():
+    [check] = typing_targets(1.0, paste_ttft_ms=150.0, short_ttft_ms=100.0)
+    assert (check["target"], check["value"], check["ok"]) == (
+        "paste TTFT (1 s after the paste) / short TTFT", 1.5, True)
+    assert not typing_targets(1.0, paste_ttft_ms=250.0, short_ttft_ms=100.0)[0]["ok"]
+
+
+def test_the_timed_app_of_bench_tui_finds_the_apps_stylesheet():
+    from pathlib import Path
+
+    from localchat.bench.app import _TimedApp
+
+    assert Path(_TimedApp.CSS_PATH).is_file()
+
+
+def test_the_conversation_prints_a_row_per_turn_then_its_targets(capsys):
+    report = conversation_report()
+    report["targets"] = conversation_targets(report)
+    print_conversation(report)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "model m · CPU · n_ctx 1024" and out[1].split()[:3] == ["turn", "cache_n", "prompt_n"]
+    assert out[3].split()[:3] == ["2", "100", "40"]
+    assert out[-1].startswith("  [ok] engine decode speed / raw loop: 1.0")
+
+
+def test_other_reports_print_as_indented_lines_with_timings_on_one_line():
+    report = {"turns": 3, "warm": Timings(ttft_ms=12.5, prompt_n=4).to_dict(),
+              "rules": {"precision": 0.9, "misrouted": [{"prompt": "x"}]}}
+    assert lines(report) == ["turns: 3",
+                             "warm: ttft_ms 12.5, prompt_n 4, cache_n 0, prompt_ms 0.0, restore_ms 0.0, tpot_ms 0.0",
+                             "rules:", "  precision: 0.9", "  misrouted: 1 entries (see --json)"]
+
+
+def test_the_raw_decode_loop_leaves_an_empty_cache_for_the_next_turn(engine):
+    from localchat.engine.options import Sampling
+
+    ms = engine.raw_decode_ms_per_token([{"role": "user", "content": "Count to ten."}], 8)
+    assert ms > 0 and engine.tokens_in_context == 0 and engine.cached_messages() == []
+    handle = engine.submit([{"role": "user", "content": "Hi"}], Sampling(temperature=0, max_tokens=4))
+    final = handle.wait(60)
+    assert isinstance(final, Done) and final.timings.cache_n == 0 and final.timings.prompt_n > 0
