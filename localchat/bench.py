@@ -14,13 +14,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from localchat.config import Config
 from localchat.engine.engine import Engine
 from localchat.engine.options import Sampling
 from localchat.errors import UserError
 from localchat.events import Done, Failed, PrefillProgress, Timings, Token
 from localchat.session.chat import ChatSession
 from localchat.session.factory import open_chat
+from localchat.settings import Settings
 
 DEFAULT_SYSTEM = "You are a concise, helpful assistant."
 # Questions of ~50-70 tokens each: with 48-token replies a turn adds ~120 tokens, as in ANCHORS.
@@ -106,7 +106,7 @@ class Replayed:
 
 
 def replay(engine: Engine, system: str, users: list[str], sampling: Sampling,
-           config: Config) -> tuple[list[Replayed], ChatSession]:
+           config: Settings) -> tuple[list[Replayed], ChatSession]:
     """Play the script through one ChatSession (with the context policy), turn by turn.
 
     Between turns it waits until background work (a summary) is done, as a user who reads the
@@ -178,7 +178,7 @@ def exactness(engine: Engine, cached: list[Replayed], fresh: list[Replayed]) -> 
 
 
 def system_change(engine: Engine, system: str, users: list[str], sampling: Sampling,
-                  config: Config, turns: int = 6) -> dict:
+                  config: Settings, turns: int = 6) -> dict:
     """A system prompt changed after ``turns`` turns. Exact reuse means every cell after it is
     computed again; that starts in the background at once. Reports how long it takes, and the
     next turn's TTFT when the user sends after it finished and when they send at once."""

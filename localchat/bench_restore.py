@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 
 from localchat.bench import DEFAULT_QUESTIONS, DEFAULT_SYSTEM, run_turn
-from localchat.config import Config
 from localchat.engine.options import Sampling
 from localchat.errors import UserError
+from localchat.settings import Settings
 
 NEXT_QUESTION = "Please remind me, in one sentence, what my very first question was about."
 
 
-def measure_restore(model_path: Path, config: Config, n_ctx: int, target_tokens: int = 2000,
+def measure_restore(model_path: Path, config: Settings, n_ctx: int, target_tokens: int = 2000,
                     max_tokens: int = 48) -> dict:
     saved_home = os.environ.get("LOCALCHAT_HOME")
     with tempfile.TemporaryDirectory(prefix="localchat-bench-") as home:
@@ -42,7 +42,7 @@ def measure_restore(model_path: Path, config: Config, n_ctx: int, target_tokens:
                 os.environ["LOCALCHAT_HOME"] = saved_home
 
 
-def _measure(model_path: Path, config: Config, n_ctx: int, target_tokens: int, max_tokens: int) -> dict:
+def _measure(model_path: Path, config: Settings, n_ctx: int, target_tokens: int, max_tokens: int) -> dict:
     from localchat import paths
     from localchat.engine.engine import Engine
     from localchat.engine.factory import engine_options

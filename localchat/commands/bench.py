@@ -98,15 +98,14 @@ def _lines(report: dict, indent: str = "") -> list[str]:
 def _router_report(args: argparse.Namespace) -> dict:
     """The rules' scores on the set; unless --rules-only, also the whole route (rules, then the
     confidence monitor over the local model's reply) with the configured model."""
-    from localchat.config import load_config
     from localchat.remote.router import LABELLED_PROMPTS, evaluate
-    from localchat.remote.settings import RemoteSettings
+    from localchat.settings import load_config
 
     if not (args.temperature >= 0.0 and args.temperature < float("inf")):
         raise UserError("--temperature must be a finite number >= 0")
     path = Path(args.router) if args.router else LABELLED_PROMPTS
     config = load_config()
-    settings = RemoteSettings.from_config(config.remote)
+    settings = config.remote
     if args.rules_only:
         params = _parameter_count(args.model, config)
         return {"set": str(path), "n_params": params, "rules": evaluate(path, settings.router, params)}
@@ -148,8 +147,8 @@ def _parameter_count(model: str | None, config) -> int | None:
 
 
 def _model_report(args: argparse.Namespace) -> dict:
-    from localchat.config import Config, load_config
     from localchat.models.registry import require_local, resolve_model
+    from localchat.settings import Settings, load_config
 
     config = load_config()
     path = require_local(resolve_model(args.model or config.default_model))
@@ -157,7 +156,7 @@ def _model_report(args: argparse.Namespace) -> dict:
         from localchat.bench_restore import measure_restore
 
         # Default settings on both sides, so the new process computes the same fingerprint.
-        report = measure_restore(path, Config(), n_ctx=args.n_ctx, max_tokens=args.max_tokens)
+        report = measure_restore(path, Settings(), n_ctx=args.n_ctx, max_tokens=args.max_tokens)
         report["targets"] = [
             {"target": "restored prompt_n <= new tokens + a few (warm prompt_n + 4)",
              "value": report["restored"]["prompt_n"], "limit": report["warm"]["prompt_n"] + 4,
@@ -177,9 +176,9 @@ def _model_report(args: argparse.Namespace) -> dict:
 
 def _conversation(args: argparse.Namespace) -> int:
     from localchat import bench
-    from localchat.config import load_config
     from localchat.engine.factory import open_engine
     from localchat.engine.options import Sampling
+    from localchat.settings import load_config
 
     system, users = bench.load_script(args.script, args.turns)
     config = load_config()
