@@ -211,7 +211,7 @@ class _Source:
 def _build(cls: type, table: str, values: dict[str, Any], source: _Source) -> Any:
     """An instance of dataclass ``cls`` from the TOML ``table`` (dotted; "" = top level)."""
     hints = get_type_hints(cls)
-    names = [f.name for f in fields(cls)]
+    names = _field_names(cls)
     subtables = {name: hints[name] for name in names if is_dataclass(hints[name])}
     lifted = ({key: sub for sub, kind in subtables.items() for key in _field_names(kind)}
               if table in _FLAT_SUBTABLES else {})
