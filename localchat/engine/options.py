@@ -1,8 +1,8 @@
 """Settings for loading a model (EngineOptions) and for generating a reply (Sampling).
 
-These are what the engine takes; the user's values come from ``config.toml`` through
-``localchat.settings`` (the schema, whose defaults these must equal: the tests check it) and
-``engine.factory``. Their own defaults serve code that builds an engine directly (tests, benches).
+These are what the engine takes. The user's values come from ``config.toml`` through
+``localchat.settings`` (the schema) and ``engine.factory``; the defaults here serve code that
+builds an engine directly (tests, benches) and equal the schema's (tests/test_config.py checks).
 """
 
 from __future__ import annotations
