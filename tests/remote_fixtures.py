@@ -21,6 +21,7 @@ import pytest
 
 from localchat.events import Done, Event, Timings, Token
 from localchat.remote.settings import RemoteSettings
+from localchat.settings import parse_settings
 
 
 class ScriptedTurn:
@@ -104,7 +105,7 @@ def text_of(pieces: list[tuple[str, float | None] | Token]) -> str:
 def settings_for(base_url: str, **overrides) -> RemoteSettings:
     """Settings pointing at a loopback server, mode auto, short timeouts."""
     section = {"mode": "auto", "base_url": base_url, "model": "", "timeout_s": 5.0, **overrides}
-    return RemoteSettings.from_config(section)
+    return parse_settings({"remote": section}).remote
 
 
 def events_of(turn) -> list[Event]:

@@ -8,13 +8,13 @@ import io
 import json
 
 import pytest
+import tomli_w
 from fault_server import FaultServer, Stream, chunk, usage_chunk
 from reasoning_templates import THINKING
 from test_remote_reasoning import reasoning_chunk
 
 from localchat.cli import main
 from localchat.commands.ask import PlainText, summary_line
-from localchat.config import dump_toml
 from localchat.events import Done, Thinking, Timings, Token
 
 pytestmark = pytest.mark.model
@@ -31,7 +31,7 @@ def thinker(isolated_home, test_model_path) -> str:
     """A registry entry: the test model with a template that opens <think> (Qwen3-Thinking style)."""
     isolated_home.mkdir(parents=True, exist_ok=True)
     entry = {"path": str(test_model_path), "chat_template": THINKING, "n_ctx": 1024}
-    (isolated_home / "models.toml").write_text(dump_toml({"models": {"thinker": entry}}))
+    (isolated_home / "models.toml").write_text(tomli_w.dumps({"models": {"thinker": entry}}))
     return "thinker"
 
 

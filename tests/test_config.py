@@ -1,14 +1,20 @@
-"""config.toml: defaults, overlay, open sections, precise errors, atomic minimal writes."""
+"""config.toml: one typed schema with its defaults, overlay, precise errors for every mistake."""
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 
 import pytest
 
 from localchat import paths
-from localchat.config import DEFAULT_MODEL, Config, load_config, save_config
+from localchat.engine.factory import engine_options, sampling_options
+from localchat.engine.options import EngineOptions, Sampling
 from localchat.errors import ConfigError
+from localchat.models.registry import ModelSpec
+from localchat.session.budget import ContextSettings
+from localchat.session.factory import context_settings
+from localchat.settings import DEFAULT_MODEL, Settings, load_config
 
 
 def write_config(text: str):
@@ -20,28 +26,32 @@ def write_config(text: str):
 def test_missing_file_means_all_defaults():
     config = load_config()
 
+    assert config == Settings()
     assert config.default_model == DEFAULT_MODEL == "smollm2-135m"
-    assert config.engine["gpu_layers"] == "auto"
-    assert set(config.engine) >= {"n_ctx", "gpu_layers", "n_batch", "n_ubatch", "n_threads",
-                                  "flash_attn", "kv_type"}
-    assert config.raw == {}
+    assert config.engine.gpu_layers == "auto"
+    assert config.sampling.max_tokens == 1024
+    assert config.remote.mode == "off"
+    assert config.snapshots.enabled
 
 
-def test_file_values_overlay_defaults_and_unknown_keys_are_kept():
+def test_file_values_overlay_defaults_as_typed_attributes():
     write_config('default_model = "qwen2.5-7b"\n'
-                 '[engine]\nn_ctx = 8192\nfuture_knob = "x"\n'
+                 '[engine]\nn_ctx = 8192\n'
                  '[sampling]\ntemperature = 1\n'
-                 '[my_feature]\nenabled = true\n')
+                 '[snapshots]\nenabled = false\n')
 
     config = load_config()
 
     assert config.default_model == "qwen2.5-7b"
-    assert config.engine["n_ctx"] == 8192
-    assert config.engine["n_batch"] == 512  # untouched default
-    assert config.engine["future_knob"] == "x"
-    assert config.sampling["temperature"] == 1
-    assert config.section("my_feature") == {"enabled": True}
-    assert config.raw["my_feature"] == {"enabled": True}
+    assert config.engine.n_ctx == 8192
+    assert config.engine.n_batch == 512  # untouched default
+    assert config.sampling.temperature == 1.0 and isinstance(config.sampling.temperature, float)
+    assert config.snapshots.enabled is False
+
+
+def test_settings_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        load_config().engine.n_ctx = 1  # type: ignore[misc]
 
 
 def test_malformed_toml_names_file_and_line():
@@ -61,36 +71,78 @@ def test_wrong_type_names_file_line_and_key():
         load_config()
 
 
-@pytest.mark.parametrize("value", ['"auto"', "0", "33"])
-def test_gpu_layers_takes_auto_or_a_count(value):
+@pytest.mark.parametrize("value", ['"auto"', '"all"', "0", "33"])
+def test_gpu_layers_takes_auto_all_or_a_count(value):
     write_config(f"[engine]\ngpu_layers = {value}\n")
 
-    assert load_config().engine["gpu_layers"] == tomllib.loads(f"v = {value}")["v"]
+    assert load_config().engine.gpu_layers == tomllib.loads(f"v = {value}")["v"]
+
+
+def test_gpu_layers_all_reaches_the_engine_options():
+    write_config('[engine]\ngpu_layers = "all"\n')
+
+    assert engine_options(ModelSpec(name="m"), load_config()).gpu_layers == "all"
 
 
 def test_gpu_layers_rejects_other_words():
     write_config('[engine]\ngpu_layers = "max"\n')
 
-    with pytest.raises(ConfigError, match='gpu_layers must be "auto" or a number of layers'):
+    with pytest.raises(ConfigError, match='gpu_layers must be "auto" or "all" or an integer'):
         load_config()
 
 
-def test_save_writes_only_changes_and_keeps_what_the_file_had():
-    write_config('[remote]\nbase_url = "http://gpu-box:8080/v1"\n[my_feature]\nlevel = 3\n')
+@pytest.mark.parametrize("text, line, says", [
+    ('[engine]\nkv_type = "f16"\nfuture_knob = 1\n', 3, "unknown key 'future_knob' in [engine] (valid keys: n_ctx,"),
+    ('[sampling]\ntemprature = 0\n', 2, "unknown key 'temprature' in [sampling] (did you mean 'temperature'?)"),
+    ('[my_feature]\nenabled = true\n', 1, "unknown section [my_feature]"),
+    ('[remote.routr]\nrule_score = 2\n', 1, "unknown key 'routr' in [remote] (did you mean 'router'?)"),
+    ('[context]\nsummarize = true\ntrim_fraction = 1.5\n', 3, "context.trim_fraction must be in [0, 1), not 1.5"),
+    ('[sampling]\nthinking = "maybe"\n', 2, 'sampling.thinking must be "auto" or "on" or "off"'),
+    ('[engine]\nkv_type = "q5"\n', 2, 'engine.kv_type must be "f16" or "q8_0" or "q4_0"'),
+    ('engine = 3\n', 1, "[engine] must be a table"),
+])
+def test_unknown_names_and_bad_values_name_file_line_and_key(text, line, says):
+    path = write_config(text)
+
+    with pytest.raises(ConfigError) as error:
+        load_config()
+
+    assert str(error.value).startswith(f"{path}:{line}: ")
+    assert says in str(error.value)
+
+
+def test_the_engines_own_defaults_are_the_schemas():
+    """EngineOptions and Sampling keep defaults for code that builds an engine directly; they
+    must be the ones config.toml documents."""
+    spec = ModelSpec(name="m", n_ctx=EngineOptions().n_ctx)
+
+    assert engine_options(spec, Settings()) == EngineOptions()
+    assert sampling_options(Settings()) == Sampling()
+
+
+def test_the_context_budgets_defaults_are_the_schemas():
+    defaults = ContextSettings.for_reply(4096, 1024)
+
+    assert context_settings(Settings().context, 4096, 1024) == defaults
+
+
+def test_the_snapshot_cap_default_is_the_schemas():
+    from localchat.store.snapshots import DEFAULT_CAP_BYTES
+
+    assert Settings().snapshots.max_bytes == DEFAULT_CAP_BYTES
+
+
+def test_precedence_is_config_then_registry_entry_then_flags():
+    write_config('[engine]\nn_ctx = 8192\ngpu_layers = 4\nchat_format = "chatml"\n'
+                 '[sampling]\nseed = 7\nmax_tokens = 64\n')
     config = load_config()
-    config.engine["n_ctx"] = 16384
+    spec = ModelSpec(name="m", n_ctx=2048, gpu_layers=10)
 
-    path = save_config(config)
+    options = engine_options(spec, config, n_ctx=None, kv_type="q8_0")
+    sampling = sampling_options(config, max_tokens=None, temperature=0.0)
 
-    written = tomllib.loads(path.read_text())
-    assert written == {"engine": {"n_ctx": 16384},
-                       "remote": {"base_url": "http://gpu-box:8080/v1"},
-                       "my_feature": {"level": 3}}
-    assert load_config().engine["n_ctx"] == 16384
-    assert list(path.parent.glob(".config.toml.*")) == []  # no temp file left behind
-
-
-def test_saving_defaults_writes_an_empty_file():
-    path = save_config(Config())
-
-    assert tomllib.loads(path.read_text()) == {}
+    assert (options.n_ctx, options.gpu_layers, options.chat_format, options.kv_type) == \
+        (8192, 10, "chatml", "q8_0")
+    assert (sampling.seed, sampling.max_tokens, sampling.temperature) == (7, 64, 0.0)
+    assert sampling_options(Settings()).seed is None  # -1 in the file: random
+    assert engine_options(spec, Settings()).n_ctx == 2048  # 0 in the file: the registry's

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from localchat.config import Config
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.events import Done, Failed, PrefillProgress, Token
 from localchat.session.factory import open_chat
+from localchat.settings import ContextSection, Settings
 
 N_CTX = 512
 
@@ -24,8 +24,7 @@ def small_engine(test_model_path):
 
 def make_chat(engine, **context):
     engine.reset()
-    config = Config()
-    config.context.update({"summary_max_tokens": 48, **context})
+    config = Settings(context=ContextSection(**{"summary_max_tokens": 48, **context}))
     return open_chat(engine, config, system="You are brief.",
                      sampling=Sampling(temperature=0, repeat_penalty=1.0, max_tokens=24))
 

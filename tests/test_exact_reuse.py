@@ -16,13 +16,13 @@ import sys
 import pytest
 from oracle import GREEDY, assert_matches_fresh, loaded_engine, reply_tokens
 
-from localchat.config import Config
 from localchat.engine.engine import Engine
 from localchat.engine.options import Sampling
 from localchat.engine.snapshot_file import SnapshotStore
 from localchat.events import Done, PrefillProgress, Token
 from localchat.session.chat import ChatSession
 from localchat.session.factory import open_chat
+from localchat.settings import ContextSection, Settings
 
 SYSTEM = "You are a helpful assistant."
 PIRATE = "You are a pirate. Always answer like a pirate."
@@ -135,8 +135,7 @@ def small_fresh(test_model_path):
 
 
 def test_trimming_with_a_summary_keeps_new_sessions_exact(small, small_fresh):
-    config = Config()
-    config.context.update({"summary_max_tokens": 48})
+    config = Settings(context=ContextSection(summary_max_tokens=48))
     chat = open_chat(small, config, system="You are brief.", sampling=GREEDY)
     shifted = summarized = exact_after_install = 0
     for n in range(30):
@@ -165,8 +164,7 @@ def test_trimming_with_a_summary_keeps_new_sessions_exact(small, small_fresh):
 
 def test_a_shift_makes_the_moved_cells_approximate_and_only_their_conversation_reuses_them(
         small, tmp_path):
-    config = Config()
-    config.context.update({"summarize": False})
+    config = Settings(context=ContextSection(summarize=False))
     small.reset()
     chat = open_chat(small, config, system="You are brief.", sampling=GREEDY)
     while True:

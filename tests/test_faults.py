@@ -130,15 +130,15 @@ def test_01_tiny_n_ctx_is_a_clear_error_and_prefill_never_exceeds_the_batch(test
 
 
 def test_02_a_bad_remote_url_is_a_config_error_with_its_line_and_the_breaker_never_fails_on_it(isolated_home):
-    from localchat.config import load_config
     from localchat.errors import ConfigError
     from localchat.remote.breaker import CircuitBreaker
+    from localchat.settings import load_config
 
     path = write_config(isolated_home, '[remote]\nmode = "auto"\n'
                         'base_url = "http://127.0.0.1:99999/v1"\n')
     with pytest.raises(ConfigError) as error:
         load_config()
-    assert str(error.value).startswith(f"{path}:3: [remote] base_url")
+    assert str(error.value).startswith(f"{path}:3: remote.base_url")
     assert "port" in str(error.value)
     # Whatever reaches the breaker (it is built before any request), it must not be what fails.
     assert "closed" in repr(CircuitBreaker(base_url="http://127.0.0.1:99999/v1"))
@@ -323,7 +323,7 @@ def test_08a_a_full_disk_at_the_store_commit_says_so_and_keeps_neither_half(tmp_
 
 def test_08b_a_reply_the_app_cannot_store_is_forgotten_by_the_model_too(engine, monkeypatch):
     """Store locked past the busy timeout: the reply is not reused by the next turn."""
-    from localchat.config import Config
+    from localchat.settings import Settings
     from localchat.store import Store
     from localchat.store import store as store_module
     from localchat.tui.conversation import Conversation
@@ -331,7 +331,7 @@ def test_08b_a_reply_the_app_cannot_store_is_forgotten_by_the_model_too(engine, 
 
     monkeypatch.setattr(store_module, "BUSY_TIMEOUT_MS", 50)
     with Store.open() as store:
-        services = ChatServices(Config(), _NoSnapshots(), lambda: None)
+        services = ChatServices(Settings(), _NoSnapshots(), lambda: None)
         conversation = Conversation(store, store.create_session("s"), services)
         conversation.attach(engine)
         handle = conversation.send("Say hi.")
@@ -437,11 +437,11 @@ def test_12_sessions_lists_names_with_control_sequences_neutralised(tmp_path):
     ('[engin]\nn_ctx = 2048\n', 1, "unknown section [engin] (did you mean [engine]?)"),
     ('[engine]\nkv_type = "f16"\nn_ctxx = 2048\n', 3, "unknown key 'n_ctxx' in [engine] (did you mean 'n_ctx'?)"),
     ('default_modle = "x"\n', 1, "unknown setting 'default_modle' (did you mean 'default_model'?)"),
-    ('[remote]\nbase_url = "http://h/v1"\nmode = "sometimes"\n', 3, "[remote] mode"),
+    ('[remote]\nbase_url = "http://h/v1"\nmode = "sometimes"\n', 3, "remote.mode must be"),
 ])
 def test_13_misspelled_names_and_bad_modes_name_file_line_and_the_nearest_name(text, line, says, isolated_home):
-    from localchat.config import load_config
     from localchat.errors import ConfigError
+    from localchat.settings import load_config
 
     path = write_config(isolated_home, text)
     with pytest.raises(ConfigError) as error:

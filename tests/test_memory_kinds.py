@@ -12,12 +12,12 @@ from __future__ import annotations
 import pytest
 from oracle import GREEDY, assert_matches_fresh, loaded_engine, reply_tokens
 
-from localchat.config import Config
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.events import Done, Failed, PrefillProgress
 from localchat.session.chat import ChatSession
 from localchat.session.factory import open_chat
+from localchat.settings import ContextSection, Settings
 
 SYSTEM = "You are a helpful assistant."
 
@@ -114,8 +114,7 @@ def test_an_edit_of_an_earlier_turn_prefills_from_the_nearest_checkpoint(statefu
 def test_a_thirty_turn_chat_at_n_ctx_512_trims_by_rebuilding_and_stays_exact(synthetic_model, shape):
     path = synthetic_model(shape)
     with loaded_engine(path, 512, "mamba") as engine, loaded_engine(path, 512, "oracle") as oracle:
-        config = Config()
-        config.context.update({"summarize": False})
+        config = Settings(context=ContextSection(summarize=False))
         chat = open_chat(engine, config, system="You are brief.",
                          sampling=Sampling(temperature=0, repeat_penalty=1.0, max_tokens=24))
         rebuilt_ahead = 0

@@ -8,8 +8,10 @@ from localchat import paths
 from localchat.cli import main
 from localchat.errors import ConfigError, ModelNotFound
 from localchat.models.registry import (
+    add_user_entry,
     load_registry,
     local_path,
+    remove_user_entry,
     require_local,
     resolve_model,
     shipped_registry_file,
@@ -110,6 +112,21 @@ def test_user_entries_override_field_by_field_and_add_models():
     assert registry["my-model"].chat_format == "chatml"
     assert registry["my-model"].source_file == user_file
     assert registry["smollm2-135m"].source_file == shipped_registry_file()
+
+
+def test_adding_and_removing_an_entry_keeps_the_users_comments_and_other_entries():
+    user_file = write_user_registry('# my models\n[models.a]  # the first\nrepo = "x/y"  # why\n'
+                                    'filename = "a.gguf"\n')
+
+    add_user_entry("b.1", {"path": "b.gguf", "pypi": {"package": "p", "version": "1",
+                                                      "member": "b.gguf"}})
+    assert load_registry()["b.1"].pypi == {"package": "p", "version": "1", "member": "b.gguf"}
+    assert remove_user_entry("b.1")
+    assert not remove_user_entry("b.1")
+
+    assert user_file.read_text().rstrip() == ('# my models\n[models.a]  # the first\n'
+                                              'repo = "x/y"  # why\nfilename = "a.gguf"')
+    assert "b.1" not in load_registry()
 
 
 def test_malformed_user_toml_names_the_file_and_line():

@@ -24,9 +24,9 @@ def run(server: FaultServer, **settings) -> list:
 
 def test_a_client_cannot_be_built_while_the_remote_is_off():
     with pytest.raises(RemoteOff):
-        RemoteClient(RemoteSettings.from_config({"mode": "off", "base_url": "http://127.0.0.1:9/v1"}))
+        RemoteClient(RemoteSettings(mode="off", base_url="http://127.0.0.1:9/v1"))
     with pytest.raises(RemoteOff):
-        RemoteClient(RemoteSettings.from_config({"mode": "auto"}))
+        RemoteClient(RemoteSettings(mode="auto"))
 
 
 def test_streams_tokens_then_done_with_usage_route_and_model():

@@ -31,7 +31,7 @@ def notices(events, kind):
 def test_mode_off_makes_no_connection_whatever_the_route_or_prompt(route):
     local = LocalFactory(unsure(" hm", 40), finish_reason="length")
     with FaultServer([reply("remote answer")]) as server:
-        settings = RemoteSettings.from_config({"mode": "off", "base_url": server.base_url})
+        settings = RemoteSettings(mode="off", base_url=server.base_url)
         esc = Escalator.from_settings(settings)
         assert esc.client is None
         events = list(esc.start_turn(HARD, local, route=route))

@@ -17,7 +17,6 @@ from typing import Any
 from localchat.bench import decode
 from localchat.bench.script import run_turn
 from localchat.bench.targets import conversation_targets
-from localchat.config import Config
 from localchat.engine.engine import Engine
 from localchat.engine.factory import open_engine
 from localchat.engine.options import Sampling
@@ -25,9 +24,10 @@ from localchat.events import Done, Timings
 from localchat.percentiles import percentile
 from localchat.session.chat import ChatSession
 from localchat.session.factory import open_chat
+from localchat.settings import Settings
 
 
-def measure_conversation(model: str | None, config: Config, system: str, users: list[str], *,
+def measure_conversation(model: str | None, config: Settings, system: str, users: list[str], *,
                          n_ctx: int, gpu_layers: str | int | None, max_tokens: int,
                          baseline: bool, stops: bool, say: Callable[[str], None]) -> dict[str, Any]:
     """Load ``model`` and replay ``users`` after ``system`` greedily, then measure a system prompt
@@ -82,7 +82,7 @@ class Replayed:
 
 
 def replay(engine: Engine, system: str, users: list[str], sampling: Sampling,
-           config: Config) -> tuple[list[Replayed], ChatSession]:
+           config: Settings) -> tuple[list[Replayed], ChatSession]:
     """Play the script through one ChatSession (with the context policy), turn by turn.
 
     Between turns it waits until background work (a summary) is done, as a user who reads the
@@ -154,7 +154,7 @@ def exactness(engine: Engine, cached: list[Replayed], fresh: list[Replayed]) -> 
 
 
 def system_change(engine: Engine, system: str, users: list[str], sampling: Sampling,
-                  config: Config, turns: int = 6) -> dict:
+                  config: Settings, turns: int = 6) -> dict:
     """A system prompt changed after ``turns`` turns. Exact reuse means every cell after it is
     computed again; that starts in the background at once. Reports how long it takes, and the
     next turn's TTFT when the user sends after it finished and when they send at once."""

@@ -23,9 +23,9 @@ from typing import Any
 
 from localchat.bench.script import DEFAULT_QUESTIONS, DEFAULT_SYSTEM, run_turn
 from localchat.bench.targets import restore_targets
-from localchat.config import Config
 from localchat.engine.options import Sampling
 from localchat.errors import UserError
+from localchat.settings import Settings
 from localchat.store import SessionRecord, Store
 
 NEXT_QUESTION = "Please remind me, in one sentence, what my very first question was about."
@@ -35,7 +35,7 @@ def measure_restore(model_path: Path, n_ctx: int, target_tokens: int = 2000,
                     max_tokens: int = 48) -> dict[str, Any]:
     """See the module docstring; the report, its targets checked. Takes three long prefills."""
     # Default settings on both sides, so the new process computes the same fingerprint.
-    config = Config()
+    config = Settings()
     saved_home = os.environ.get("LOCALCHAT_HOME")
     with tempfile.TemporaryDirectory(prefix="localchat-bench-") as home:
         os.environ["LOCALCHAT_HOME"] = home
@@ -50,7 +50,7 @@ def measure_restore(model_path: Path, n_ctx: int, target_tokens: int = 2000,
                 os.environ["LOCALCHAT_HOME"] = saved_home
 
 
-def _measure(model_path: Path, config: Config, n_ctx: int, target_tokens: int,
+def _measure(model_path: Path, config: Settings, n_ctx: int, target_tokens: int,
              max_tokens: int) -> dict[str, Any]:
     from localchat import paths
     from localchat.engine.engine import Engine

@@ -22,13 +22,13 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localchat.config import Config
 from localchat.engine.options import Sampling
 from localchat.errors import UserError
 from localchat.events import Done, Event
 from localchat.remote.confidence import LATE_AFTER_TOKENS
 from localchat.remote.router import decide, rule_score_for
 from localchat.remote.settings import RemoteSettings, RouterThresholds
+from localchat.settings import Settings
 
 if TYPE_CHECKING:  # the rules alone (--rules-only) load neither llama.cpp nor the HTTP client
     from localchat.engine.engine import Engine
@@ -207,12 +207,12 @@ def read_labelled(path: Path) -> list[tuple[str, str]]:
     return examples
 
 
-def router_report(path: Path, model: str | None, config: Config, *, rules_only: bool, n_ctx: int,
+def router_report(path: Path, model: str | None, config: Settings, *, rules_only: bool, n_ctx: int,
                   gpu_layers: str | int | None, temperature: float,
                   max_tokens: int | None) -> dict[str, Any]:
     """The rules' scores on the labelled set at ``path``; unless ``rules_only``, also the whole
     route (rules, then the confidence monitor over the local model's reply) with ``model``."""
-    settings = RemoteSettings.from_config(config.remote)
+    settings = config.remote
     if rules_only:
         params = _parameter_count(model, config)
         return {"set": str(path), "n_params": params, "rules": evaluate(path, settings.router, params)}
@@ -234,7 +234,7 @@ def router_report(path: Path, model: str | None, config: Config, *, rules_only: 
             "rules": rules, "route": pipeline}
 
 
-def _parameter_count(model: str | None, config: Config) -> int | None:
+def _parameter_count(model: str | None, config: Settings) -> int | None:
     """The size of ``model`` (or of the default model, if it is on disk) from its GGUF header,
     without loading it; None for a default model not downloaded (the rules then use their
     size-free threshold). A named model that is missing is the usual one-line error."""

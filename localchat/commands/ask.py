@@ -43,11 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from localchat.attachments import read_attachment
-    from localchat.config import load_config
     from localchat.engine.factory import open_engine, sampling_options
     from localchat.errors import UserError
     from localchat.remote.escalate import Escalator
-    from localchat.remote.settings import RemoteSettings
+    from localchat.settings import load_config
 
     out = (JsonEvents(sys.stdout, args.hide_thinking) if args.json
            else PlainText(sys.stdout, sys.stderr, args.hide_thinking))
@@ -59,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         for path in args.file:  # a missing or binary file is refused before a model loads
             read_attachment(path, None, None)
         config = load_config()
-        escalator = Escalator.from_settings(RemoteSettings.from_config(config.remote))
+        escalator = Escalator.from_settings(config.remote)
         route = args.route or ("auto" if escalator.client is not None else "local")
         overrides = {"n_ctx": args.n_ctx} if args.n_ctx else {}
         engine = open_engine(args.model, config, **overrides)
@@ -141,9 +140,9 @@ class _StoredSession:
             history = [Message(t.role, t.content, t.stopped) for t in store.turns(record.id)]
             chat = open_chat(engine, config, system=system if system is not None else record.system,
                              history=history, sampling=sampling)
-            cap = int(config.snapshots.get("max_bytes", 2 * 1024**3))
+            cap = config.snapshots.max_bytes
             snapshots = SessionSnapshots(SnapshotStore(paths.snapshots_dir(), cap))
-            if config.snapshots.get("enabled", True):
+            if config.snapshots.enabled:
                 restored = snapshots.restore(record.id, engine, chat)
                 if restored.notice:
                     out.event(Notice(restored.notice, kind="snapshot"))

@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from localchat.bench import report
-    from localchat.config import load_config
+    from localchat.settings import load_config
 
     if args.max_tokens is not None and args.max_tokens < 1:
         raise UserError("--max-tokens must be at least 1")
@@ -78,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _router(args: argparse.Namespace) -> dict:
     from localchat.bench.router import router_report
-    from localchat.config import load_config
     from localchat.remote.router import LABELLED_PROMPTS
+    from localchat.settings import load_config
 
     if not (args.temperature >= 0.0 and args.temperature < float("inf")):
         raise UserError("--temperature must be a finite number >= 0")
@@ -91,8 +91,8 @@ def _router(args: argparse.Namespace) -> dict:
 
 def _with_model_path(args: argparse.Namespace, max_tokens: int) -> dict:
     """--restore, --typing and --tui, which load the model file themselves."""
-    from localchat.config import load_config
     from localchat.models.registry import require_local, resolve_model
+    from localchat.settings import load_config
 
     config = load_config()
     path = require_local(resolve_model(args.model or config.default_model))

@@ -89,8 +89,8 @@ def _paths_section() -> dict[str, Any]:
 
 
 def _models_section() -> dict[str, Any]:
-    from localchat.config import load_config
     from localchat.models.registry import is_downloaded, known_models, local_path
+    from localchat.settings import load_config
 
     problems = []
     try:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from localchat import paths
-from localchat.config import load_config
 from localchat.errors import UserError
 from localchat.models.download import format_bytes, part_files, pull
 from localchat.models.gguf import read_gguf
@@ -28,6 +27,7 @@ from localchat.models.registry import (
     remove_user_entry,
     resolve_model,
 )
+from localchat.settings import load_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -1,56 +1,63 @@
 """Building an Engine from a model reference and the user's settings.
 
-Precedence, most specific last: built-in defaults < config.toml ``[engine]``/``[sampling]`` <
-the model's registry entry < command-line flags. One place, so the TUI, ``ask`` and ``bench``
-run a model the same way.
+Precedence, most specific last: ``config.toml`` ``[engine]``/``[sampling]`` (defaults included,
+see ``localchat.settings``) < the model's registry entry < command-line flags. One place, so the
+TUI, ``ask`` and ``bench`` run a model the same way.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
-from localchat.config import Config, load_config
 from localchat.engine.engine import Engine
-from localchat.engine.options import EngineOptions, Sampling, merged
+from localchat.engine.options import EngineOptions, Sampling
 from localchat.errors import EngineError
 from localchat.models.registry import ModelSpec, require_local, resolve_model
+from localchat.settings import Settings, load_config
 
 
-def engine_options(spec: ModelSpec, config: Config, **overrides: Any) -> EngineOptions:
-    settings = dict(config.engine)
-    if not settings.get("n_ctx"):
-        settings["n_ctx"] = spec.n_ctx  # 0 in config = the model's own default
-    if not settings.get("n_threads"):
-        settings["n_threads"] = None
-    from_spec = {
-        "gpu_layers": spec.gpu_layers,
-        "chat_format": spec.chat_format,
-        "chat_template": spec.chat_template,
+def engine_options(spec: ModelSpec, settings: Settings, **overrides: Any) -> EngineOptions:
+    """EngineOptions for ``spec``: ``[engine]``, then the registry entry's fields, then
+    ``overrides`` (flags; None means not given)."""
+    engine = settings.engine
+    options = EngineOptions(**{
+        **asdict(engine),
+        "n_ctx": engine.n_ctx or spec.n_ctx,  # 0 in config = the model's own default
+        "n_threads": engine.n_threads or None,
         # Token probabilities feed the escalation router; they cost a softmax per token.
-        "track_confidence": config.remote.get("mode", "off") != "off",
-    }
-    return merged(EngineOptions, settings, from_spec, overrides)
+        "track_confidence": settings.remote.mode != "off",
+    })
+    from_spec = {"gpu_layers": spec.gpu_layers, "chat_format": spec.chat_format,
+                 "chat_template": spec.chat_template}
+    return replace(options, **_given(from_spec, overrides))
 
 
-def sampling_options(config: Config, **overrides: Any) -> Sampling:
-    settings = dict(config.sampling)
-    if settings.get("seed", -1) < 0:
-        settings["seed"] = None
-    return merged(Sampling, settings, overrides)
+def sampling_options(settings: Settings, **overrides: Any) -> Sampling:
+    """Sampling from ``[sampling]`` (seed -1 = random), then ``overrides`` (None = not given)."""
+    section = settings.sampling
+    sampling = Sampling(**{**asdict(section), "seed": section.seed if section.seed >= 0 else None})
+    return replace(sampling, **_given(overrides))
 
 
-def open_engine(model: str | None, config: Config | None = None, **overrides: Any) -> Engine:
+def _given(*layers: dict[str, Any]) -> dict[str, Any]:
+    """The layers merged, later ones winning, without the values that are None (not given)."""
+    return {key: value for layer in layers for key, value in layer.items() if value is not None}
+
+
+def open_engine(model: str | None, settings: Settings | None = None, **overrides: Any) -> Engine:
     """An Engine for ``model`` (registry name, hf: reference or .gguf path; None = the default),
     not yet loaded. Raises ModelNotFound (with the pull command to run) when it is not on disk."""
-    config = config or load_config()
-    spec = resolve_model(model or config.default_model)
+    settings = settings or load_config()
+    spec = resolve_model(model or settings.default_model)
     path = require_local(spec)
-    options = engine_options(spec, config, **overrides)
+    options = engine_options(spec, settings, **overrides)
     _check_n_ctx(path, spec.name, options.n_ctx, explicit=bool(overrides.get("n_ctx")))
     return Engine(path, options, name=spec.name)
 
 
-def _check_n_ctx(path, name: str, n_ctx: int, *, explicit: bool) -> None:
+def _check_n_ctx(path: Path, name: str, n_ctx: int, *, explicit: bool) -> None:
     """A context size that llama.cpp would silently raise (below its 256-token step) is refused;
     so is an ``explicit`` one (a flag) that the engine would silently lower to the model's
     training length (a registry default beyond it is lowered, as before)."""

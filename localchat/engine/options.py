@@ -1,12 +1,20 @@
-"""Settings for loading a model (EngineOptions) and for generating a reply (Sampling)."""
+"""Settings for loading a model (EngineOptions) and for generating a reply (Sampling).
+
+These are what the engine takes. The user's values come from ``config.toml`` through
+``localchat.settings`` (the schema) and ``engine.factory``; the defaults here serve code that
+builds an engine directly (tests, benches) and equal the schema's (tests/test_config.py checks).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import Literal, get_args
 
-KV_TYPES = ("f16", "q8_0", "q4_0")
-THINKING_MODES = ("auto", "on", "off")
+KvType = Literal["f16", "q8_0", "q4_0"]  # KV cache element types
+Thinking = Literal["auto", "on", "off"]  # enable_thinking for templates that take it (Qwen3 style)
+THINKING_MODES: tuple[str, ...] = get_args(Thinking)
+# "auto" fits layers into free VRAM, "all" offloads every layer, a number offloads that many.
+GpuLayers = Literal["auto", "all"] | int
 
 
 @dataclass
@@ -16,10 +24,9 @@ class Sampling:
     top_k: int = 40
     min_p: float = 0.05
     repeat_penalty: float = 1.1
-    seed: int | None = None
-    max_tokens: int = 512
-    # "auto" | "on" | "off": enable_thinking for templates that take it (Qwen3 style).
-    thinking: str = "auto"
+    seed: int | None = None  # None = random
+    max_tokens: int = 1024
+    thinking: str = "auto"  # one of THINKING_MODES (the TUI sets it from /think)
 
     @property
     def greedy(self) -> bool:
@@ -29,12 +36,12 @@ class Sampling:
 @dataclass
 class EngineOptions:
     n_ctx: int = 4096
-    gpu_layers: str | int = "auto"  # "auto" | "all" | N | 0
+    gpu_layers: GpuLayers = "auto"
     n_batch: int = 512
     n_ubatch: int = 512
-    n_threads: int | None = None
+    n_threads: int | None = None  # None = let llama.cpp pick
     flash_attn: bool = False
-    kv_type: str = "f16"  # f16 | q8_0 | q4_0
+    kv_type: KvType = "f16"
     # Sliding-window models (Gemma 3/4): full-size caches for the window layers reuse any prefix
     # and trim by shifting, but cost memory (Gemma-3-4B shape at n_ctx 8192: 1088 MiB of KV
     # against 334 MiB, 4352 against 814 at 32768). Off: window-size caches, rolled back through
@@ -49,14 +56,3 @@ class EngineOptions:
     # How many leading reply tokens carry those numbers: each costs a pass over the whole
     # vocabulary, and escalation decides within the first tokens anyway.
     confidence_tokens: int = 32
-
-
-def merged(cls: type, *layers: dict[str, Any] | None) -> Any:
-    """Build ``cls`` from dict layers (later layers win), ignoring None values and unknown keys."""
-    names = {f.name for f in fields(cls)}
-    values: dict[str, Any] = {}
-    for layer in layers:
-        for key, value in (layer or {}).items():
-            if key in names and value is not None:
-                values[key] = value
-    return cls(**values)

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
-from localchat.config import DEFAULT_MODEL
 from localchat.errors import DownloadError
 from localchat.models.gguf import GGUFError, read_gguf
 from localchat.models.registry import ModelSpec, local_path
+from localchat.settings import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from huggingface_hub import HfFileMetadata

@@ -22,10 +22,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+import tomlkit
+
 from localchat import paths
 from localchat.atomic import write_text_atomic
-from localchat.config import dump_toml, line_of, load_config, read_toml_file, table_header
 from localchat.errors import ConfigError, ModelNotFound
+from localchat.settings import line_of, load_config, read_toml_file
 
 # Context opened for models the registry knows nothing about (hf: references, plain paths).
 DEFAULT_N_CTX = 4096
@@ -162,7 +165,7 @@ def _check_field(name: str, key: str, value: Any, where: str) -> None:
         if isinstance(value, dict):
             hint = ' (quote names that contain dots: [models."qwen2.5-7b"])'
         raise ConfigError(f"{prefix}: unknown field{hint}")
-    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+    if not _has_type(value, expected):
         kind = {str: "a string", int: "an integer", dict: "a table"}[expected]
         raise ConfigError(f"{prefix}: must be {kind}, not {value!r}")
     if key in ("size_bytes", "context_length") and value < 0:
@@ -178,6 +181,11 @@ def _check_field(name: str, key: str, value: Any, where: str) -> None:
         if missing:
             raise ConfigError(f"{prefix}: needs string fields {', '.join(_PYPI_KEYS)} "
                               f"(missing {', '.join(missing)})")
+
+
+def _has_type(value: Any, expected: type) -> bool:
+    # TOML booleans are ints in Python; an integer field must not accept true/false.
+    return isinstance(value, expected) and not (expected is int and isinstance(value, bool))
 
 
 def _build_spec(name: str, values: dict[str, Any], source: Path, line: int) -> ModelSpec:
@@ -314,7 +322,7 @@ def add_user_entry(name: str, values: dict[str, Any]) -> Path:
     text = registry_file.read_text(encoding="utf-8") if registry_file.exists() else ""
     if text and not text.endswith("\n"):
         text += "\n"
-    block = dump_toml({"models": {name: values}})
+    block = tomli_w.dumps({"models": {name: values}})
     write_text_atomic(registry_file, text + ("\n" if text else "") + block)
     return registry_file
 
@@ -322,21 +330,20 @@ def add_user_entry(name: str, values: dict[str, Any]) -> Path:
 def remove_user_entry(name: str) -> bool:
     """Delete the ``[models.NAME]`` table (and its sub-tables) from the user's models.toml.
 
-    Returns whether one was found. Other entries and comments are left as they were.
+    Returns whether one was found. Other entries and comments are left as they were (a comment
+    between the entry and the next table goes with the entry).
     """
     registry_file = paths.user_registry_file()
     if not registry_file.exists():
         return False
-    lines = registry_file.read_text(encoding="utf-8").splitlines(keepends=True)
-    table = f"models.{name}"
-    kept, removing, found = [], False, False
-    for line in lines:
-        header = table_header(line)
-        if header is not None:
-            removing = header == table or header.startswith(table + ".")
-            found = found or removing
-        if not removing:
-            kept.append(line)
-    if found:
-        write_text_atomic(registry_file, "".join(kept))
-    return found
+    try:
+        document = tomlkit.parse(registry_file.read_text(encoding="utf-8"))
+    except tomlkit.exceptions.ParseError as exc:
+        reason = re.sub(r" at line \d+ col \d+$", "", str(exc))
+        raise ConfigError(f"{registry_file}:{exc.line}: invalid TOML: {reason}") from None
+    models = document.get("models")
+    if not isinstance(models, dict) or name not in models:
+        return False
+    del models[name]
+    write_text_atomic(registry_file, tomlkit.dumps(document))
+    return True

@@ -3,32 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from localchat.config import Config
 from localchat.engine.engine import Engine
 from localchat.engine.options import Sampling
-from localchat.errors import ConfigError
 from localchat.session.budget import ContextSettings
 from localchat.session.chat import ChatSession, Message
 from localchat.session.keeper import ContextKeeper
-
-# config.toml [context] keys that ContextSettings takes (their defaults live in config.py).
-CONTEXT_KEYS = ("trim_fraction", "summary_max_tokens", "summarize", "overlong", "summarize_threshold")
+from localchat.settings import ContextSection, Settings
 
 
-def context_settings(section: dict[str, Any], n_ctx: int, max_tokens: int) -> ContextSettings:
-    """ContextSettings from config.toml's [context] section; bad values are a ConfigError."""
-    values = {key: section[key] for key in CONTEXT_KEYS if key in section}
-    try:
-        return ContextSettings.for_reply(n_ctx, max_tokens, **values)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"config.toml [context]: {exc}") from None
+def context_settings(section: ContextSection, n_ctx: int, max_tokens: int) -> ContextSettings:
+    """The context budget from ``[context]`` (already validated by ``load_config``) for a model
+    context of ``n_ctx`` tokens and replies of up to ``max_tokens``."""
+    return ContextSettings.for_reply(
+        n_ctx, max_tokens, trim_fraction=section.trim_fraction,
+        summary_max_tokens=section.summary_max_tokens, summarize=section.summarize,
+        overlong=section.overlong, summarize_threshold=section.summarize_threshold)
 
 
 def open_chat(
     engine: Engine,
-    config: Config,
+    settings: Settings,
     *,
     system: str | None = None,
     history: Sequence[Message] = (),
@@ -36,8 +31,8 @@ def open_chat(
 ) -> ChatSession:
     """A session over a loaded engine whose context is kept within n_ctx (trim + summaries)."""
     if system is None:
-        system = config.context.get("system_prompt", "")
-    session = ChatSession(engine, system=system, history=history, sampling=sampling)
-    settings = context_settings(config.context, engine.n_ctx, session.sampling.max_tokens)
-    session.keeper = ContextKeeper(engine, settings)
+        system = settings.context.system_prompt
+    session = ChatSession(engine, system=system, history=tuple(history), sampling=sampling)
+    budget = context_settings(settings.context, engine.n_ctx, session.sampling.max_tokens)
+    session.keeper = ContextKeeper(engine, budget)
     return session

@@ -45,8 +45,8 @@ class RegistryDownloads:
     """Models of the registry that are known but not on disk, pulled as ``localchat pull`` does."""
 
     def offer(self, model_ref: str | None) -> Offer | None:
-        from localchat.config import load_config
         from localchat.models.registry import is_downloaded, resolve_model
+        from localchat.settings import load_config
 
         try:
             spec = resolve_model(model_ref or load_config().default_model)

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from localchat.config import Config
     from localchat.engine.engine import Engine
     from localchat.engine.options import Sampling
     from localchat.remote.escalate import Escalator
     from localchat.session.snapshots import SessionSnapshots
+    from localchat.settings import Settings
 
 
 @dataclass
@@ -25,7 +25,7 @@ class ChatServices:
     context budget), KV snapshots of sessions, and an escalator per session (inert while
     [remote] is off; in mode "ask" it remembers the user's answer for that session)."""
 
-    config: Config
+    config: Settings
     snapshots: SessionSnapshots
     new_escalator: Callable[[], Escalator]
 
@@ -36,17 +36,15 @@ class ChatServices:
 def build_services(ask_user: Callable[[str], bool] | None = None) -> ChatServices:
     """Services from config.toml. Raises ``ConfigError``."""
     from localchat import paths
-    from localchat.config import load_config
     from localchat.engine.snapshot_file import SnapshotStore
     from localchat.remote.escalate import Escalator
-    from localchat.remote.settings import RemoteSettings
     from localchat.session.snapshots import SessionSnapshots
+    from localchat.settings import load_config
 
     config = load_config()
-    cap = int(config.snapshots.get("max_bytes", 2 * 1024**3))
-    snapshots = SessionSnapshots(SnapshotStore(paths.snapshots_dir(), cap))
-    remote = RemoteSettings.from_config(config.remote)
-    return ChatServices(config, snapshots, lambda: Escalator.from_settings(remote, ask_user=ask_user))
+    snapshots = SessionSnapshots(SnapshotStore(paths.snapshots_dir(), config.snapshots.max_bytes))
+    return ChatServices(config, snapshots,
+                        lambda: Escalator.from_settings(config.remote, ask_user=ask_user))
 
 
 def build_engine(model_ref: str | None) -> Engine:
@@ -60,8 +58,8 @@ def build_engine(model_ref: str | None) -> Engine:
 
 def default_sampling() -> Sampling:
     """Sampling settings from config.toml's ``[sampling]``. Raises ``ConfigError``."""
-    from localchat.config import load_config
     from localchat.engine.factory import sampling_options
+    from localchat.settings import load_config
 
     return sampling_options(load_config())
 

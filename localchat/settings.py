@@ -1,0 +1,389 @@
+"""User settings: ``config.toml`` in the config dir (``LOCALCHAT_HOME/config.toml``).
+
+A missing file means all defaults. The file only needs the keys a user wants to change::
+
+    default_model = "qwen2.5-1.5b"
+
+    [engine]
+    n_ctx = 8192
+    gpu_layers = "auto"     # "all" or a number of layers; 0 keeps everything on the CPU
+
+The frozen dataclasses below are the schema, one per section: a field is a key the section
+accepts, its annotation the type a value must have (a ``Literal`` lists the words allowed) and
+its default the value used when the file is silent. ``[remote]`` (with ``[remote.router]`` and
+``[remote.confidence]``) is :class:`~localchat.remote.settings.RemoteSettings`, which the remote
+package takes as it is; the engine and the session take their own runtime objects, built from
+these sections by ``engine.factory`` and ``session.factory``.
+
+:func:`load_config` reads the file once into a :class:`Settings` and is the only place values
+are checked: a malformed file, a value of the wrong type or out of range, and an unknown section
+or key are each a :class:`ConfigError` naming file, line and key (with the nearest valid name
+when one is close), so a typo is never silently ignored.
+
+This module also holds the TOML reading and line lookup the model registry shares.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+import types
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from urllib.parse import urlsplit
+
+from localchat import paths
+from localchat.engine.options import GpuLayers, KvType, Thinking
+from localchat.errors import ConfigError
+from localchat.remote.settings import RemoteSettings
+from localchat.session.overlong import OverlongPolicy
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class EngineSection:
+    """``[engine]``: how a model is loaded (``engine.factory`` turns it into EngineOptions)."""
+
+    n_ctx: int = 0  # 0 = the model's registry default (models.toml n_ctx)
+    gpu_layers: GpuLayers = "auto"  # "auto" fits layers into free VRAM; "all"; a count
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: int = 0  # 0 = let llama.cpp pick (physical cores)
+    flash_attn: bool = False
+    kv_type: KvType = "f16"  # KV cache element type
+    # Sliding-window models: full-size caches for the window layers (more memory, trims by
+    # shifting) or window-size ones (checkpoints roll back, trims prefill kept turns again).
+    swa_full: bool = False
+    checkpoints: int = 8  # rollback states kept for recurrent, hybrid and windowed memories
+    chat_template: str | None = None  # a Jinja template; a registry entry's own one wins
+    chat_format: str | None = None  # a named format for GGUFs without a template
+    confidence_tokens: int = 32  # leading reply tokens scored for escalation
+
+
+@dataclass(frozen=True)
+class SamplingSection:
+    """``[sampling]``: how a reply is generated (``engine.factory`` turns it into Sampling)."""
+
+    temperature: float = 0.7  # 0 = greedy
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.1
+    max_tokens: int = 1024
+    seed: int = -1  # -1 = random
+    thinking: Thinking = "auto"  # the thinking switch of templates that have one
+
+
+@dataclass(frozen=True)
+class ContextSection:
+    """``[context]``: the system prompt and how the context budget trims and summarizes."""
+
+    system_prompt: str = ""
+    trim_fraction: float = 0.25
+    summary_max_tokens: int = 256
+    summarize: bool = True
+    overlong: OverlongPolicy = "refuse"
+    summarize_threshold: float = 0.75
+
+
+@dataclass(frozen=True)
+class SnapshotsSection:
+    """``[snapshots]``: saved KV caches of sessions."""
+
+    enabled: bool = True
+    max_bytes: int = 2 * 1024**3  # disk cap; least recently used go first
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything ``config.toml`` can set, with the defaults filled in. Immutable."""
+
+    default_model: str = DEFAULT_MODEL
+    engine: EngineSection = field(default_factory=EngineSection)
+    sampling: SamplingSection = field(default_factory=SamplingSection)
+    context: ContextSection = field(default_factory=ContextSection)
+    remote: RemoteSettings = field(default_factory=RemoteSettings)
+    snapshots: SnapshotsSection = field(default_factory=SnapshotsSection)
+
+
+def load_config(path: Path | None = None) -> Settings:
+    """Read ``config.toml`` (default: :func:`paths.config_file`) into :class:`Settings`.
+
+    Raises :class:`ConfigError` ("FILE:LINE: key ...") for malformed TOML, an unknown name, or a
+    value of the wrong type or out of range.
+    """
+    path = path or paths.config_file()
+    if not path.exists():
+        return Settings()
+    data, text = read_toml_file(path)
+    return parse_settings(data, path, text)
+
+
+def parse_settings(data: dict[str, Any], path: Path | None = None, text: str = "") -> Settings:
+    """:class:`Settings` from parsed TOML; errors name ``path`` and a line of ``text`` if given."""
+    return _build(Settings, "", data, _Source(path, text))
+
+
+# Tables whose sub-tables' keys may also be written flat in the table itself
+# (``[remote] rule_score = 2.5`` as well as ``[remote.router] rule_score = 2.5``).
+_FLAT_SUBTABLES = {"remote"}
+
+
+def _between(low: float, high: float, *, low_open: bool = False, high_open: bool = False,
+             shown: str = "") -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        above = value > low if low_open else value >= low
+        below = value < high if high_open else value <= high
+        return None if above and below else f"must be {shown or f'between {low} and {high}'}"
+    return check
+
+
+def _at_least(floor: float) -> Callable[[Any], str | None]:
+    return lambda value: None if value >= floor else f"must be at least {floor}"
+
+
+def _positive(value: Any) -> str | None:
+    return None if value > 0 else "must be positive"
+
+
+def _usable_url(url: str) -> str | None:
+    if not url.startswith(("http://", "https://")):
+        return "must start with http:// or https://"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for "Port out of range" or a non-number
+    except ValueError as exc:
+        return f"{url!r} is not a usable URL: {str(exc).lower()}"
+    return None if parts.hostname else f"{url!r} is not a usable URL: no host name"
+
+
+# Range checks by dotted key, applied after the type check; each returns the problem or None.
+_LIMITS: dict[str, Callable[[Any], str | None]] = {
+    "default_model": lambda name: None if name else "must be a model name",
+    "context.trim_fraction": _between(0, 1, high_open=True, shown="in [0, 1)"),
+    "context.summary_max_tokens": _at_least(0),
+    "context.summarize_threshold": _between(0, 1, low_open=True, shown="in (0, 1]"),
+    "remote.base_url": lambda url: _usable_url(url) if url else None,
+    "remote.timeout_s": _positive,
+    "remote.max_context_tokens": _at_least(256),
+    "remote.max_tokens": _at_least(1),
+    "remote.breaker_failures": _at_least(1),
+    "remote.router.rule_score": _positive,
+    "remote.confidence.min_tokens": _at_least(1),
+    "remote.confidence.max_entropy": _positive,
+    "remote.confidence.min_margin": _between(0, 1),
+    "remote.confidence.quantile": _between(0, 1, low_open=True, high_open=True),
+    "remote.confidence.low_prob": _between(0, 1),
+}
+
+# Keys that are refused with their own explanation rather than as unknown.
+_REFUSED = {
+    "remote.api_key": "do not put the key in config.toml; set an environment variable and "
+                      "name it with api_key_env",
+}
+
+
+class _Source:
+    """Where parsed values came from, to point an error at the file and line."""
+
+    def __init__(self, path: Path | None, text: str) -> None:
+        self.path, self.text = path, text
+
+    def error(self, table: str, key: str, problem: str) -> ConfigError:
+        if self.path is None:
+            return ConfigError(problem)
+        return ConfigError(f"{self.path}:{self._line(table, key)}: {problem}")
+
+    def _line(self, table: str, key: str) -> int:
+        section = table or None
+        parent = table.rpartition(".")[0] or None
+        return (find_line(self.text, section, key)  # key = value
+                or find_line(self.text, f"{table}.{key}" if table else key)  # [table.key]
+                or find_line(self.text, parent, key)  # a flat key lifted into a sub-table
+                or find_line(self.text, section)
+                or 1)
+
+
+def _build(cls: type, table: str, values: dict[str, Any], source: _Source) -> Any:
+    """An instance of dataclass ``cls`` from the TOML ``table`` (dotted; "" = top level)."""
+    hints = get_type_hints(cls)
+    names = _field_names(cls)
+    subtables = {name: hints[name] for name in names if is_dataclass(hints[name])}
+    lifted = ({key: sub for sub, kind in subtables.items() for key in _field_names(kind)}
+              if table in _FLAT_SUBTABLES else {})
+    for key, value in values.items():
+        if key not in names and key not in lifted:
+            raise _unknown(table, key, value, [*names, *lifted], source)
+    built: dict[str, Any] = {}
+    for name in names:
+        dotted = f"{table}.{name}" if table else name
+        if name in subtables:
+            nested = values.get(name, {})
+            if not isinstance(nested, dict):
+                shown = f"{dotted} must be a table ([{dotted}])" if table else f"[{dotted}] must be a table"
+                raise source.error(table, name, shown)
+            flat = {key: value for key, value in values.items() if lifted.get(key) == name}
+            built[name] = _build(subtables[name], dotted, {**flat, **nested}, source)
+        elif name in values:
+            built[name] = _checked(dotted, values[name], hints[name], table, name, source)
+    return cls(**built)
+
+
+def _field_names(cls: Any) -> list[str]:
+    return [f.name for f in fields(cls)]
+
+
+def _unknown(table: str, key: str, value: Any, valid: list[str], source: _Source) -> ConfigError:
+    dotted = f"{table}.{key}" if table else key
+    if dotted in _REFUSED:
+        return source.error(table, key, f"{dotted}: {_REFUSED[dotted]}")
+    nearest = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.75)
+    if not table:
+        what = f"section [{key}]" if isinstance(value, dict) else f"setting {key!r}"
+        hint = (f"[{nearest[0]}]" if isinstance(value, dict) else repr(nearest[0])) if nearest else ""
+        return source.error(table, key, f"unknown {what}" + (f" (did you mean {hint}?)" if hint else ""))
+    hint = f"did you mean {nearest[0]!r}?" if nearest else f"valid keys: {', '.join(valid)}"
+    return source.error(table, key, f"unknown key {key!r} in [{table}] ({hint})")
+
+
+def _checked(dotted: str, value: Any, kind: Any, table: str, key: str, source: _Source) -> Any:
+    """``value`` if it has type ``kind`` and is in range (ints widened to float where a float is
+    expected), else a ConfigError naming the key."""
+    if not _accepts(kind, value):
+        raise source.error(table, key, f"{dotted} must be {_describe(kind)}, not {value!r}")
+    if isinstance(value, int) and not isinstance(value, bool) and not _accepts_int(kind):
+        value = float(value)
+    check = _LIMITS.get(dotted)
+    problem = check(value) if check else None
+    if problem:
+        shown = f", not {value!r}" if problem.startswith("must") else ""
+        raise source.error(table, key, f"{dotted} {problem}{shown}")
+    return value
+
+
+def _alternatives(kind: Any) -> tuple[Any, ...]:
+    if get_origin(kind) in (Union, types.UnionType):
+        # TOML has no null: an optional key is simply absent.
+        return tuple(k for k in get_args(kind) if k is not type(None))
+    return (kind,)
+
+
+def _accepts(kind: Any, value: Any) -> bool:
+    for alternative in _alternatives(kind):
+        if get_origin(alternative) is Literal:
+            if isinstance(value, str) and value in get_args(alternative):
+                return True
+        elif alternative is float:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return True
+        elif alternative is int:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return True
+        elif isinstance(value, alternative):
+            return True
+    return False
+
+
+def _accepts_int(kind: Any) -> bool:
+    return int in _alternatives(kind)
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _describe(kind: Any) -> str:
+    words: list[str] = []
+    for alternative in _alternatives(kind):
+        if get_origin(alternative) is Literal:
+            words.extend(f'"{choice}"' for choice in get_args(alternative))
+        else:
+            words.append(_TYPE_NAMES.get(alternative, getattr(alternative, "__name__", "?")))
+    return " or ".join(words)
+
+
+# --- TOML reading and line lookup, shared with the model registry ----------------------------
+
+_LINE_IN_MESSAGE = re.compile(r"\(at line (\d+), column \d+\)")
+
+
+def read_toml_file(path: Path) -> tuple[dict[str, Any], str]:
+    """Parse a TOML file; returns (data, text). Malformed TOML -> ConfigError "FILE:LINE: ..."."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        match = _LINE_IN_MESSAGE.search(message)
+        where = f"{path}:{match.group(1)}" if match else str(path)
+        reason = _LINE_IN_MESSAGE.sub("", message).strip()
+        raise ConfigError(f"{where}: invalid TOML: {reason}") from None
+
+
+def line_of(text: str, table: str | None, key: str | None = None) -> int:
+    """Line number (1-based) of ``key`` inside ``[table]`` (None = top level), or of the table's
+    header when ``key`` is None; falls back to the table's header, then to 1."""
+    return find_line(text, table, key) or find_line(text, table) or 1
+
+
+def find_line(text: str, table: str | None, key: str | None = None) -> int | None:
+    """Line number of ``key = ...`` inside ``[table]``, or of the ``[table]`` header when ``key``
+    is None; None when there is none.
+
+    tomllib reports no positions for valid documents, so this scans headers and ``key =`` lines.
+    ``table`` is a dotted path of plain names (quoted header parts such as
+    ``[models."qwen2.5-7b"]`` are matched after unquoting).
+    """
+    current: str | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = _table_header(line)
+        if header is not None:
+            current = header
+            if key is None and header == table:
+                return number
+            continue
+        stripped = line.strip()
+        if (key is not None and current == table and "=" in stripped
+                and _unquote(stripped.split("=", 1)[0].strip()) == key):
+            return number
+    return None
+
+
+def _table_header(line: str) -> str | None:
+    """The dotted name of a ``[table]`` header line with quotes removed, else None."""
+    stripped = line.strip()
+    if not stripped.startswith("[") or stripped.startswith("[["):
+        return None
+    return ".".join(_unquote(part.strip()) for part in _header_parts(stripped))
+
+
+def _header_parts(stripped: str) -> Iterable[str]:
+    # A quoted part may itself contain "]", "." or "#", so split outside quotes only.
+    quote, part = None, ""
+    for char in stripped[1:]:
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char == "]":
+            break
+        elif char == ".":
+            yield part
+            part = ""
+            continue
+        part += char
+    yield part
+
+
+def _unquote(name: str) -> str:
+    if len(name) >= 2 and name[0] == name[-1] and name[0] in "\"'":
+        return name[1:-1]
+    return name
