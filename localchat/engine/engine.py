@@ -57,7 +57,6 @@ class Engine:
         self._kv: ConversationCache | None = None
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._current: TurnHandle | None = None
-        self._background: TurnHandle | None = None
         self._background_jobs: list[TurnHandle] = []
         self._idle = threading.Event()
         self._idle.set()
@@ -331,7 +330,6 @@ class Engine:
         """Run one turn-like job; it always ends its handle with Done or Failed."""
         with self._lock:
             self._current = handle
-            self._background = handle if background else None
             if self._runtime is not None:
                 self._runtime.clear_abort()
         try:
@@ -350,7 +348,6 @@ class Engine:
         finally:
             with self._lock:
                 self._current = None
-                self._background = None
                 if handle in self._background_jobs:
                     self._background_jobs.remove(handle)
                 if not self._background_jobs:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-KV_TYPES = ("f16", "q8_0", "q4_0")
 THINKING_MODES = ("auto", "on", "off")
 
 
