@@ -25,6 +25,7 @@ from localchat.engine.layout import CachedMessage, Layout, plan_layout
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.runtime import DecodeAborted, LlamaRuntime
 from localchat.engine.templates import (
+    Render,
     choose_template,
     has_thinking_switch,
     make_renderer,
@@ -51,7 +52,7 @@ class Engine:
         self.name = name or self.model_path.stem
         self.info: Loaded | None = None
         self._runtime: LlamaRuntime | None = None
-        self._render = None
+        self._render: Render = _no_model
         self._template = ""
         self._overhead: int | None = None
         self._kv: ConversationCache | None = None
@@ -377,15 +378,15 @@ class Engine:
         kv = self._require_kv()
         if kv.records and kv.records[-1].partial:  # a stopped draft's cells: not this turn's base
             kv.truncate(kv.n_tokens - len(kv.records[-1].tokens), whole_messages=True)
-        saved, saved_tokens = kv.records, kv.tokens()
-        layout = plan_layout(saved, messages, self._render, kv.runtime.tokenize, allow_shift=False)
+        saved, saved_tokens = kv.mark(), kv.tokens()
+        layout = plan_layout(saved.records, messages, self._render, kv.runtime.tokenize,
+                             allow_shift=False)
         if layout.prefix_fallback or layout.tokens[:len(saved_tokens)] != saved_tokens:
             raise EngineError("a background turn may only add to the conversation")
         try:
             self._turn(handle, messages, sampling, layout)
         finally:
-            kv.records = saved
-            kv.truncate(len(saved_tokens), whole_messages=True)
+            kv.put_back(saved)
 
     def _turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling,
               layout: Layout | None = None) -> None:
@@ -452,9 +453,9 @@ class Engine:
         pending = target[reused:]
         timings.prompt_n += len(pending)
         # If this only appends, a stopped prefill can put the cache back exactly as it was.
-        before, before_n = kv.records, kv.n_tokens
-        only_appends = layout.shift is None and reused >= before_n
-        kv.records = layout.messages
+        before = kv.mark()
+        only_appends = layout.shift is None and reused >= before.n_tokens
+        kv.hold(layout.messages)
         chunk = runtime.n_batch if self.info and self.info.gpu_layers else CPU_PREFILL_CHUNK
         # Also just before the last prompt token: a /retry of this turn rolls back there.
         checkpoint_at = len(pending) - 1 if needs_logits and len(pending) > 1 else None
@@ -463,10 +464,9 @@ class Engine:
                        lambda done, total: handle.emit(PrefillProgress(done, total)),
                        checkpoint_at=checkpoint_at if kv.uses_checkpoints else None)
         except DecodeAborted:
-            if only_appends and runtime.max_position() + 1 <= before_n:
+            if only_appends and runtime.max_position() + 1 <= before.n_tokens:
                 # Stopped before adding a cell: exactly as before (the last reply stays open).
-                kv.records = before
-                kv.truncate(before_n, whole_messages=True)
+                kv.put_back(before)
             else:
                 kv.keep_evaluated()
             return False
@@ -481,6 +481,11 @@ class Engine:
         timings.n_ctx_used = self.tokens_in_context
         timings.approx_n = self._kv.approx_n if self._kv is not None else 0
         return timings
+
+
+def _no_model(*args: Any, **kwargs: Any) -> str:
+    """The renderer before a model (and with it a chat template) is loaded."""
+    raise EngineError("no model is loaded")
 
 
 def _held_before(records: list[CachedMessage], reused: int, wanted: int, layout: Layout) -> int:
