@@ -11,6 +11,7 @@ shifted cells (kv.py): that is the one approximation.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -20,6 +21,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from localchat import logs
 from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, plan_layout
 from localchat.engine.options import EngineOptions, Sampling
@@ -37,6 +39,8 @@ from localchat.events import Done, Failed, Loaded, PrefillProgress, Timings
 from localchat.reasoning import prompt_opens_thinking
 
 __all__ = ["Engine", "KVSnapshot"]
+
+log = logging.getLogger(__name__)
 
 # Prompt tokens evaluated per llama_decode call on the CPU: small enough for steady progress
 # events, large enough to keep prefill throughput (measured: 128 vs 512 within noise here).
@@ -345,7 +349,10 @@ class Engine:
         except Exception as exc:  # an engine bug must still end the turn for the UI
             if not background and self._kv is not None:
                 self._kv.forget()
-            handle.emit(Failed(f"engine error: {type(exc).__name__}: {exc}"))
+            where = logs.attach()
+            log.exception("a turn failed on the engine thread")
+            details = f" (traceback in {where})" if where is not None else ""
+            handle.emit(Failed(f"engine error: {type(exc).__name__}: {exc}{details}"))
         finally:
             with self._lock:
                 self._current = None
