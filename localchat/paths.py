@@ -62,10 +62,10 @@ def database_file() -> Path:
     return data_dir() / "sessions.db"
 
 
+def snapshots_dir() -> Path:
+    return _ensure(cache_dir() / "kv")
+
+
 def log_file() -> Path:
     """Tracebacks of unexpected failures (logs.py caps its size)."""
     return data_dir() / "localchat.log"
-
-
-def snapshots_dir() -> Path:
-    return _ensure(cache_dir() / "kv")

@@ -217,14 +217,8 @@ class TurnPlan:
         return self.context.used_tokens + self.new_tokens
 
 
-def plan_turn(
-    settings: ContextSettings,
-    context: ContextLayout,
-    new_tokens: int,
-    *,
-    new_overhead_tokens: int = 0,
-    marker_tokens: int = DEFAULT_MARKER_TOKENS,
-) -> TurnPlan:
+def plan_turn(settings: ContextSettings, context: ContextLayout, new_tokens: int, *,
+              new_overhead_tokens: int = 0, marker_tokens: int = DEFAULT_MARKER_TOKENS) -> TurnPlan:
     """Plan the context for a new message of ``new_tokens`` (message + template tokens around it,
     ``new_overhead_tokens`` of which are template).
 
