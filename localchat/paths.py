@@ -64,3 +64,8 @@ def database_file() -> Path:
 
 def snapshots_dir() -> Path:
     return _ensure(cache_dir() / "kv")
+
+
+def log_file() -> Path:
+    """Tracebacks of unexpected failures (logs.py caps its size)."""
+    return data_dir() / "localchat.log"

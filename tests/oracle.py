@@ -20,6 +20,7 @@ from pathlib import Path
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.events import Done, Token
+from localchat.session.chat import ChatSession
 
 N_COMPARED = 24
 GREEDY = Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=N_COMPARED)
@@ -68,3 +69,12 @@ def assert_matches_fresh(cached: list[int], oracle: Engine, messages: list[dict]
     assert margin < NEAR_TIE, (
         f"reply differs from a fresh prefill at token {i}: the fresh engine prefers "
         f"{fresh[i]} over {cached[i]} by {margin:.3f} logits (cached {cached}, fresh {fresh})")
+
+
+def take_back_last_exchange(chat: ChatSession) -> str:
+    """What ``/retry`` does to the model's history: cut it before the last prompt (the TUI sets
+    that exchange aside as a branch and rewinds the session there); returns the prompt."""
+    last = max(i for i, m in enumerate(chat.history) if m.role == "user")
+    text = chat.history[last].content
+    chat.rewind(last)
+    return text

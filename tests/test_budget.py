@@ -13,7 +13,6 @@ import pytest
 from localchat.session.budget import (
     ContextLayout,
     ContextSettings,
-    PreparedSummary,
     SummaryRequest,
     TurnPlan,
     TurnSpan,
@@ -123,52 +122,14 @@ def test_pinned_part_almost_the_whole_context_still_answers_short_messages():
     assert refused.context == context and not refused.trimmed
 
 
-def test_kv_edit_numbers_for_a_trim_that_swaps_the_summary():
-    context = ContextLayout(100, 40, 1, turns(120, 120, 120, 120, first=2))  # 620 used
-    plan = plan_turn(SETTINGS, context, 200, prepared=PreparedSummary(through=3, tokens=90))
-    # fixed 100 + 90 + 200 = 390, turns may keep 160: turns 2 and 3 (covered) and 4 go
-    assert plan.summary_action == "replace" and plan.drop == range(2, 5)
-    assert plan.trimmed_n == 360 + 40  # dropped turns + the old summary
-    assert plan.shift == 90 - 40 - 360  # turn 5 moves down to sit after the new summary
-    assert plan.context == ContextLayout(100, 90, 3, turns(120, first=5))
-
-
 # --- plan_turn: the summary ---------------------------------------------------------------------
 
 
-def test_prepared_summary_is_not_swapped_in_while_nothing_needs_trimming():
-    context = ContextLayout(100, 40, 1, turns(100, 100, first=2))
-    plan = plan_turn(SETTINGS, context, 100, prepared=PreparedSummary(through=2, tokens=80))
-    assert plan.summary_action == "keep" and not plan.trimmed
-
-
-def test_prepared_summary_drops_every_turn_it_covers_even_beyond_the_margin():
-    context = ContextLayout(100, 0, -1, turns(100, 100, 100, 100, 100))  # 600
-    plan = plan_turn(SETTINGS, context, 201, prepared=PreparedSummary(through=3, tokens=60))
-    # fixed 361 leaves 189 for turns: one turn would do, but turns 0..3 are in the summary
-    assert plan.drop == range(0, 4) and plan.context.summary_through == 3
-
-
-def test_prepared_summary_longer_than_the_cap_is_inserted_capped():
-    context = ContextLayout(100, 0, -1, turns(300, 300))
-    plan = plan_turn(SETTINGS, context, 150, prepared=PreparedSummary(through=0, tokens=140))
-    assert plan.summary_action == "replace" and plan.summary_tokens == SETTINGS.summary_max_tokens
-
-
-def test_the_cap_counts_the_summary_text_not_the_template_around_it():
-    context = ContextLayout(100, 0, -1, turns(300, 300))
-    prepared = PreparedSummary(through=0, tokens=140, wrapper_tokens=12)
-    plan = plan_turn(SETTINGS, context, 150, prepared=prepared)
-    assert plan.summary_tokens == 100 + 12
-
-
-def test_summary_over_the_cap_is_kept_until_a_prepared_one_replaces_it():
-    # The cap was lowered after this summary was made.
+def test_summary_over_the_cap_is_kept_at_a_trim():
+    # The cap was lowered after this summary was made; the next summary folds it in.
     context = ContextLayout(100, 180, 0, turns(250, 250, first=1))
     kept = plan_turn(SETTINGS, context, 100)
     assert kept.summary_action == "keep" and kept.summary_tokens == 180 and kept.drop == range(1, 2)
-    replaced = plan_turn(SETTINGS, context, 100, prepared=PreparedSummary(through=1, tokens=95))
-    assert replaced.summary_action == "replace" and replaced.summary_tokens == 95
 
 
 def test_trim_without_a_ready_summary_keeps_the_old_one_and_leaves_turns_pending():
@@ -180,31 +141,10 @@ def test_trim_without_a_ready_summary_keeps_the_old_one_and_leaves_turns_pending
     assert request is not None and request.first == 2  # turns 2 and 3 still need folding in
 
 
-def test_stale_prepared_summary_is_ignored():
-    context = ContextLayout(100, 60, 3, turns(300, 300, first=4))
-    plan = plan_turn(SETTINGS, context, 150, prepared=PreparedSummary(through=3, tokens=50))
-    assert plan.summary_action == "keep" and plan.summary_tokens == 60
-
-
-def test_prepared_summary_covering_less_than_the_trim_drops_still_goes_in():
-    context = ContextLayout(100, 0, -1, turns(200, 200, 200))
-    plan = plan_turn(SETTINGS, context, 250, prepared=PreparedSummary(through=0, tokens=50))
-    # fixed 400 leaves 150 for turns: all but the newest go, turn 1 unsummarized for now
-    assert plan.summary_action == "replace" and plan.drop == range(0, 2)
-    assert plan.context.summary_through == 0
-
-
-def test_a_prepared_summary_too_big_to_fit_falls_back_to_the_old_one():
-    context = ContextLayout(600, 20, 0, turns(50, first=1))
-    plan = plan_turn(SETTINGS, context, 150, prepared=PreparedSummary(through=1, tokens=90))
-    # 600 + 90 + 150 = 840 > 800 but 600 + 20 + 150 = 770 fits: keep the old summary
-    assert plan.summary_action == "keep" and plan.summary_tokens == 20 and plan.drop == range(1, 2)
-
-
 def test_with_summaries_off_a_trim_just_drops():
     settings = ContextSettings(n_ctx=1000, reply_reserve=200, summarize=False)
     context = ContextLayout(100, 0, -1, turns(300, 300))
-    plan = plan_turn(settings, context, 150, prepared=PreparedSummary(through=0, tokens=50))
+    plan = plan_turn(settings, context, 150)
     assert plan.summary_action == "keep" and plan.summary_tokens == 0 and plan.drop == range(0, 1)
     assert should_prepare_summary(settings, plan.context.with_turn(TurnSpan(2, 700))) is None
 
@@ -222,9 +162,6 @@ def test_summary_request_covers_the_turns_the_next_trim_will_drop():
     # predicted: fixed 100 + 100 (cap) + 100 (next) = 300, turns may keep 250 -> keep 2
     assert request is not None and request.turns == range(0, 4)
     assert request.max_tokens == SETTINGS.summary_max_tokens and not request.fold_summary
-    # The trim that follows, with that summary ready, drops exactly those turns.
-    plan = plan_turn(SETTINGS, context, 120, prepared=PreparedSummary(request.through, 100))
-    assert plan.drop == request.turns
 
 
 def test_summary_request_never_covers_the_newest_exchange():
@@ -244,19 +181,6 @@ def test_a_summary_in_flight_is_never_replaced():
     assert should_prepare_summary(SETTINGS, context, in_flight=in_flight) is None
 
 
-def test_a_prepared_summary_is_not_rebuilt_until_the_trim_is_due():
-    context = ContextLayout(100, 0, -1, turns(100, 100, 100, 100, 100, 50))  # 650, 700 next
-    assert should_prepare_summary(SETTINGS, context) is not None
-    assert should_prepare_summary(SETTINGS, context, prepared=PreparedSummary(1, 90)) is None
-
-
-def test_a_prepared_summary_is_rebuilt_once_the_trim_is_due_and_it_falls_short():
-    context = ContextLayout(100, 0, -1, turns(100, 100, 100, 100, 100, 150))  # 750, 900 next
-    request = should_prepare_summary(SETTINGS, context, prepared=PreparedSummary(1, 90))
-    assert request is not None and request.turns == range(0, 5)
-    assert should_prepare_summary(SETTINGS, context, prepared=PreparedSummary(4, 90)) is None
-
-
 # --- a whole chat -----------------------------------------------------------------------------
 
 
@@ -264,6 +188,7 @@ def test_a_prepared_summary_is_rebuilt_once_the_trim_is_due_and_it_falls_short()
 class ChatRun:
     plans: list[TurnPlan]
     summary_tokens_seen: list[int]
+    installed_at: list[int]  # turns before which a summary was swapped in
     final: ContextLayout
 
 
@@ -271,34 +196,36 @@ def run_chat(
     settings: ContextSettings, system: int, exchanges: list[tuple[int, int]], *, ready_after: int = 0
 ) -> ChatRun:
     """Drive the policy as a session would. A requested summary becomes ready ``ready_after``
-    turns after the reply it was requested at."""
-    context, plans, seen = ContextLayout(system), [], []
-    prepared: PreparedSummary | None = None
+    turns after the reply it was requested at, and is swapped in then, between turns (the
+    turns it covers leave the context with the old summary)."""
+    context, plans, seen, installed = ContextLayout(system), [], [], []
     in_flight: tuple[int, SummaryRequest] | None = None  # (turn it is ready at, request)
     for number, (new, reply) in enumerate(exchanges):
         if in_flight and number >= in_flight[0]:
             # The fake summarizer always writes as long a summary as it may.
-            prepared, in_flight = PreparedSummary(in_flight[1].through, in_flight[1].max_tokens), None
-        plan = plan_turn(settings, context, new, prepared=prepared)
+            request, in_flight = in_flight[1], None
+            kept = tuple(t for t in context.turns if t.index > request.through)
+            context = ContextLayout(context.system_tokens, request.max_tokens, request.through, kept)
+            installed.append(number)
+        plan = plan_turn(settings, context, new)
         assert plan.fits
-        if plan.summary_action == "replace":
-            prepared = None
         plans.append(plan)
         seen.append(plan.summary_tokens)
         context = plan.context.with_turn(TurnSpan(number, new + reply))
         assert context.used_tokens <= settings.n_ctx
         building = in_flight[1] if in_flight else None
-        request = should_prepare_summary(settings, context, prepared=prepared, in_flight=building)
+        request = should_prepare_summary(settings, context, in_flight=building)
         if request is not None:
             assert request.through < number  # never the exchange that just finished
             in_flight = (number + 1 + ready_after, request)
-    return ChatRun(plans, seen, context)
+    return ChatRun(plans, seen, installed, context)
 
 
 def test_two_consecutive_turns_of_typical_size_do_not_both_trim():
     settings = ContextSettings.for_reply(1024, 128, summary_max_tokens=128)
     run = run_chat(settings, 60, [(70, 50)] * 60)  # ANCHORS' measured chat, 60 turns long
-    trims = [i for i, plan in enumerate(run.plans) if plan.trimmed]
+    # A trim, or a summary swapped in (which takes the turns it covers out of the context).
+    trims = sorted({i for i, plan in enumerate(run.plans) if plan.trimmed} | set(run.installed_at))
     assert trims, "a 60-turn chat must outgrow 1024 tokens"
     assert all(b - a > 1 for a, b in zip(trims, trims[1:]))
 
@@ -309,7 +236,7 @@ def test_a_long_chat_keeps_the_summary_under_the_cap_and_folds_every_dropped_tur
     exchanges = [(rng.randint(10, 120), rng.randint(5, 128)) for _ in range(200)]
     run = run_chat(settings, 50, exchanges)
     assert max(run.summary_tokens_seen) <= 96
-    assert sum(1 for plan in run.plans if plan.summary_action == "replace") >= 5
+    assert len(run.installed_at) >= 5
     # Summaries ready in time: every turn is in the summary the moment it leaves the context.
     for plan in run.plans:
         oldest_in_context = plan.context.turns[0].index if plan.context.turns else len(run.plans)
@@ -321,15 +248,13 @@ def test_a_summary_that_is_late_never_blocks_a_trim():
     run = run_chat(settings, 50, [(80, 60)] * 80, ready_after=3)
     assert all(plan.fits for plan in run.plans)
     assert any(plan.trimmed and plan.summary_action == "keep" for plan in run.plans)
-    assert any(plan.summary_action == "replace" for plan in run.plans[40:])  # it catches up
+    assert any(turn >= 40 for turn in run.installed_at)  # it catches up
 
 
 # --- invariants over generated shapes -----------------------------------------------------------
 
 
-def random_case(
-    rng: random.Random,
-) -> tuple[ContextSettings, ContextLayout, int, PreparedSummary | None]:
+def random_case(rng: random.Random) -> tuple[ContextSettings, ContextLayout, int]:
     n_ctx = rng.choice([256, 512, 1000, 4096])
     settings = ContextSettings(
         n_ctx=n_ctx,
@@ -345,18 +270,14 @@ def random_case(
     sizes = [rng.choice([rng.randint(1, 60), rng.randint(1, n_ctx)]) for _ in range(rng.randint(0, 12))]
     summary = rng.randint(0, 300) if summary_through >= 0 else 0
     context = ContextLayout(system, summary, summary_through, turns(*sizes, first=first))
-    prepared = None
-    if rng.random() < 0.5:
-        through = rng.randint(summary_through, first + len(sizes) - 1)
-        prepared = PreparedSummary(through, rng.randint(1, 400), wrapper_tokens=rng.choice([0, 9]))
-    return settings, context, rng.choice([1, rng.randint(1, 200), rng.randint(1, 2 * n_ctx)]), prepared
+    return settings, context, rng.choice([1, rng.randint(1, 200), rng.randint(1, 2 * n_ctx)])
 
 
 def test_every_plan_keeps_the_budget_promise():
     rng = random.Random(1139)  # upstream's overflow issue
     for _ in range(5000):
-        settings, context, new, prepared = random_case(rng)
-        plan = plan_turn(settings, context, new, prepared=prepared)
+        settings, context, new = random_case(rng)
+        plan = plan_turn(settings, context, new)
         capacity = settings.prompt_capacity
         assert plan.fits == (context.system_tokens + new <= capacity)
         if not plan.fits:
@@ -370,9 +291,6 @@ def test_every_plan_keeps_the_budget_promise():
         if context.used_tokens + new <= capacity:
             assert not plan.trimmed
             continue
-        if plan.summary_action == "replace":
-            assert settings.summarize and prepared is not None
-            assert plan.summary_tokens <= settings.summary_max_tokens + prepared.wrapper_tokens
         if plan.summary_action == "remove":
             assert context.system_tokens + context.summary_tokens + new > capacity
         # Either the margin is free, or only the newest exchange (or nothing) is left.

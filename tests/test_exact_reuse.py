@@ -14,7 +14,13 @@ import subprocess
 import sys
 
 import pytest
-from oracle import GREEDY, assert_matches_fresh, loaded_engine, reply_tokens
+from oracle import (
+    GREEDY,
+    assert_matches_fresh,
+    loaded_engine,
+    reply_tokens,
+    take_back_last_exchange,
+)
 
 from localchat.engine.engine import Engine
 from localchat.engine.options import Sampling
@@ -75,7 +81,7 @@ def test_retry_is_exact(engine, fresh):
     chat = ChatSession(engine, system=SYSTEM, sampling=GREEDY)
     assert_exact(chat, fresh, "Name a planet.")
     assert_exact(chat, fresh, "Tell me about it.")
-    text = chat.undo_last_exchange()
+    text = take_back_last_exchange(chat)
     done = assert_exact(chat, fresh, text)
     assert done.timings.cache_n > 0
     new_session_is_exact(engine, fresh)
@@ -186,7 +192,7 @@ def test_a_shift_makes_the_moved_cells_approximate_and_only_their_conversation_r
     small.import_snapshot(store.load("s", {}).snapshot)
     assert small.call(lambda: small._kv.exact_n) == exact_n < small.tokens_in_context
     # ...a retry of it does not: it prefills from the first shifted cell.
-    text = chat.undo_last_exchange()
+    text = take_back_last_exchange(chat)
     _, retried = reply_tokens(chat.send(text))
     assert retried.timings.cache_n <= system_cells
 

@@ -10,7 +10,13 @@ cache: a greedy reply after any of that equals the reply of a fresh prefill.
 from __future__ import annotations
 
 import pytest
-from oracle import GREEDY, assert_matches_fresh, loaded_engine, reply_tokens
+from oracle import (
+    GREEDY,
+    assert_matches_fresh,
+    loaded_engine,
+    reply_tokens,
+    take_back_last_exchange,
+)
 
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
@@ -75,7 +81,7 @@ def test_retry_rolls_back_to_the_checkpoint_before_the_last_prompt_token(statefu
     exact(chat, oracle, "Name a planet.")
     first = exact(chat, oracle, "Tell me about it.")
     prompt_n = first.timings.cache_n + first.timings.prompt_n
-    text = chat.undo_last_exchange()
+    text = take_back_last_exchange(chat)
     again = exact(chat, oracle, text)
     # Everything but the last prompt token comes from the checkpoint: nothing is prefilled twice.
     assert again.timings.cache_n == prompt_n - 1 and again.timings.rebuild_n == 0
@@ -104,8 +110,8 @@ def test_an_edit_of_an_earlier_turn_prefills_from_the_nearest_checkpoint(statefu
         exact(chat, oracle, text)
     # Forget the last two exchanges and ask something else: the cache must roll back into the
     # middle of the conversation, which only a checkpoint allows.
-    chat.undo_last_exchange()
-    chat.undo_last_exchange()
+    take_back_last_exchange(chat)
+    take_back_last_exchange(chat)
     done = exact(chat, oracle, "Name a city.")
     assert done.timings.cache_n > 0
 

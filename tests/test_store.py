@@ -133,16 +133,6 @@ def test_deleting_a_session_deletes_its_turns(store: Store):
         store.session(session.id)
 
 
-def test_retry_removes_the_last_prompt_and_its_reply(store: Store):
-    session = store.create_session()
-    store.add_user_turn(session.id, "one")
-    store.add_reply(session.id, "reply one", model="m")
-    store.add_user_turn(session.id, "two")
-    store.add_reply(session.id, "reply two", model="m")
-    assert store.delete_last_exchange(session.id) == "two"
-    assert [t.content for t in store.turns(session.id)] == ["one", "reply one"]
-
-
 def test_clear_forgets_turns_and_summary_but_keeps_name_and_system_prompt(store: Store):
     session = store.create_session("kept", system="Be brief.")
     store.add_user_turn(session.id, "hi")

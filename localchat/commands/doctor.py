@@ -74,7 +74,7 @@ def _paths_section() -> dict[str, Any]:
     for key, locate in (("config_file", paths.config_file),
                         ("user_registry_file", paths.user_registry_file),
                         ("data_dir", paths.data_dir), ("models_dir", paths.models_dir),
-                        ("cache_dir", paths.cache_dir)):
+                        ("cache_dir", paths.cache_dir), ("log_file", paths.log_file)):
         try:
             where[key] = str(locate())
         except UserError as exc:
@@ -155,7 +155,8 @@ def render_report(report: dict[str, Any]) -> str:
     else:
         lines.append(("GPU", "none found (no nvidia-smi, and no GPU device in llama.cpp)"))
     for key, label in (("config_file", "config"), ("user_registry_file", "your models"),
-                       ("data_dir", "data"), ("models_dir", "models dir"), ("cache_dir", "cache")):
+                       ("data_dir", "data"), ("models_dir", "models dir"), ("cache_dir", "cache"),
+                       ("log_file", "log")):
         lines.append((label, report["paths"][key] or "not usable (see PROBLEM)"))
     free = report["disk"]["models_dir_free_bytes"]
     lines.append(("free disk", format_bytes(free) if free is not None else "unknown"))

@@ -11,6 +11,7 @@ shifted cells (kv.py): that is the one approximation.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -20,11 +21,13 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from localchat import logs
 from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, plan_layout
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.runtime import DecodeAborted, LlamaRuntime
 from localchat.engine.templates import (
+    Render,
     choose_template,
     has_thinking_switch,
     make_renderer,
@@ -36,6 +39,8 @@ from localchat.events import Done, Failed, Loaded, PrefillProgress, Timings
 from localchat.reasoning import prompt_opens_thinking
 
 __all__ = ["Engine", "KVSnapshot"]
+
+log = logging.getLogger(__name__)
 
 # Prompt tokens evaluated per llama_decode call on the CPU: small enough for steady progress
 # events, large enough to keep prefill throughput (measured: 128 vs 512 within noise here).
@@ -51,13 +56,12 @@ class Engine:
         self.name = name or self.model_path.stem
         self.info: Loaded | None = None
         self._runtime: LlamaRuntime | None = None
-        self._render = None
+        self._render: Render = _no_model
         self._template = ""
         self._overhead: int | None = None
         self._kv: ConversationCache | None = None
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._current: TurnHandle | None = None
-        self._background: TurnHandle | None = None
         self._background_jobs: list[TurnHandle] = []
         self._idle = threading.Event()
         self._idle.set()
@@ -331,7 +335,6 @@ class Engine:
         """Run one turn-like job; it always ends its handle with Done or Failed."""
         with self._lock:
             self._current = handle
-            self._background = handle if background else None
             if self._runtime is not None:
                 self._runtime.clear_abort()
         try:
@@ -346,11 +349,13 @@ class Engine:
         except Exception as exc:  # an engine bug must still end the turn for the UI
             if not background and self._kv is not None:
                 self._kv.forget()
-            handle.emit(Failed(f"engine error: {type(exc).__name__}: {exc}"))
+            where = logs.attach()
+            log.exception("a turn failed on the engine thread")
+            details = f" (traceback in {where})" if where is not None else ""
+            handle.emit(Failed(f"engine error: {type(exc).__name__}: {exc}{details}"))
         finally:
             with self._lock:
                 self._current = None
-                self._background = None
                 if handle in self._background_jobs:
                     self._background_jobs.remove(handle)
                 if not self._background_jobs:
@@ -380,15 +385,15 @@ class Engine:
         kv = self._require_kv()
         if kv.records and kv.records[-1].partial:  # a stopped draft's cells: not this turn's base
             kv.truncate(kv.n_tokens - len(kv.records[-1].tokens), whole_messages=True)
-        saved, saved_tokens = kv.records, kv.tokens()
-        layout = plan_layout(saved, messages, self._render, kv.runtime.tokenize, allow_shift=False)
+        saved, saved_tokens = kv.mark(), kv.tokens()
+        layout = plan_layout(saved.records, messages, self._render, kv.runtime.tokenize,
+                             allow_shift=False)
         if layout.prefix_fallback or layout.tokens[:len(saved_tokens)] != saved_tokens:
             raise EngineError("a background turn may only add to the conversation")
         try:
             self._turn(handle, messages, sampling, layout)
         finally:
-            kv.records = saved
-            kv.truncate(len(saved_tokens), whole_messages=True)
+            kv.put_back(saved)
 
     def _turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling,
               layout: Layout | None = None) -> None:
@@ -455,9 +460,9 @@ class Engine:
         pending = target[reused:]
         timings.prompt_n += len(pending)
         # If this only appends, a stopped prefill can put the cache back exactly as it was.
-        before, before_n = kv.records, kv.n_tokens
-        only_appends = layout.shift is None and reused >= before_n
-        kv.records = layout.messages
+        before = kv.mark()
+        only_appends = layout.shift is None and reused >= before.n_tokens
+        kv.hold(layout.messages)
         chunk = runtime.n_batch if self.info and self.info.gpu_layers else CPU_PREFILL_CHUNK
         # Also just before the last prompt token: a /retry of this turn rolls back there.
         checkpoint_at = len(pending) - 1 if needs_logits and len(pending) > 1 else None
@@ -466,10 +471,9 @@ class Engine:
                        lambda done, total: handle.emit(PrefillProgress(done, total)),
                        checkpoint_at=checkpoint_at if kv.uses_checkpoints else None)
         except DecodeAborted:
-            if only_appends and runtime.max_position() + 1 <= before_n:
+            if only_appends and runtime.max_position() + 1 <= before.n_tokens:
                 # Stopped before adding a cell: exactly as before (the last reply stays open).
-                kv.records = before
-                kv.truncate(before_n, whole_messages=True)
+                kv.put_back(before)
             else:
                 kv.keep_evaluated()
             return False
@@ -513,6 +517,11 @@ class Engine:
 
         result: float = self.call(job)
         return result
+
+
+def _no_model(*args: Any, **kwargs: Any) -> str:
+    """The renderer before a model (and with it a chat template) is loaded."""
+    raise EngineError("no model is loaded")
 
 
 def _held_before(records: list[CachedMessage], reused: int, wanted: int, layout: Layout) -> int:

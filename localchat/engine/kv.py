@@ -15,12 +15,16 @@ the window has already dropped what an earlier position would need. For those th
 few checkpoints (the state that cannot be rolled back, at a known number of tokens) and a
 rollback restores the nearest one at or before the point wanted; the caller prefills the rest.
 
-Runs on the engine thread only.
+Every change runs on the engine thread. Other threads (the session measuring its context before a
+turn, while a background job may be rewriting the record) read it only through ``copy_records``
+and ``n_tokens``, which take the record's lock: they see it before or after a change, never
+halfway.
 """
 
 from __future__ import annotations
 
 import codecs
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -30,6 +34,7 @@ from localchat.engine.options import Sampling
 from localchat.engine.runtime import DecodeAborted, LlamaRuntime, TokenStats, token_stats
 from localchat.engine.snapshot_file import KVSnapshot
 from localchat.errors import EngineError
+from localchat.events import FinishReason
 
 
 @dataclass
@@ -40,18 +45,33 @@ class Checkpoint:
     data: bytes
 
 
+@dataclass(frozen=True)
+class Mark:
+    """What the cache held at one moment (``ConversationCache.mark``), to come back to."""
+
+    records: list[CachedMessage]
+    n_tokens: int
+
+
 class ConversationCache:
     def __init__(self, runtime: LlamaRuntime, max_checkpoints: int = 8) -> None:
         self.runtime = runtime
-        self.records: list[CachedMessage] = []
+        self._lock = threading.Lock()  # the record, for readers on other threads
+        self._records: list[CachedMessage] = []
         self.exact_n = 0
         self.uses_checkpoints = runtime.needs_checkpoints and max_checkpoints > 0
         self.max_checkpoints = max(1, max_checkpoints)
         self.checkpoints: list[Checkpoint] = []
 
     @property
+    def records(self) -> list[CachedMessage]:
+        """The record itself (engine thread only; other threads use ``copy_records``)."""
+        return self._records
+
+    @property
     def n_tokens(self) -> int:
-        return sum(len(m.tokens) for m in self.records)
+        with self._lock:
+            return sum(len(m.tokens) for m in self._records)
 
     @property
     def approx_n(self) -> int:
@@ -62,7 +82,31 @@ class ConversationCache:
         return [t for m in self.records for t in m.tokens]
 
     def copy_records(self) -> list[CachedMessage]:
-        return [replace(m, tokens=list(m.tokens)) for m in self.records]
+        """A copy of the record, consistent even while the engine thread changes it."""
+        with self._lock:
+            return [replace(m, tokens=list(m.tokens)) for m in self._records]
+
+    def _set_records(self, records: list[CachedMessage]) -> None:
+        with self._lock:
+            self._records = records
+
+    # -- changing the record around a fill (the engine's turns and background jobs) ------------
+
+    def mark(self) -> Mark:
+        """The record now, to ``put_back`` after a job that only appends."""
+        with self._lock:
+            return Mark(self._records, sum(len(m.tokens) for m in self._records))
+
+    def put_back(self, mark: Mark) -> None:
+        """Return to ``mark``: its record, and no cells beyond its whole messages."""
+        self._set_records(mark.records)
+        self.truncate(mark.n_tokens, whole_messages=True)
+
+    def hold(self, messages: list[CachedMessage]) -> None:
+        """Take ``messages`` as the record before the fill that brings the cells up to them
+        (``prefill``, then ``generate`` into the last, open one). The cells they share with the
+        cache must already be in place (``shift``, ``truncate``)."""
+        self._set_records(messages)
 
     # -- changing what is cached ---------------------------------------------------------------
 
@@ -99,7 +143,7 @@ class ConversationCache:
         self.checkpoints = [c for c in self.checkpoints if c.n_tokens <= kept]
         self.exact_n = min(self.exact_n, kept)
         if whole_messages:
-            self.records = self._whole_records(kept, keep_open=True)
+            self._set_records(self._whole_records(kept, keep_open=True))
             total = sum(len(r.tokens) for r in self.records)
             if total < kept:  # cells of a message cut in the middle
                 return self.truncate(total, whole_messages=True)
@@ -172,7 +216,7 @@ class ConversationCache:
             on_progress(done, len(tokens))
 
     def generate(self, sampling: Sampling, confidence_tokens: int, should_stop: Callable[[], bool],
-                 on_token: Callable[[str, int, TokenStats | None], None]) -> tuple[str, str]:
+                 on_token: Callable[[str, int, TokenStats | None], None]) -> tuple[str, FinishReason]:
         """Sample the reply into the open record; (reply text, finish reason). A token is only
         evaluated when the next one is needed, so the last sampled token is not in the cache.
         The first ``confidence_tokens`` tokens carry their TokenStats."""
@@ -183,7 +227,7 @@ class ConversationCache:
         sampled: list[bytes] = []
         evaluated_bytes = 0
         sampler = runtime.new_sampler(sampling)
-        finish = "length"
+        finish: FinishReason = "length"
         try:
             while True:
                 token = sampler.sample()
@@ -209,15 +253,17 @@ class ConversationCache:
                 runtime.governor.observe((time.perf_counter() - started) * 1000.0)
                 if self.exact_n == position:
                     self.exact_n += 1
-                reply_record.tokens.append(token)
+                with self._lock:
+                    reply_record.tokens.append(token)
                 evaluated_bytes += len(piece)
                 position += 1
         finally:
             sampler.close()
         reply_bytes = b"".join(sampled)
         reply = reply_bytes.decode("utf-8", errors="replace")
-        reply_record.content = reply
-        reply_record.text += reply_bytes[:evaluated_bytes].decode("utf-8", errors="replace")
+        with self._lock:
+            reply_record.content = reply
+            reply_record.text += reply_bytes[:evaluated_bytes].decode("utf-8", errors="replace")
         return reply, finish
 
     def keep_evaluated(self) -> None:
@@ -237,13 +283,13 @@ class ConversationCache:
                                           partial=True))
                 total = held
             break
-        self.records = kept
+        self._set_records(kept)
         if total < held:  # cells beyond the record (none expected): drop them
             self.truncate(total, whole_messages=True)
 
     def forget(self) -> None:
         """Empty the cache and its record (after a failure: start clean, never wrong)."""
-        self.records = []
+        self._set_records([])
         self.exact_n = 0
         self.checkpoints = []
         self.runtime.clear()
@@ -259,7 +305,7 @@ class ConversationCache:
         if not self.runtime.import_sequence(snapshot.state) or self.runtime.max_position() + 1 != snapshot.n_tokens:
             self.forget()
             raise EngineError("the saved context does not match this model; it will be rebuilt")
-        self.records = [replace(m, tokens=list(m.tokens)) for m in snapshot.records]
+        self._set_records([replace(m, tokens=list(m.tokens)) for m in snapshot.records])
         self.checkpoints = []
         self.checkpoint()
         self.exact_n = min(snapshot.exact_n, snapshot.n_tokens)

@@ -77,7 +77,8 @@ def physical_cores() -> int:
     return max(1, len(cores) or os.cpu_count() or 1)
 
 
-_log_callback = None  # module-level: llama.cpp keeps the pointer, ctypes must keep the object
+# Module-level: llama.cpp keeps the pointer, ctypes must keep the object.
+_log_callback: ctypes._CFunctionType | None = None
 # The last log lines, hidden from the terminal but kept: a failed load names its cause only there
 # ("unknown model architecture: 'x'"), while the exception says "Failed to load model from file".
 _recent_log: collections.deque[bytes] = collections.deque(maxlen=64)

@@ -1,80 +1,39 @@
-"""A small pure-Python reader for GGUF headers (versions 2 and 3).
+"""GGUF headers read through llama.cpp's own ``gguf`` package (``gguf.GGUFReader``).
 
 It reads the metadata key/values and the tensor table, never the tensor data, so it is cheap even
 for multi-GB files (the file is memory-mapped; only the header pages are touched). What it is for:
-validating a file before use (``import``), showing facts about a model (``doctor``, ``models``),
-and sizing GPU offload (per-layer weight bytes, KV-cache dimensions).
+validating a file before use (``import``, ``pull``), showing facts about a model (``doctor``,
+``models``), and sizing GPU offload (per-layer weight bytes, KV-cache dimensions).
 
-Layout (little-endian): magic ``GGUF``, u32 version, u64 tensor count, u64 metadata count, then
-metadata entries (string key, u32 type, value), then tensor infos (name, u32 n_dims, u64 dims,
-u32 ggml type, u64 offset relative to the data section), then padding to ``general.alignment``
-(default 32), then tensor data.
+``GGUFReader`` as shipped decodes every element of every metadata array into its own numpy view
+(a 262k-token vocabulary takes tens of seconds) and views every tensor's data (a file cut short in
+its data fails to open). :class:`_HeaderReader` changes just those two steps: long arrays are
+skipped and summarized, and the tensor table is kept as read. The ``gguf`` package (and numpy with
+it) is imported on the first read, not when this module is imported.
 """
 
 from __future__ import annotations
 
 import functools
-import mmap
 import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localchat.errors import UserError
 
+if TYPE_CHECKING:
+    from gguf import GGUFReader, ReaderField
+
 GGUF_MAGIC = b"GGUF"
-DEFAULT_ALIGNMENT = 32
 
 # Arrays longer than this (the tokenizer's vocabulary, merges, scores) are summarized rather than
 # decoded: nothing here needs their values, and decoding 150k strings costs real time.
 MAX_DECODED_ARRAY = 1024
-MAX_ARRAY_NESTING = 16  # arrays of arrays deeper than this are refused (no RecursionError)
 
-# ggml type id -> (name, elements per block, bytes per block). From ggml's type traits.
-GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4),
-    1: ("F16", 1, 2),
-    2: ("Q4_0", 32, 18),
-    3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24),
-    8: ("Q8_0", 32, 34),
-    9: ("Q8_1", 32, 36),
-    10: ("Q2_K", 256, 84),
-    11: ("Q3_K", 256, 110),
-    12: ("Q4_K", 256, 144),
-    13: ("Q5_K", 256, 176),
-    14: ("Q6_K", 256, 210),
-    15: ("Q8_K", 256, 292),
-    16: ("IQ2_XXS", 256, 66),
-    17: ("IQ2_XS", 256, 74),
-    18: ("IQ3_XXS", 256, 98),
-    19: ("IQ1_S", 256, 50),
-    20: ("IQ4_NL", 32, 18),
-    21: ("IQ3_S", 256, 110),
-    22: ("IQ2_S", 256, 82),
-    23: ("IQ4_XS", 256, 136),
-    24: ("I8", 1, 1),
-    25: ("I16", 1, 2),
-    26: ("I32", 1, 4),
-    27: ("I64", 1, 8),
-    28: ("F64", 1, 8),
-    29: ("IQ1_M", 256, 56),
-    30: ("BF16", 1, 2),
-    34: ("TQ1_0", 256, 54),
-    35: ("TQ2_0", 256, 66),
-    39: ("MXFP4", 32, 17),
-    40: ("NVFP4", 64, 36),
-    41: ("Q1_0", 128, 18),
-    42: ("Q2_0", 64, 18),
-}
-
-# Metadata value types: id -> struct format for scalars.
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
-            11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
 _LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
+_U64 = struct.Struct("<Q")
 
 
 class GGUFError(UserError):
@@ -110,10 +69,8 @@ class TensorInfo:
     shape: tuple[int, ...]
     ggml_type: int
     offset: int  # from the start of the data section
-
-    @property
-    def type_name(self) -> str:
-        return GGML_TYPES.get(self.ggml_type, (f"type{self.ggml_type}", 0, 0))[0]
+    type_name: str  # ggml's name for ggml_type, e.g. "Q4_K"
+    n_bytes: int  # size of this tensor's data, from its ggml type's block size
 
     @property
     def n_elements(self) -> int:
@@ -121,12 +78,6 @@ class TensorInfo:
         for dim in self.shape:
             n *= dim
         return n
-
-    @property
-    def n_bytes(self) -> int:
-        """Size of this tensor's data, from its ggml type's block size."""
-        _, block, block_bytes = GGML_TYPES[self.ggml_type]
-        return self.n_elements // block * block_bytes
 
     @property
     def layer(self) -> int | None:
@@ -221,7 +172,8 @@ class GGUFInfo:
                      else [self.n_kv_heads or 0] * self.n_layers)
         window = self.metadata.get(f"{arch}.attention.sliding_window")
         windowed = isinstance(window, int) and window > 0 and not swa_full
-        window_cells = min(n_ctx, -(-(window + n_ubatch) // 256) * 256) if windowed else n_ctx
+        window_cells = (min(n_ctx, -(-(window + n_ubatch) // 256) * 256)
+                        if windowed and isinstance(window, int) else n_ctx)
         value_dim = self.value_head_dim or self.head_dim
         total = 0.0
         for layer, n_heads in enumerate(per_layer):
@@ -265,59 +217,72 @@ def read_gguf(path: Path | str) -> GGUFInfo:
     try:
         with path.open("rb") as f:
             size = path.stat().st_size
-            if size < 24:
-                _check_magic(path, f.read(4))
-                raise GGUFError(f"{path} is truncated: the GGUF header is incomplete")
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                return _parse(path, buf, size)
+            start = f.read(8)
     except FileNotFoundError:
         raise GGUFError(f"no such file: {path}") from None
     except IsADirectoryError:
         raise GGUFError(f"{path} is a directory, not a .gguf file") from None
     except PermissionError:
         raise GGUFError(f"permission denied reading {path}") from None
+    _check_start(path, start, size)
+    try:
+        reader = _header_reader_class()(path)
+        info = _info(path, size, reader)
+    except RecursionError:  # GGUFReader recurses once per level of arrays of arrays
+        raise GGUFError(f"{path}: GGUF metadata nests arrays too deep (corrupt or hostile "
+                        "header)") from None
+    except (ValueError, IndexError, KeyError, OverflowError, struct.error) as exc:
+        # GGUFReader reads past the end of a cut header as short arrays, which then fail to
+        # unpack or reshape; a corrupt length field fails the same way.
+        raise GGUFError(f"{path} is truncated or corrupt: its GGUF header cannot be read "
+                        f"({exc})") from None
+    if info.data_offset > size:
+        raise GGUFError(f"{path} is truncated: the GGUF header runs past the end of the file")
+    return info
 
 
-def _check_magic(path: Path, magic: bytes) -> None:
-    if magic != GGUF_MAGIC:
+def _check_start(path: Path, start: bytes, size: int) -> None:
+    """Magic and version, checked here so that the refusals name the problem for the user."""
+    if start[:4] != GGUF_MAGIC:
         raise GGUFError(f"{path} is not a GGUF model file (it does not start with 'GGUF')")
-
-
-def _parse(path: Path, buf: mmap.mmap, size: int) -> GGUFInfo:
-    _check_magic(path, buf[:4])
-    reader = _Reader(buf, path)
-    reader.pos = 4
-    version = reader.scalar("<I")
+    if size < 24:
+        raise GGUFError(f"{path} is truncated: the GGUF header is incomplete")
+    (version,) = struct.unpack("<I", start[4:8])
+    if version in (0x02000000, 0x03000000):
+        raise GGUFError(f"{path} is a big-endian GGUF file, which is not supported")
     if version not in (2, 3):
-        if version in (0x02000000, 0x03000000):
-            raise GGUFError(f"{path} is a big-endian GGUF file, which is not supported")
         raise GGUFError(f"{path} uses GGUF version {version}; only versions 2 and 3 are supported")
-    n_tensors = reader.scalar("<Q")
-    n_metadata = reader.scalar("<Q")
 
-    metadata: dict[str, Any] = {}
-    for _ in range(n_metadata):
-        key = reader.string()
-        metadata[key] = reader.value(reader.scalar("<I"))
 
-    tensors = []
-    for _ in range(n_tensors):
-        name = reader.string()
-        n_dims = reader.scalar("<I")
-        shape = tuple(reader.scalar("<Q") for _ in range(n_dims))
-        ggml_type = reader.scalar("<I")
-        if ggml_type not in GGML_TYPES:
-            raise GGUFError(f"{path}: tensor {name} has an unknown ggml type {ggml_type}")
-        tensors.append(TensorInfo(name, shape, ggml_type, reader.scalar("<Q")))
-
-    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or alignment <= 0:
-        alignment = DEFAULT_ALIGNMENT
-    data_offset = -(-reader.pos // alignment) * alignment
-    info = GGUFInfo(path=path, version=version, file_size=size, metadata=metadata,
-                    tensors=tensors, data_offset=data_offset)
+def _info(path: Path, size: int, reader: GGUFReader) -> GGUFInfo:
+    start = int(reader.data_offset)
+    tensors = [TensorInfo(t.name, tuple(int(d) for d in t.shape), int(t.tensor_type),
+                          t.data_offset - start, t.tensor_type.name, int(t.n_bytes))
+               for t in reader.tensors]
+    metadata = {name: _value(f) for name, f in reader.fields.items() if not name.startswith("GGUF.")}
+    info = GGUFInfo(path=path, version=int(reader.fields["GGUF.version"].parts[0][0]),
+                    file_size=size, metadata=metadata, tensors=tensors, data_offset=start)
     _derive(info)
     return info
+
+
+def _value(reader_field: ReaderField) -> Any:
+    """A metadata value as Python data: str, int, float, bool, a list, or an ArraySummary."""
+    from gguf import GGUFValueType
+
+    parts, kinds = reader_field.parts, reader_field.types
+    if kinds[0] == GGUFValueType.STRING:
+        return bytes(parts[-1]).decode("utf-8", errors="replace")
+    if kinds[0] != GGUFValueType.ARRAY:
+        return parts[-1].tolist()[0]
+    # parts: key length, key, value type, element type, length, then the elements' parts.
+    element_type, length = int(parts[3][0]), int(parts[4][0])
+    if length > MAX_DECODED_ARRAY:
+        return ArraySummary(element_type, length)
+    if kinds[-1] == GGUFValueType.STRING:
+        return [bytes(parts[i]).decode("utf-8", errors="replace") for i in reader_field.data]
+    # GGUFReader flattens arrays of arrays; nothing read here nests them.
+    return [parts[i].tolist()[0] for i in reader_field.data]
 
 
 def _derive(info: GGUFInfo) -> None:
@@ -354,65 +319,54 @@ def _int(value: Any) -> int | None:
     return None
 
 
-class _Reader:
-    """Sequential little-endian reads over the mapped header; running off the end = truncated."""
+@functools.cache
+def _header_reader_class() -> type[GGUFReader]:
+    """The GGUFReader subclass, defined on first use so that importing this module stays cheap."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderTensor
 
-    def __init__(self, buf: mmap.mmap, path: Path) -> None:
-        self.buf, self.path, self.pos = buf, path, 0
+    class _HeaderReader(GGUFReader):
+        def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[
+                int, list[np.ndarray[Any, Any]], list[int], list[GGUFValueType]]:
+            if raw_type == GGUFValueType.ARRAY:
+                element_type = int(self._get(orig_offs, np.uint32)[0])
+                length = int(self._get(orig_offs + 4, np.uint64)[0])
+                if length > MAX_DECODED_ARRAY:
+                    size = self._skipped_array_size(orig_offs + 12, element_type, length)
+                    if size is not None:
+                        return (12 + size, [self._get(orig_offs, np.uint32),
+                                            self._get(orig_offs + 4, np.uint64)],
+                                [], [GGUFValueType.ARRAY, GGUFValueType(element_type)])
+            return super()._get_field_parts(orig_offs, raw_type)
 
-    def _need(self, n: int) -> None:
-        if n < 0 or self.pos + n > len(self.buf):
-            raise GGUFError(f"{self.path} is truncated: the GGUF header runs past the end of "
-                            "the file")
-
-    def scalar(self, fmt: str) -> Any:
-        n = struct.calcsize(fmt)
-        self._need(n)
-        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
-        self.pos += n
-        return value
-
-    def string(self) -> str:
-        n = self.scalar("<Q")
-        self._need(n)
-        raw = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        return raw.decode("utf-8", errors="replace")
-
-    def skip_string(self) -> None:
-        n = self.scalar("<Q")
-        self._need(n)
-        self.pos += n
-
-    def value(self, value_type: int, depth: int = 0) -> Any:
-        if value_type in _SCALARS:
-            return self.scalar(_SCALARS[value_type])
-        if value_type == _STRING:
-            return self.string()
-        if value_type == _ARRAY:
-            # Real files nest arrays one or two deep; a crafted one could exhaust the stack.
-            if depth >= MAX_ARRAY_NESTING:
-                raise GGUFError(f"{self.path}: GGUF metadata nests arrays more than "
-                                f"{MAX_ARRAY_NESTING} deep (corrupt or hostile header)")
-            return self.array(depth + 1)
-        raise GGUFError(f"{self.path}: unknown GGUF metadata type {value_type} (corrupt header?)")
-
-    def array(self, depth: int = 1) -> list[Any] | ArraySummary:
-        element_type = self.scalar("<I")
-        length = self.scalar("<Q")
-        if length <= MAX_DECODED_ARRAY:
-            return [self.value(element_type, depth) for _ in range(length)]
-        if element_type in _SCALARS:
-            n = struct.calcsize(_SCALARS[element_type]) * length
-            self._need(n)
-            self.pos += n
-        elif element_type == _STRING:
+        def _skipped_array_size(self, offs: int, element_type: int, length: int) -> int | None:
+            """Bytes of ``length`` elements at ``offs``, without decoding them (None: arrays of
+            arrays, left to GGUFReader)."""
+            scalar = self.gguf_scalar_to_np.get(GGUFValueType(element_type))
+            if scalar is not None:
+                return int(np.dtype(scalar).itemsize) * length
+            if element_type != GGUFValueType.STRING:
+                return None
+            buf, start = self.data.data, offs  # struct on the raw map: numpy per string is slow
             for _ in range(length):
-                self.skip_string()
-        else:  # arrays of arrays: walk them, discarding values
-            for _ in range(length):
-                self.value(element_type, depth)
-        return ArraySummary(element_type, length)
+                offs += 8 + _U64.unpack_from(buf, offs)[0]
+            return offs - start
+
+        def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
+            # GGUFReader's, minus the views of the tensor data: a file cut short still opens.
+            self.tensors = []
+            for tensor_field in fields:
+                _, name, _, dims, raw_type, offset = tensor_field.parts
+                ggml_type = GGMLQuantizationType(int(raw_type[0]))
+                block, block_bytes = GGML_QUANT_SIZES[ggml_type]
+                n_elements = int(np.prod(dims))
+                self.tensors.append(ReaderTensor(
+                    name=bytes(name).decode("utf-8", errors="replace"), tensor_type=ggml_type,
+                    shape=dims, n_elements=n_elements, n_bytes=n_elements // block * block_bytes,
+                    data_offset=start_offs + int(offset[0]), data=np.empty(0, np.uint8),
+                    field=tensor_field))
+
+    return _HeaderReader
 
 
 @functools.lru_cache(maxsize=8)

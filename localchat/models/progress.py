@@ -1,84 +1,78 @@
-"""A plain-text progress line for downloads on stderr: bytes, percent, rate and ETA.
+"""Download progress on stderr, drawn by rich: bytes, percent, rate and time left.
 
-On a terminal the line is redrawn in place (``\\r``) at most ten times a second; when stderr is a
-file or a pipe a line is printed every few seconds instead, so logs stay readable.
+On a terminal it is rich's live progress bar. When stderr is a file or a pipe the same columns are
+printed as a plain line every few seconds (and once at the end) instead, so logs stay readable.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import TYPE_CHECKING
 
-from localchat.models.download import format_bytes
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
+
+# Seconds between two lines when stderr is not a terminal.
+LOG_INTERVAL = 5.0
 
 
 class TerminalProgress:
-    """A ``progress(done, total)`` callback for :func:`localchat.models.download.pull`."""
+    """A ``progress(done, total)`` callback for :func:`localchat.models.download.pull`.
 
-    def __init__(self, label: str, stream: TextIO | None = None,
+    ``done`` includes bytes resumed from an earlier run; the rate counts only this run's. Call
+    :meth:`close` before printing anything else on stderr (and once at the end): a later call
+    starts a fresh bar.
+    """
+
+    def __init__(self, label: str, console: Console | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
         self.label = label
-        self.stream = stream or sys.stderr
+        self.console = console or Console(stderr=True)
         self.clock = clock
-        self.interactive = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._interval = 0.1 if self.interactive else 5.0
-        self._start: tuple[float, int] | None = None  # (time, bytes) of the first report
-        self._last_draw = float("-inf")
-        self._width = 0
-        self._last: tuple[int, int | None] = (0, None)
+        self.interactive = self.console.is_terminal and not self.console.is_dumb_terminal
+        bar = [BarColumn()] if self.interactive else []  # a log line reads better without one
+        self._progress: Progress = Progress(
+            TextColumn("{task.description}"), *bar, DownloadColumn(), TaskProgressColumn(),
+            TransferSpeedColumn(), TimeRemainingColumn(),
+            console=self.console, get_time=clock, redirect_stdout=False, redirect_stderr=False)
+        self._task: TaskID | None = None
+        self._last_line = float("-inf")
 
     def __call__(self, done: int, total: int | None) -> None:
-        now = self.clock()
-        if self._start is None:
-            self._start = (now, done)  # bytes resumed from an earlier run do not count for rate
-        self._last = (done, total)
-        finished = total is not None and done >= total
-        if finished or now - self._last_draw >= self._interval:
-            self._last_draw = now
-            self._draw(self.render(done, total, now))
-
-    def render(self, done: int, total: int | None, now: float) -> str:
-        parts = [self.label, format_bytes(done) + (f" / {format_bytes(total)}" if total else "")]
-        if total:
-            parts.append(f"{100 * done / total:3.0f}%")
-        rate = self._rate(done, now)
-        if rate > 0:
-            parts.append(f"{format_bytes(rate)}/s")
-            if total and done < total:
-                parts.append(f"ETA {format_duration((total - done) / rate)}")
-        return "  ".join(parts)
+        if self._task is None:
+            # Created at the bytes already there, so that resumed bytes are not counted as speed.
+            self._task = self._progress.add_task(self.label, total=total, completed=done)
+            if self.interactive:
+                self._progress.start()
+        self._progress.update(self._task, total=total, completed=done)
+        if not self.interactive:
+            now = self.clock()
+            if (total is not None and done >= total) or now - self._last_line >= LOG_INTERVAL:
+                self._last_line = now
+                self._print_line()
 
     def close(self) -> None:
-        """End the line (call once, whatever happened)."""
-        if self.interactive and self._width:
-            self.stream.write("\n")
-            self.stream.flush()
-        self._width = 0
-
-    def _rate(self, done: int, now: float) -> float:
-        if self._start is None:
-            return 0.0
-        elapsed = now - self._start[0]
-        return (done - self._start[1]) / elapsed if elapsed > 0 else 0.0
-
-    def _draw(self, line: str) -> None:
+        """End the bar (safe to call more than once)."""
+        if self._task is None:
+            return
         if self.interactive:
-            padding = " " * max(0, self._width - len(line))
-            self.stream.write("\r" + line + padding)
-            self._width = len(line)
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+            self._progress.stop()
+        self._progress.remove_task(self._task)
+        self._task = None
+        self._last_line = float("-inf")
 
-
-def format_duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{seconds:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
+    def _print_line(self) -> None:
+        self.console.print(self._progress.make_tasks_table(self._progress.tasks), crop=False)

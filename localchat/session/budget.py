@@ -11,14 +11,14 @@ turns that were trimmed away. Every plan keeps the promise
 
 How a session uses it, per turn:
 
-- before submitting: ``plan_turn(settings, context, new_tokens, prepared=...)``. If ``fits``, apply
-  the plan to the KV cache (remove ``plan.drop``, swap in the prepared summary when
-  ``plan.summary_action == "replace"``), then prefill the new message. If not, ``plan.overlong``
-  says whether to refuse (with the numbers) or cut the message's middle and plan again.
+- before submitting: ``plan_turn(settings, context, new_tokens)``. If ``fits``, apply the plan to
+  the KV cache (remove ``plan.drop``, and the summary when ``plan.summary_action == "remove"``),
+  then prefill the new message. If not, ``plan.overlong`` says whether to refuse (with the
+  numbers) or cut the message's middle and plan again.
 - after ``Done``: append the finished exchange to ``plan.context`` and ask
-  ``should_prepare_summary``; when it returns a request, build that summary in the background so
-  that it is ready when a later ``plan_turn`` trims. A summary that is not ready is never waited
-  for: the trim goes ahead and keeps the old summary.
+  ``should_prepare_summary``; when it returns a request, build that summary in the background and
+  swap it in when it is ready (the session does that, between turns). A summary that is not
+  ready is never waited for: a trim goes ahead and keeps the old summary.
 
 Trimming only changes what the model sees; the session's history keeps every turn.
 """
@@ -37,7 +37,7 @@ from localchat.session.overlong import (
     overlong_message,
 )
 
-SummaryAction = Literal["keep", "replace", "remove"]
+SummaryAction = Literal["keep", "remove"]
 
 
 @dataclass(frozen=True)
@@ -117,22 +117,15 @@ class TurnSpan:
 
 @dataclass(frozen=True)
 class PreparedSummary:
-    """A summary built in the background, ready to swap in at the next trim.
+    """A summary built in the background, ready to swap in.
 
     It folds the previous summary (if any) and every turn up to and including ``through``.
     ``tokens`` is the summary text's length in the local tokenizer, the part that
-    ``summary_max_tokens`` caps; ``wrapper_tokens`` are the template tokens around it in the
-    context (e.g. the user/assistant pair that carries it), which count in the budget but not
-    against the cap.
+    ``summary_max_tokens`` caps.
     """
 
     through: int
     tokens: int
-    wrapper_tokens: int = 0
-
-    def tokens_in_context(self, settings: ContextSettings) -> int:
-        """Its size in the context with the text cut to the cap (should the summarizer overrun)."""
-        return min(self.tokens, settings.summary_max_tokens) + self.wrapper_tokens
 
 
 @dataclass(frozen=True)
@@ -183,11 +176,10 @@ class TurnPlan:
     """What to do to the context before a new turn, and what the context is afterwards.
 
     ``drop`` is the range of turn indices to remove: the oldest whole turns after the summary,
-    never a part of a turn. ``summary_action`` says what happens to the summary: "keep" it,
-    "replace" it with the prepared summary (``summary_tokens`` is then its size in context, with
-    its text cut to the cap in case the summarizer overran), or "remove" it (only when nothing but
-    the system prompt and the new message fit). ``context`` is the layout after the plan, before
-    the new message. When ``fits`` is false nothing is changed and ``overlong`` says what to do.
+    never a part of a turn. ``summary_action`` says what happens to the summary: "keep" it, or
+    "remove" it (only when nothing but the system prompt and the new message fit). ``context`` is
+    the layout after the plan, before the new message. When ``fits`` is false nothing is changed
+    and ``overlong`` says what to do.
     """
 
     fits: bool
@@ -210,8 +202,8 @@ class TurnPlan:
 
     @property
     def trimmed_n(self) -> int:
-        """Tokens removed from the KV cache (``Timings.trimmed_n``): dropped turns, plus the old
-        summary when it is replaced or removed."""
+        """Tokens removed from the KV cache (``Timings.trimmed_n``): dropped turns, plus the
+        summary when it is removed."""
         return self.dropped_tokens + (self.summary_before if self.summary_action != "keep" else 0)
 
     @property
@@ -225,23 +217,15 @@ class TurnPlan:
         return self.context.used_tokens + self.new_tokens
 
 
-def plan_turn(
-    settings: ContextSettings,
-    context: ContextLayout,
-    new_tokens: int,
-    *,
-    prepared: PreparedSummary | None = None,
-    new_overhead_tokens: int = 0,
-    marker_tokens: int = DEFAULT_MARKER_TOKENS,
-) -> TurnPlan:
+def plan_turn(settings: ContextSettings, context: ContextLayout, new_tokens: int, *,
+              new_overhead_tokens: int = 0, marker_tokens: int = DEFAULT_MARKER_TOKENS) -> TurnPlan:
     """Plan the context for a new message of ``new_tokens`` (message + template tokens around it,
     ``new_overhead_tokens`` of which are template).
 
     Nothing is dropped while everything fits. Otherwise the oldest whole turns are dropped until
     ``trim_margin`` tokens are free beyond this turn's needs, but the newest exchange is kept
     (coherence wins over the margin) unless the new message fits no other way; only then the
-    summary goes too. A ``prepared`` summary newer than the one in context replaces it at a trim
-    (when summarizing is on), and every turn it covers is dropped with it. A message that cannot
+    summary goes too. A message that cannot
     fit even next to the system prompt alone gets ``overlong`` and ``fits=False``.
     """
     summary_before = context.summary_tokens
@@ -258,7 +242,10 @@ def plan_turn(
     if overlong is not None:
         return TurnPlan(False, context, new_tokens, summary_before=summary_before, overlong=overlong)
 
-    action, summary_tokens, summary_through = _summary_for_trim(settings, context, new_tokens, prepared)
+    # The summary stays unless it cannot fit beside the system prompt and the new message.
+    keep = context.system_tokens + context.summary_tokens + new_tokens <= settings.prompt_capacity
+    action: SummaryAction = "keep" if keep else "remove"
+    summary_tokens, summary_through = (context.summary_tokens if keep else 0), context.summary_through
     fixed = context.system_tokens + summary_tokens + new_tokens
     n_drop = _turns_to_drop(
         context.turns,
@@ -277,26 +264,6 @@ def plan_turn(
         summary_action=action,
         summary_before=summary_before,
     )
-
-
-def _summary_for_trim(
-    settings: ContextSettings, context: ContextLayout, new_tokens: int, prepared: PreparedSummary | None
-) -> tuple[SummaryAction, int, int]:
-    """The summary to have in context after a trim: (action, tokens, through).
-
-    The prepared summary if there is a newer one (capped), else the one in context; and if the
-    chosen one cannot fit beside the system prompt and the new message, the next choice. Removing
-    it is the last resort; a prepared summary not used stays prepared (the session keeps it).
-    """
-    choices: list[tuple[SummaryAction, int, int]] = []
-    if settings.summarize and prepared is not None and prepared.through > context.summary_through:
-        choices.append(("replace", prepared.tokens_in_context(settings), prepared.through))
-    choices.append(("keep", context.summary_tokens, context.summary_through))
-    room = settings.prompt_capacity - context.system_tokens - new_tokens
-    for choice in choices:
-        if choice[1] <= room:
-            return choice
-    return ("remove", 0, context.summary_through)
 
 
 def _turns_to_drop(
@@ -342,19 +309,16 @@ def should_prepare_summary(
     settings: ContextSettings,
     context: ContextLayout,
     *,
-    prepared: PreparedSummary | None = None,
     in_flight: SummaryRequest | None = None,
 ) -> SummaryRequest | None:
     """After a reply: which turns a background summary should cover now, or None.
 
-    ``context`` includes the exchange that just finished; ``prepared`` is a summary that is ready
-    but not yet swapped in, ``in_flight`` one being built. A summary is requested once the context
+    ``context`` includes the exchange that just finished; ``in_flight`` is a summary being built. A summary is requested once the context
     is ``summarize_threshold`` full, or when the next exchange, assumed as large as the last one,
     would make ``plan_turn`` trim. It covers the turns that trim is predicted to drop (assuming
     the new summary takes its full cap), never the newest exchange, plus any turns dropped before
-    a summary was ready. A ready summary is rebuilt only when the trim is due next turn and it no
-    longer covers enough; one in flight is never replaced (restarting it on every turn could
-    keep any summary from ever finishing).
+    a summary was ready. One in flight is never replaced (restarting it on every turn could keep
+    any summary from ever finishing).
     """
     if not settings.summarize or not context.turns or in_flight is not None:
         return None
@@ -376,9 +340,6 @@ def should_prepare_summary(
     # With nothing predicted to drop, still fold the turns already dropped unsummarized.
     through = context.turns[n_drop - 1].index if n_drop else context.turns[0].index - 1
     if through <= context.summary_through:
-        return None
-    if (prepared is not None and prepared.through > context.summary_through
-            and (not trim_is_next or prepared.through >= through)):
         return None
     return SummaryRequest(
         first=context.summary_through + 1,

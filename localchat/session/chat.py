@@ -215,16 +215,6 @@ class ChatSession:
                 if self.keeper is not None:
                     self.keeper.reset()
 
-    def undo_last_exchange(self) -> str:
-        """Remove the last user message and the reply to it; return the user's text (for /retry)."""
-        while self.history and self.history[-1].role == "assistant":
-            self.history.pop()
-        if not self.history:
-            return ""
-        text = self.history.pop().content
-        self.first_visible = min(self.first_visible, len(self.history))
-        return text
-
 
 def refused(message: str) -> TurnHandle:
     """A turn that ends at once with ``message`` (nothing was sent to the model)."""

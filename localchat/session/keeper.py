@@ -76,17 +76,16 @@ class ContextKeeper:
         new_tokens = self.engine.count_tokens(text) + overhead
         # A prepared summary is swapped in by the background (see after_reply), never here: the
         # user would wait for its prefill. A trim now only drops turns, which costs no prefill.
-        prepared = None
         layout = self._exact_layout(session, text, new_tokens)
-        plan = plan_turn(self.settings, layout, new_tokens, prepared=prepared,
-                         new_overhead_tokens=overhead, marker_tokens=self._marker_tokens(new_tokens))
+        plan = plan_turn(self.settings, layout, new_tokens, new_overhead_tokens=overhead,
+                         marker_tokens=self._marker_tokens(new_tokens))
         if not plan.fits:
             decision = plan.overlong
             if decision is None or decision.action == "refuse":
                 return text, decision.message if decision else "the message does not fit"
             text = self._cut(text, decision.keep_head, decision.keep_tail, decision.cut_tokens)
             plan = plan_turn(self.settings, layout, self.engine.count_tokens(text) + overhead,
-                             prepared=prepared, new_overhead_tokens=overhead)
+                             new_overhead_tokens=overhead)
             if not plan.fits:
                 return text, decision.message
         self._apply(session, plan)
@@ -96,18 +95,7 @@ class ContextKeeper:
     def _apply(self, session: ChatSession, plan: TurnPlan) -> None:
         if plan.drop:
             session.first_visible = _position_of_exchange(session, plan.drop.stop)
-        if plan.summary_action == "replace":
-            with self._lock:
-                session.summary = self.prepared_text
-                if self.prepared is not None:
-                    self.summary_through = self.prepared.through
-                    self.summary_text_tokens = min(self.prepared.tokens, self.settings.summary_max_tokens)
-                self.prepared, self.prepared_text = None, ""
-            session.summary_in_context = True
-            # Turns the summary covers leave the window with it.
-            session.first_visible = max(session.first_visible,
-                                        _position_of_exchange(session, self.summary_through + 1))
-        elif plan.summary_action == "remove":
+        if plan.summary_action == "remove":
             session.summary_in_context = False
 
     def _marker_tokens(self, message_tokens: int) -> int:
@@ -178,8 +166,7 @@ class ContextKeeper:
             return
         if not self.engine.can_trim_in_place:
             self._trim_ahead(session)
-        request = should_prepare_summary(self.settings, self.layout(session),
-                                         prepared=prepared, in_flight=in_flight)
+        request = should_prepare_summary(self.settings, self.layout(session), in_flight=in_flight)
         if request is None:
             return
         with self._lock:
@@ -203,8 +190,7 @@ class ContextKeeper:
             self.in_flight = None
             if not text:
                 return
-            wrapper = 2 * self.engine.template_overhead()
-            self.prepared = PreparedSummary(request.through, self.engine.count_tokens(text), wrapper)
+            self.prepared = PreparedSummary(request.through, self.engine.count_tokens(text))
             self.prepared_text = text
         self._install(session)
 

@@ -246,9 +246,6 @@ class Store:
     def set_summary(self, session_id: int, summary: str) -> None:
         self._update_session(session_id, "summary = ?", (summary,), touch=False)
 
-    def set_model(self, session_id: int, model: str) -> None:
-        self._update_session(session_id, "model = ?", (model,), touch=False)
-
     def touch(self, session_id: int) -> None:
         """Mark a session as just used (it moves to the top of the sidebar)."""
         self._update_session(session_id, "", ())
@@ -344,19 +341,6 @@ class Store:
         rows = self._read(f"SELECT {_TURN_COLUMNS} FROM turns WHERE role = 'assistant' {where}"
                           "ORDER BY session_id, seq", args)
         return [_turn(r) for r in rows]
-
-    def delete_last_exchange(self, session_id: int) -> str | None:
-        """Remove the last user prompt and every reply after it (``/retry``); return the prompt."""
-        with self._write() as db:
-            row = db.execute(
-                "SELECT seq, content FROM turns WHERE session_id = ? AND role = 'user' "
-                "ORDER BY seq DESC LIMIT 1",
-                (session_id,),
-            ).fetchone()
-            if row is None:
-                return None
-            db.execute("DELETE FROM turns WHERE session_id = ? AND seq >= ?", (session_id, row[0]))
-        return row[1]
 
     def clear_turns(self, session_id: int) -> None:
         """Forget a session's turns and summary; its name and system prompt stay."""
