@@ -127,7 +127,7 @@ def test_the_context_budgets_defaults_are_the_schemas():
 
 
 def test_the_snapshot_cap_default_is_the_schemas():
-    from localchat.store.snapshots import DEFAULT_CAP_BYTES
+    from localchat.engine.snapshot_file import DEFAULT_CAP_BYTES
 
     assert Settings().snapshots.max_bytes == DEFAULT_CAP_BYTES
 
