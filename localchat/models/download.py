@@ -153,7 +153,8 @@ def _download_part(spec: ModelSpec, metadata: HfFileMetadata, part: Path, dest: 
     bar = functools.partial(_ProgressBridge, progress) if progress else None
     with part.open("ab") as f:
         http_get(metadata.location, f, resume_size=resume_size, headers=headers,
-                 expected_size=size, displayed_filename=spec.filename, tqdm_class=bar)
+                 expected_size=size, displayed_filename=spec.filename,
+                 tqdm_class=bar)  # type: ignore[arg-type]  # http_get only calls it, like a class
     return _verify_and_publish(spec, part, dest, expected_sha)
 
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from localchat.errors import UserError
 from localchat.events import Timings
@@ -63,8 +64,14 @@ def _session(row: tuple) -> SessionRecord:
 
 
 def _turn(row: tuple) -> TurnRecord:
-    *head, timings, route, reason, finish, stopped, created = row
-    return TurnRecord(*head, timings_from_json(timings), route, reason, finish, bool(stopped), created)
+    turn_id, session_id, seq, role, content, model, timings, route, reason, finish, stopped, created = row
+    return TurnRecord(turn_id, session_id, seq, role, content, model, timings_from_json(timings),
+                      route, reason, finish, bool(stopped), created)
+
+
+def _inserted_id(cursor: sqlite3.Cursor) -> int:
+    assert cursor.lastrowid is not None  # set by every INSERT
+    return cursor.lastrowid
 
 
 class Store:
@@ -159,7 +166,7 @@ class Store:
                 )
         except sqlite3.IntegrityError:
             raise NameTaken(f"A session named {name!r} already exists.") from None
-        return self.session(cur.lastrowid)
+        return self.session(_inserted_id(cur))
 
     def session(self, session_id: int) -> SessionRecord:
         rows = self._read(f"SELECT {_SESSION_COLUMNS} FROM sessions s WHERE s.id = ?", (session_id,))
@@ -274,7 +281,7 @@ class Store:
         return TurnRecord(turn_id, session_id, seq, "user", content, created_at=now)
 
     def add_exchange(self, session_id: int, prompt: str, reply: str, *, summary: str | None = None,
-                     **reply_fields: object) -> TurnRecord:
+                     **reply_fields: Any) -> TurnRecord:
         """Record a prompt, its reply and (if given) the session's new summary in one
         transaction: all or nothing (a full disk must not leave a prompt whose reply the user
         saw but the store lost). ``reply_fields`` are ``add_reply``'s keywords."""
@@ -326,7 +333,7 @@ class Store:
         except sqlite3.IntegrityError:
             raise SessionNotFound(f"No session with id {session_id}.") from None
         db.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id))
-        return cur.lastrowid, seq, now
+        return _inserted_id(cur), seq, now
 
     def turns(self, session_id: int) -> list[TurnRecord]:
         """A session's turns in order."""
