@@ -3,7 +3,8 @@
 ``attach()`` points the ``localchat`` loggers at ``paths.log_file()`` through a size-capped
 rotating handler (a few MB at most, however long localchat runs), and says where that is so that
 the one-line message can name the file. It is called where such a failure is caught (the engine
-thread); ``localchat doctor`` shows the path. The file is only created when something is logged.
+thread) and when the app opens, for the app's own ``log.exception`` calls; ``localchat doctor``
+shows the path. The file is only created when something is logged.
 """
 
 from __future__ import annotations

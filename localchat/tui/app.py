@@ -22,6 +22,7 @@ from textual.containers import Horizontal, Vertical
 from textual.notifications import Notification
 from textual.widgets import Footer
 
+from localchat import logs
 from localchat.attachments import Attachment
 from localchat.errors import UserError
 from localchat.events import Done, Event, Failed, Notice, PrefillProgress
@@ -442,5 +443,6 @@ def run_app(model: str | None = None, continue_last: bool = False, session: str 
     with Store.open() as store:
         if session:
             store.resolve_session(session, create=True)  # an unknown id: one line, before the window opens
+        logs.attach()  # the app's own failures (a turn, a model load) keep their tracebacks too
         app = LocalChatApp(store=store, model=model, continue_last=continue_last, session=session)
         return app.run() or 0
