@@ -44,11 +44,11 @@ def measure_restore(model_path: Path, config: Config, n_ctx: int, target_tokens:
 
 def _measure(model_path: Path, config: Config, n_ctx: int, target_tokens: int, max_tokens: int) -> dict:
     from localchat import paths
+    from localchat.chat.snapshots import SessionSnapshots
     from localchat.engine.engine import Engine
     from localchat.engine.factory import engine_options
     from localchat.models.registry import resolve_model
     from localchat.session.factory import open_chat
-    from localchat.session.snapshots import SessionSnapshots
     from localchat.store import Store
     from localchat.store.snapshots import SnapshotStore
 

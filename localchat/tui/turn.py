@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from localchat.chat.conversation import Conversation
 from localchat.events import PrefillProgress
 from localchat.tui.chat_log import ReplyView
-from localchat.tui.conversation import Conversation
 from localchat.tui.messages import ThinkingRun, TokenRun, TurnMailbox
 from localchat.tui.status import LiveMeter, StatusInfo
 
