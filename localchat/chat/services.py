@@ -32,12 +32,11 @@ def session_snapshots(config: Config) -> SessionSnapshots | None:
     when ``[snapshots] enabled = false`` (nothing is saved or restored)."""
     from localchat import paths
     from localchat.chat.snapshots import SessionSnapshots
-    from localchat.store.snapshots import SnapshotStore
 
     if not config.snapshots.get("enabled", True):
         return None
     cap = int(config.snapshots.get("max_bytes", 2 * 1024**3))
-    return SessionSnapshots(SnapshotStore(paths.snapshots_dir(), cap))
+    return SessionSnapshots.on_disk(paths.snapshots_dir(), cap)
 
 
 def build_services(config: Config | None = None, *,

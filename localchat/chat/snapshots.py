@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from localchat.engine.engine import Engine
@@ -31,6 +32,12 @@ class SessionSnapshots:
         self._ram: OrderedDict[str, tuple[dict, KVSnapshot, dict[str, Any]]] = OrderedDict()
         self._lock = threading.Lock()
         self._writers: list[threading.Thread] = []
+
+    @classmethod
+    def on_disk(cls, directory: Path, cap_bytes: int) -> SessionSnapshots:
+        """Snapshots kept as files in ``directory``, least recently used dropped beyond
+        ``cap_bytes``."""
+        return cls(SnapshotStore(directory, cap_bytes))
 
     @staticmethod
     def key(session_id: int) -> str:
