@@ -2,8 +2,13 @@
 ``ask`` and ``bench`` consume.
 
 A turn produces, in order: zero or more ``PrefillProgress``, zero or more ``Thinking`` (a reasoning
-model's chain of thought) and ``Token`` (the answer), and exactly one final ``Done`` (finish_reason "stop", "length" or "aborted") or ``Failed``. ``Notice`` may
-appear anywhere. Model loading produces ``LoadProgress`` then ``Loaded`` or ``Failed``.
+model's chain of thought) and ``Token`` (the answer), and exactly one final ``Done`` (finish_reason
+"stop", "length" or "aborted") or ``Failed``. ``Notice`` may appear anywhere. Model loading
+produces ``LoadProgress`` then ``Loaded`` or ``Failed``.
+
+Every producer of a turn (the local engine's ``TurnHandle``, the remote client's ``RemoteTurn``,
+the escalator's ``EscalatedTurn``) hands it out as one :class:`Turn`; :class:`TurnEnd` is the
+bookkeeping of its final event that they share.
 
 Timing field names follow llama.cpp's server (``cache_n``, ``prompt_n``, ``prompt_ms``,
 ``predicted_n``, ``predicted_ms``) so numbers can be compared with it directly.
@@ -11,8 +16,10 @@ Timing field names follow llama.cpp's server (``cache_n``, ``prompt_n``, ``promp
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from localchat.reasoning import split_reply
 
@@ -150,3 +157,80 @@ class Notice:
 
 
 Event = LoadProgress | Loaded | PrefillProgress | Thinking | Token | Done | Failed | Notice
+
+
+Final = Done | Failed
+FinishCallback = Callable[[Final], None]
+
+
+class Turn(Protocol):
+    """One turn's events, whoever produces them.
+
+    - Iterate once: the events above, ending with exactly one ``Done`` or ``Failed``; each step
+      blocks until the next event.
+    - ``stop()`` may be called from any thread, any number of times: the turn ends soon with
+      ``Done(finish_reason="aborted")`` holding the reply so far.
+    - ``on_finish(callback)``: ``callback(final)`` runs once, on the thread that ends the turn,
+      before the final event reaches the reader, so whoever reads ``Done`` already sees its
+      effects (the reply in the history); at once if the turn has already ended.
+    - ``finished`` is true from that moment on, and ``result`` is the final event.
+    """
+
+    @property
+    def result(self) -> Final | None: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+    def __iter__(self) -> Iterator[Event]: ...
+
+    def stop(self) -> None: ...
+
+    def on_finish(self, callback: FinishCallback) -> None: ...
+
+
+class TurnEnd:
+    """The end of one turn, for classes implementing :class:`Turn`: the final event, set once,
+    and the ``on_finish`` callbacks that run before anyone reads it."""
+
+    def __init__(self) -> None:
+        self._end_lock = threading.Lock()
+        self._callbacks: list[FinishCallback] = []
+        self._ended = threading.Event()
+        self._result: Final | None = None
+
+    @property
+    def result(self) -> Final | None:
+        return self._result
+
+    @property
+    def finished(self) -> bool:
+        return self._ended.is_set()
+
+    def wait(self, timeout: float | None = None) -> Final | None:
+        """Block until the turn has ended (without consuming events); the final event."""
+        self._ended.wait(timeout)
+        return self._result
+
+    def on_finish(self, callback: FinishCallback) -> None:
+        with self._end_lock:
+            if self._result is None:
+                self._callbacks.append(callback)
+                return
+            final = self._result
+        callback(final)  # the turn ended before anyone asked
+
+    def _finish(self, event: Final) -> Final:
+        """Make ``event`` the turn's final event (unless one already is) and run the callbacks;
+        the final event, which the caller then delivers to the reader."""
+        with self._end_lock:
+            if self._result is not None:
+                return self._result
+            self._result = event
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(event)
+        # Ended before the reader can see the final event: a caller that read Done may start
+        # the next turn at once (ChatSession.send checks ``finished``).
+        self._ended.set()
+        return event

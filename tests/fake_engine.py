@@ -46,6 +46,8 @@ def split_tokens(text: str) -> list[str]:
 class FakeEngine:
     """Implements the methods of ``localchat.engine.Engine`` with a scripted model."""
 
+    has_kv_cache = False  # no context budget, no KV snapshots (see localchat.chat.conversation)
+
     def __init__(
         self,
         name: str = "fake-model",

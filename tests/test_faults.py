@@ -280,9 +280,9 @@ def test_07_two_asks_on_one_session_take_turns(test_model_path, tmp_path):
 def test_07b_the_app_takes_the_same_lock_and_catches_up_with_turns_another_process_stored():
     from fake_engine import FakeEngine
 
+    from localchat.chat.conversation import Conversation
     from localchat.store import Store
     from localchat.store.locks import SessionLock
-    from localchat.tui.conversation import Conversation
 
     engine = FakeEngine(reply="ok")
     engine.load()
@@ -323,15 +323,15 @@ def test_08a_a_full_disk_at_the_store_commit_says_so_and_keeps_neither_half(tmp_
 
 def test_08b_a_reply_the_app_cannot_store_is_forgotten_by_the_model_too(engine, monkeypatch):
     """Store locked past the busy timeout: the reply is not reused by the next turn."""
+    from localchat.chat.conversation import Conversation
+    from localchat.chat.services import ChatServices
     from localchat.settings import Settings
     from localchat.store import Store
     from localchat.store import store as store_module
-    from localchat.tui.conversation import Conversation
-    from localchat.tui.model_setup import ChatServices
 
     monkeypatch.setattr(store_module, "BUSY_TIMEOUT_MS", 50)
     with Store.open() as store:
-        services = ChatServices(Settings(), _NoSnapshots(), lambda: None)
+        services = ChatServices(Settings(), None, lambda: None)  # no snapshots
         conversation = Conversation(store, store.create_session("s"), services)
         conversation.attach(engine)
         handle = conversation.send("Say hi.")
@@ -348,16 +348,6 @@ def test_08b_a_reply_the_app_cannot_store_is_forgotten_by_the_model_too(engine, 
         final = list(conversation.send("And bye."))[-1]
         assert final.timings.approx_n == 0
         assert [m.role for m in engine.cached_messages()][-3:] == ["user", "user", "assistant"]
-
-
-class _NoSnapshots:
-    store = None
-
-    def save(self, *args, **kwargs) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
 
 
 def test_09_a_remote_failing_mid_reply_is_retracted_before_the_local_answer(test_model_path, capsys, isolated_home):

@@ -181,3 +181,31 @@ def test_app_and_ask_writing_the_same_session_keep_the_store_consistent(test_mod
         turns = store.turns(store.find_session("shared").id)
     assert len(turns) == 2 + 20 + 2
     assert len({t.seq for t in turns}) == len(turns)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_app_saves_and_restores_a_session_only_while_snapshots_are_enabled(
+        engine, greedy, isolated_home, enabled):
+    from localchat import paths
+    from localchat.chat.conversation import Conversation
+    from localchat.chat.services import build_services
+
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    (isolated_home / "config.toml").write_text(f"[snapshots]\nenabled = {str(enabled).lower()}\n")
+    services = build_services()
+    with Store.open() as store:
+        session = store.create_session("s")
+        first = Conversation(store, session, services)
+        first.attach(engine, greedy)
+        first.record_reply(list(first.send("My name is Ada."))[-1], engine.name)
+        services.close()  # the snapshot's file is written
+        engine.reset()  # as if the app had been closed and opened again
+        reopened = Conversation(store, store.session(session.id), services)
+        reopened.attach(engine, greedy)
+        done = list(reopened.send("What is my name?"))[-1]
+    saved = list(paths.snapshots_dir().glob("*.kvsnap"))
+    if enabled:
+        assert len(saved) == 1 and done.timings.restore_ms > 0
+    else:
+        assert services.snapshots is None
+        assert saved == [] and done.timings.restore_ms == 0 and done.timings.cache_n == 0

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from fake_engine import FakeEngine
 
+from localchat.chat.conversation import Conversation
 from localchat.errors import UserError
 from localchat.events import Loaded, Notice, PrefillProgress, Timings, Token
 from localchat.store import Store
 from localchat.tui import slash
-from localchat.tui.conversation import Conversation
 from localchat.tui.messages import TokenRun, TurnMailbox
 from localchat.tui.pacing import MIN_FRAME_S, FramePacer
 from localchat.tui.status import StatusInfo, backend_label, render_status

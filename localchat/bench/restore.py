@@ -53,12 +53,13 @@ def measure_restore(model_path: Path, n_ctx: int, target_tokens: int = 2000,
 def _measure(model_path: Path, config: Settings, n_ctx: int, target_tokens: int,
              max_tokens: int) -> dict[str, Any]:
     from localchat import paths
+    from localchat.chat.snapshots import SessionSnapshots
     from localchat.engine.engine import Engine
     from localchat.engine.factory import engine_options
     from localchat.engine.snapshot_file import SnapshotStore
     from localchat.models.registry import resolve_model
     from localchat.session.factory import open_chat
-    from localchat.session.snapshots import SessionSnapshots
+    from localchat.store import Store
 
     if n_ctx < target_tokens + 2 * max_tokens + 200:
         raise UserError(f"--restore needs --n-ctx of at least {target_tokens + 2 * max_tokens + 200}")

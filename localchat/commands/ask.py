@@ -6,9 +6,28 @@ import argparse
 import json
 import signal
 import sys
-from typing import TextIO
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, TextIO
 
-from localchat.events import Done, Event, Failed, Notice, PrefillProgress, Thinking, Timings, Token
+from localchat.events import (
+    Done,
+    Event,
+    Failed,
+    Notice,
+    PrefillProgress,
+    Thinking,
+    Timings,
+    Token,
+    Turn,
+)
+
+if TYPE_CHECKING:
+    from localchat.chat.conversation import Conversation
+    from localchat.engine.engine import Engine
+    from localchat.engine.options import Sampling
+    from localchat.remote.escalate import Escalator, Route
+    from localchat.settings import Settings
 
 EXIT_INTERRUPTED = 130
 
@@ -46,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from localchat.engine.factory import open_engine, sampling_options
     from localchat.errors import UserError
     from localchat.remote.escalate import Escalator
+    from localchat.session.factory import open_chat
     from localchat.settings import load_config
 
     out = (JsonEvents(sys.stdout, args.hide_thinking) if args.json
@@ -59,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
             read_attachment(path, None, None)
         config = load_config()
         escalator = Escalator.from_settings(config.remote)
-        route = args.route or ("auto" if escalator.client is not None else "local")
+        route: Route = args.route or ("auto" if escalator.client is not None else "local")
         overrides = {"n_ctx": args.n_ctx} if args.n_ctx else {}
         engine = open_engine(args.model, config, **overrides)
         sampling = sampling_options(config, **_sampling_flags(args))
@@ -74,12 +94,21 @@ def run(args: argparse.Namespace) -> int:
     except UserError as exc:
         return out.error(str(exc))
     try:
-        with _StoredSession.open(args.session, engine, config, args.system, sampling, out) as stored:
-            chat = stored.chat
+        with _stored_conversation(args.session, engine, config, args.system, sampling, out,
+                                  escalator) as conversation:
+            chat = conversation.chat if conversation is not None else None
+            if chat is None:
+                chat = open_chat(engine, config, system=args.system, sampling=sampling)
+            before = len(chat.history)
             handle = chat.send(prompt, escalator=None if route == "local" else escalator, route=route)
-            stored.prompt_sent(handle)
+            # The message as the context policy sent it (it may have cut an over-long one);
+            # stored together with its reply. None: refused, nothing was sent.
+            sent = chat.history[before].content if len(chat.history) > before else None
             final = stream(handle, out)
-            stored.reply_finished(final, out)
+            if conversation is not None and sent is not None and isinstance(final, Done):
+                conversation.record_exchange(sent, final, engine.name)
+                for notice in conversation.take_notices():
+                    out.event(notice)
     except UserError as exc:
         return out.error(str(exc))
     finally:
@@ -102,93 +131,43 @@ def _with_files(prompt: str, paths: list[str], engine, sampling) -> str:
     return with_attachments(prompt, attachments)
 
 
-class _StoredSession:
+@contextmanager
+def _stored_conversation(name: str | None, engine: Engine, config: Settings, system: str | None,
+                         sampling: Sampling, out: PlainText | JsonEvents,
+                         escalator: Escalator) -> Iterator[Conversation | None]:
     """``--session NAME``: the conversation comes from (and goes back to) the store the app uses,
-    and its KV cache is restored from the last snapshot instead of being prefilled again.
+    and its KV cache is restored from the last snapshot instead of being prefilled again. None
+    without a name.
 
-    A per-session lock (held from reading the history to storing the reply) serialises turns of
-    one session across processes: a second ``ask --session`` waits, then sees the first's turn."""
+    The session's lock is held from reading the history to storing the reply: it serialises
+    turns of one session across processes (a second ``ask --session`` waits, then sees the
+    first's turn)."""
+    if name is None:
+        yield None
+        return
+    from localchat.chat.conversation import Conversation
+    from localchat.chat.services import ChatServices, session_snapshots
+    from localchat.store import Store
+    from localchat.store.locks import SessionLock
 
-    def __init__(self, name, engine, chat, store=None, record=None, snapshots=None, lock=None) -> None:
-        self.name, self.engine, self.chat = name, engine, chat
-        self.store, self.record, self.snapshots, self.lock = store, record, snapshots, lock
-        self.prompt: str | None = None
-
-    @classmethod
-    def open(cls, name, engine, config, system, sampling, out) -> _StoredSession:
-        from localchat.session.factory import open_chat
-
-        if name is None:
-            return cls(None, engine, open_chat(engine, config, system=system, sampling=sampling))
-        from localchat import paths
-        from localchat.engine.snapshot_file import SnapshotStore
-        from localchat.session.chat import Message
-        from localchat.session.snapshots import SessionSnapshots
-        from localchat.store import Store
-        from localchat.store.locks import SessionLock
-
-        store = Store.open()
-        lock = None
+    with Store.open() as store:
+        record = store.resolve_session(name, create=True)
+        lock = SessionLock(record.id)
+        lock.acquire(on_wait=lambda: out.event(Notice(
+            f"session {record.label!r} is answering in another localchat; waiting for it",
+            kind="waiting")))
         try:
-            record = store.resolve_session(name, create=True)
-            lock = SessionLock(record.id)
-            lock.acquire(on_wait=lambda: out.event(Notice(
-                f"session {record.label!r} is answering in another localchat; waiting for it",
-                kind="waiting")))
+            services = ChatServices(config, session_snapshots(config), lambda: escalator)
+            conversation = Conversation(store, record, services)
             if system is not None and system != record.system:
-                store.set_system(record.id, system)
-            history = [Message(t.role, t.content, t.stopped) for t in store.turns(record.id)]
-            chat = open_chat(engine, config, system=system if system is not None else record.system,
-                             history=history, sampling=sampling)
-            cap = config.snapshots.max_bytes
-            snapshots = SessionSnapshots(SnapshotStore(paths.snapshots_dir(), cap))
-            if config.snapshots.enabled:
-                restored = snapshots.restore(record.id, engine, chat)
-                if restored.notice:
-                    out.event(Notice(restored.notice, kind="snapshot"))
-        except BaseException:
-            if lock is not None:
-                lock.release()
-            store.close()
-            raise
-        return cls(name, engine, chat, store, record, snapshots, lock)
-
-    def __enter__(self) -> _StoredSession:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.store is not None:
-            self.store.close()
-        if self.lock is not None:
-            self.lock.release()
-
-    def prompt_sent(self, handle) -> None:
-        """Remember the message as the context policy sent it (it may have cut an over-long one);
-        it is stored together with its reply."""
-        if self.store is not None and self.chat.history and self.chat.history[-1].role == "user":
-            self.prompt = self.chat.history[-1].content
-
-    def reply_finished(self, final, out) -> None:
-        """Store the prompt and the reply in one transaction (both or neither), then snapshot
-        the KV cache, which then holds exactly what the store does."""
-        from localchat.store.store import StoreError
-
-        if self.store is None or self.prompt is None or not isinstance(final, Done):
-            return
-        t = final.timings
-        try:
-            self.store.add_exchange(self.record.id, self.prompt, final.reply,
-                                    summary=self.chat.summary, model=t.model or self.engine.name,
-                                    timings=t, finish_reason=final.finish_reason,
-                                    stopped=final.finish_reason == "aborted", route=t.route,
-                                    route_reason=t.route_reason)
-        except StoreError as exc:
-            raise StoreError(f"{exc} Neither the prompt nor the reply was saved.") from None
-        if self.snapshots is not None:
-            self.snapshots.save(self.record.id, self.engine, self.chat, wait=True)
-            notice = self.snapshots.store.take_notice()
-            if notice:
-                out.event(Notice(notice, kind="snapshot"))
+                conversation.set_system(system)
+            conversation.attach(engine, sampling)
+            conversation.restore_snapshot()
+            for notice in conversation.take_notices():
+                out.event(notice)
+            yield conversation
+        finally:
+            lock.release()
 
 
 def _sampling_flags(args: argparse.Namespace) -> dict:
@@ -242,15 +221,15 @@ def _escaped_only(text: str) -> bool:
     return all(not "\ud800" <= ch <= "\udfff" or "\udc80" <= ch <= "\udcff" for ch in text)
 
 
-def stream(handle, out: PlainText | JsonEvents) -> Done | Failed:
-    """Write each event as it arrives; Ctrl+C stops the reply instead of killing the process."""
+def stream(handle: Turn, out: PlainText | JsonEvents) -> Done | Failed:
+    """Write each event as it arrives; Ctrl+C stops the reply instead of killing the process.
+    The turn's final event."""
     previous = signal.signal(signal.SIGINT, lambda *_: handle.stop())
     try:
-        final = None
         for event in handle:
             out.event(event)
-            if isinstance(event, (Done, Failed)):
-                final = event
+        final = handle.result
+        assert final is not None, "a turn's events end with its final one"
         return final
     finally:
         signal.signal(signal.SIGINT, previous)

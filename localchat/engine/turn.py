@@ -1,5 +1,6 @@
-"""TurnHandle: how a caller receives one turn's events, from any thread, without blocking the
-engine; and the clock that turns token timestamps into the turn's Timings."""
+"""TurnHandle: how a caller receives one local turn's events (a ``localchat.events.Turn``), from
+any thread, without blocking the engine; and the clock that turns token timestamps into the
+turn's Timings."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from localchat.events import Done, Event, Failed, Thinking, Timings, Token
+from localchat.events import Done, Event, Failed, Thinking, Timings, Token, TurnEnd
 from localchat.percentiles import percentile
 from localchat.reasoning import ReasoningSplitter
 
@@ -17,22 +18,20 @@ if TYPE_CHECKING:
     from localchat.engine.runtime import TokenStats
 
 
-class TurnHandle:
-    """Events of one turn: PrefillProgress*, Thinking* and Token*, then exactly one Done or Failed.
+class TurnHandle(TurnEnd):
+    """The local engine's :class:`~localchat.events.Turn`: PrefillProgress*, Thinking* and
+    Token*, then exactly one Done or Failed, emitted by the engine thread.
 
     Iterating blocks per event; ``poll()`` never blocks. ``stop()`` asks the producer to end
     the turn; a Done with finish_reason "aborted" and the partial reply follows.
     """
 
-    def __init__(self, on_stop=None) -> None:
+    def __init__(self, on_stop: Callable[[TurnHandle], None] | None = None) -> None:
+        super().__init__()
         self.submitted_at = time.perf_counter()
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._stopped = threading.Event()
-        self._finished = threading.Event()
         self._on_stop = on_stop
-        self._on_finish: list[Callable[[Done | Failed], None]] = []
-        self._finish_lock = threading.Lock()
-        self.result: Done | Failed | None = None
 
     def __iter__(self) -> Iterator[Event]:
         while True:
@@ -50,20 +49,6 @@ class TurnHandle:
             except queue.Empty:
                 return events
 
-    def wait(self, timeout: float | None = None) -> Done | Failed | None:
-        """Block until the turn has ended (without consuming events); the final event."""
-        self._finished.wait(timeout)
-        return self.result
-
-    def on_finish(self, callback: Callable[[Done | Failed], None]) -> None:
-        """Call ``callback(final_event)`` on the producer's thread before the event is delivered,
-        so that whoever reads the final event already sees its effects (e.g. the reply in history)."""
-        with self._finish_lock:
-            if self.result is None:
-                self._on_finish.append(callback)
-                return
-        callback(self.result)  # the turn ended before anyone asked
-
     def stop(self) -> None:
         self._stopped.set()
         if self._on_stop is not None:
@@ -73,23 +58,11 @@ class TurnHandle:
     def stop_requested(self) -> bool:
         return self._stopped.is_set()
 
-    @property
-    def finished(self) -> bool:
-        return self._finished.is_set()
-
     def emit(self, event: Event) -> None:
+        """Deliver ``event``; a final one first runs the ``on_finish`` callbacks (this thread)."""
         if isinstance(event, (Done, Failed)):
-            with self._finish_lock:
-                self.result = event
-                callbacks = list(self._on_finish)
-            for callback in callbacks:
-                callback(event)
-            # Finished before the reader can see the final event: a caller that read Done may
-            # start the next turn at once (ChatSession.send checks ``finished``).
-            self._finished.set()
-            self._events.put(event)
-        else:
-            self._events.put(event)
+            event = self._finish(event)
+        self._events.put(event)
 
 
 class TurnClock:

@@ -1,7 +1,7 @@
 """Streaming chat completions from an OpenAI-compatible server, as the same events a local turn
 produces (``Token``…, then one ``Done`` or ``Failed``; ``Notice`` for a retry).
 
-Contract of a :class:`RemoteTurn`:
+Contract of a :class:`RemoteTurn` (a ``localchat.events.Turn``):
 
 - The request starts when the turn is created; iterating blocks per event.
 - ``stop()`` may be called from any thread. It shuts the socket down at once (the server sees the
@@ -29,7 +29,17 @@ import httpx
 
 from localchat.engine.options import Sampling
 from localchat.errors import UserError
-from localchat.events import Done, Event, Failed, Notice, Thinking, Timings, Token
+from localchat.events import (
+    Done,
+    Event,
+    Failed,
+    FinishReason,
+    Notice,
+    Thinking,
+    Timings,
+    Token,
+    TurnEnd,
+)
 from localchat.reasoning import ReasoningSplitter, join_reply
 from localchat.remote.breaker import CircuitBreaker
 from localchat.remote.settings import RemoteSettings
@@ -40,7 +50,7 @@ log = logging.getLogger(__name__)
 
 _STOPPED = object()  # queue marker: stop() was called
 _RETRYABLE_STATUS = {408, 429}
-_FINISH_REASONS = {"stop": "stop", "length": "length"}
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length"}
 
 
 class RemoteOff(UserError):
@@ -110,10 +120,12 @@ class _AttemptFailed(Exception):
         self.retryable = retryable
 
 
-class RemoteTurn:
-    """One streamed remote reply. Iterate for events; ``stop()`` from any thread."""
+class RemoteTurn(TurnEnd):
+    """One streamed remote reply. Iterate for events; ``stop()`` from any thread. The final
+    event is set by the request's thread, or by the reader when ``stop()`` came first."""
 
     def __init__(self, client: RemoteClient, body: dict[str, Any], route_reason: str) -> None:
+        super().__init__()
         self._client = client
         self._body = body
         self._route_reason = route_reason
@@ -134,8 +146,10 @@ class RemoteTurn:
             item = self._events.get()
             if item is _STOPPED:
                 reasoning = "".join(thinking)
-                yield Done(join_reply(reasoning, "".join(reply)), "aborted",
-                           self._timings(None, None), reasoning)
+                # The request's thread may have ended the turn just before the stop: its
+                # final event stands.
+                yield self._finish(Done(join_reply(reasoning, "".join(reply)), "aborted",
+                                        self._timings(None, None), reasoning))
                 return
             if isinstance(item, Token):
                 reply.append(item.text)
@@ -174,7 +188,7 @@ class RemoteTurn:
             self._client.breaker.record_failure()
         else:
             self._client.breaker.record_success()
-        self._events.put(final)
+        self._events.put(self._finish(final))
 
     def _attempt_twice(self) -> Done | Failed | None:
         """The turn's final event, or None when it was stopped."""

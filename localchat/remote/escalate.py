@@ -2,7 +2,7 @@
 
 :class:`Escalator` is created once per chat session (it remembers the user's answer in mode
 ``ask``) and starts each turn with :meth:`Escalator.start_turn`, which returns an
-:class:`EscalatedTurn` — iterable and stoppable like a local turn handle, with one stream of
+:class:`EscalatedTurn` — a ``localchat.events.Turn`` like a local one, with one stream of
 events:
 
 ``PrefillProgress``/``Token`` (local) … ``Notice(kind="escalate")`` ``Token`` (remote) …
@@ -32,11 +32,11 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal
 
 from localchat import paths
 from localchat.engine.options import Sampling
-from localchat.events import Done, Event, Failed, Notice, Token
+from localchat.events import Done, Event, Failed, Notice, Token, Turn, TurnEnd
 from localchat.remote import router
 from localchat.remote.breaker import CircuitBreaker
 from localchat.remote.client import RemoteClient
@@ -46,14 +46,6 @@ from localchat.remote.settings import RemoteSettings
 
 Route = Literal["local", "remote", "auto"]
 BREAKER_FILE = "remote_breaker.json"
-
-
-class TurnHandle(Protocol):
-    """What the local engine's turn handle and :class:`RemoteTurn` both provide."""
-
-    def __iter__(self) -> Iterator[Event]: ...
-
-    def stop(self) -> None: ...
 
 
 AskUser = Callable[[str], bool]
@@ -97,7 +89,7 @@ class Escalator:
     def start_turn(
         self,
         messages: list[dict],
-        local: Callable[[], TurnHandle],
+        local: Callable[[], Turn],
         *,
         route: Route = "auto",
         sampling: Sampling | None = None,
@@ -122,12 +114,15 @@ class Escalator:
         return f"<Escalator mode={self.settings.mode} client={self.client!r}>"
 
 
-class EscalatedTurn:
-    """One routed turn. Iterate once for its events; ``stop()`` from any thread."""
+class EscalatedTurn(TurnEnd):
+    """One routed turn. Iterate once for its events; ``stop()`` from any thread. The events are
+    produced as they are read: the final one (and the ``on_finish`` callbacks) on the reader's
+    thread."""
 
-    def __init__(self, escalator: Escalator, messages: list[dict], local: Callable[[], TurnHandle],
+    def __init__(self, escalator: Escalator, messages: list[dict], local: Callable[[], Turn],
                  route: Route, sampling: Sampling, local_room_tokens: int | None,
                  prompt_tokens: int | None, local_params: int | None = None) -> None:
+        super().__init__()
         self._esc = escalator
         self._messages = messages
         self._start_local = local
@@ -137,11 +132,18 @@ class EscalatedTurn:
         self._prompt_tokens = prompt_tokens
         self._local_params = local_params
         self._lock = threading.Lock()
-        self._current: TurnHandle | None = None
+        self._current: Turn | None = None
         self._stopped = False
         self.outcome: TurnOutcome | None = None  # set when the final event is yielded
 
     def __iter__(self) -> Iterator[Event]:
+        for event in self._events():
+            if isinstance(event, (Done, Failed)):
+                yield self._finish(event)
+                return
+            yield event
+
+    def _events(self) -> Iterator[Event]:
         if self._route == "local":
             return self._local("user: local", watch=False)
         if self._route == "remote":
@@ -244,9 +246,11 @@ class EscalatedTurn:
         client = self._esc.client
         assert client is not None
         partial = local_done.reply if local_done else None
-        spent = {"local_partial": partial, "local_tokens": local_tokens, "late": late}
+        # What the local reply cost, whoever ends up answering.
+        spent = TurnOutcome("local", reason, local_partial=partial, local_tokens=local_tokens,
+                            late=late)
         if self._stopped:
-            self.outcome = TurnOutcome("local", reason, **spent)
+            self.outcome = spent
             yield self._labelled(local_done or Done("", "aborted"), "local", reason)
             return
         route_reason = f"auto: {reason}"
@@ -256,14 +260,15 @@ class EscalatedTurn:
                                                    route_reason=route_reason))
         for event in remote:
             if isinstance(event, Done):
-                self.outcome = TurnOutcome("remote", route_reason, escalated=True, **spent)
+                self.outcome = replace(spent, route="remote", route_reason=route_reason,
+                                       escalated=True)
                 yield self._labelled(event, "remote", route_reason)
                 return
             if not isinstance(event, Failed):
                 yield event
                 continue
             fallback = f"fallback: remote failed ({event.message})"
-            outcome = TurnOutcome("local", fallback, escalated=True, fell_back=True, **spent)
+            outcome = replace(spent, route_reason=fallback, escalated=True, fell_back=True)
             if local_done is not None:
                 yield Notice(f"{event.message}; keeping the local reply", kind="fallback")
                 self.outcome = outcome
@@ -295,7 +300,7 @@ class EscalatedTurn:
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _begin(self, start: Callable[[], TurnHandle]) -> TurnHandle:
+    def _begin(self, start: Callable[[], Turn]) -> Turn:
         handle = start()
         with self._lock:
             self._current = handle
@@ -323,7 +328,7 @@ def _declined(reason: str, notice: Notice | None) -> str:
     return f"local ({why}): {reason}"
 
 
-def _drain(handle: TurnHandle, events: Iterator[Event]) -> Done:
+def _drain(handle: Turn, events: Iterator[Event]) -> Done:
     """Stop a local reply and read its remaining events up to the final Done (the kept partial)."""
     handle.stop()
     final: Done | None = None

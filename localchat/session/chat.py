@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from localchat.engine.options import Sampling
 from localchat.engine.turn import TurnHandle
-from localchat.events import Done, Failed
+from localchat.events import Done, Failed, Turn
 from localchat.session.draft import DraftPrefill
+
+if TYPE_CHECKING:
+    from localchat.remote.escalate import Escalator, Route
+    from localchat.session.keeper import ContextKeeper
 
 
 @dataclass
@@ -31,7 +35,7 @@ class Message:
 class TurnEngine(Protocol):
     """What a ChatSession needs from an engine (the real one, or a scripted fake in UI tests)."""
 
-    def submit(self, messages: list[dict[str, str]], sampling: Sampling | None = None) -> TurnHandle: ...
+    def submit(self, messages: list[dict[str, str]], sampling: Sampling | None = None) -> Turn: ...
 
     def prepare(self, messages: list[dict[str, str]]) -> TurnHandle: ...
 
@@ -56,7 +60,7 @@ class ChatSession:
         self.summary = ""
         self.summary_in_context = True
         # Applies the context budget (trimming, summaries) when the engine supports it.
-        self.keeper = None
+        self.keeper: ContextKeeper | None = None
         # Time spent restoring a saved KV cache before this session's next turn: it is part of
         # what the user waits for, so it is added to that turn's TTFT (and shown as restore_ms).
         self.pending_restore_ms: float | None = None
@@ -65,7 +69,7 @@ class ChatSession:
         # Guards the window (history, first_visible, summary) against the background summary
         # swap. Reentrant: a reply that ends at once runs its callbacks inside ``send``.
         self.state_lock = threading.RLock()
-        self._current: TurnHandle | None = None
+        self._current: Turn | None = None
         # The messages the last turn showed the model (after trimming): what a fresh prefill
         # must reproduce (bench's exactness oracle).
         self.last_sent: list[dict[str, str]] = []
@@ -94,11 +98,11 @@ class ChatSession:
 
     # -- turns ---------------------------------------------------------------------------------
 
-    def send(self, text: str, sampling: Sampling | None = None, *, escalator=None,
-             route: str = "auto"):
-        """Add the user's message and start the reply; returns a TurnHandle (or, with an
-        ``escalator``, a RoutedTurn that may hand the turn to the remote model). The reply, also
-        a stopped one, is added to the history before the final event reaches the reader."""
+    def send(self, text: str, sampling: Sampling | None = None, *,
+             escalator: Escalator | None = None, route: Route = "auto") -> Turn:
+        """Add the user's message and start the reply (with an ``escalator``, a turn that may be
+        handed to the remote model). The reply, also a stopped one, is added to the history
+        before the final event reaches the reader."""
         sampling = sampling or self.sampling
         self.draft.cancel()  # no more steps; the submit below stops a running one at once
         remote_ready = escalator is not None and escalator.client is not None and route != "local"
@@ -113,18 +117,17 @@ class ChatSession:
             self.history.append(Message("user", text))
             messages = self.model_messages()
             self.last_sent = messages
+            handle: Turn
             if escalator is None:
                 handle = self.engine.submit(messages, sampling)
-                handle.on_finish(self._record_reply)
             else:
-                from localchat.session.routed import RoutedTurn
-
                 # A message the local context cannot hold goes to the remote, if there is one.
-                how = "remote" if refusal is not None else route
-                turn = escalator.start_turn(messages, lambda: self.engine.submit(messages, sampling),
-                                            route=how, sampling=sampling,
-                                            local_params=self._local_params())
-                handle = RoutedTurn(turn, self._record_reply)
+                how: Route = "remote" if refusal is not None else route
+                handle = escalator.start_turn(messages,
+                                              lambda: self.engine.submit(messages, sampling),
+                                              route=how, sampling=sampling,
+                                              local_params=self._local_params())
+            handle.on_finish(self._record_reply)
             self._current = handle
         return handle
 
@@ -171,9 +174,9 @@ class ChatSession:
                 if keeper.in_flight is not None or keeper.prepared is not None:
                     return None
                 # Below the point where a summary starts, the next turn cannot need a trim.
-                settings = keeper.settings
-                needed = (self.engine.tokens_in_context + self.engine.count_tokens(draft)
-                          + self.engine.template_overhead())
+                settings, engine = keeper.settings, keeper.engine  # a real engine: it has a keeper
+                needed = (engine.tokens_in_context + engine.count_tokens(draft)
+                          + engine.template_overhead())
                 if needed > settings.summarize_threshold * settings.prompt_capacity:
                     return None
             return self.model_messages() + [{"role": "user", "content": draft}]

@@ -24,13 +24,14 @@ from textual.widgets import Footer
 
 from localchat import logs
 from localchat.attachments import Attachment
+from localchat.chat.conversation import Conversation
+from localchat.chat.services import ChatServices, build_services
 from localchat.errors import UserError
 from localchat.events import Done, Event, Failed, Notice, PrefillProgress
 from localchat.store import SessionRecord, Store
 from localchat.tui import slash
 from localchat.tui.attach import AttachmentChips, Attachments
 from localchat.tui.chat_log import ChatLog, reply_caption
-from localchat.tui.conversation import Conversation
 from localchat.tui.download import Downloads, ModelDownloads, RegistryDownloads
 from localchat.tui.draft import DraftPrefiller
 from localchat.tui.input_actions import InputActions, Notices
@@ -43,13 +44,7 @@ from localchat.tui.messages import (
     TurnWake,
 )
 from localchat.tui.model_loading import ModelLoader
-from localchat.tui.model_setup import (
-    ChatServices,
-    build_engine,
-    build_services,
-    default_sampling,
-    model_choices,
-)
+from localchat.tui.model_setup import build_engine, default_sampling, model_choices
 from localchat.tui.pacing import FramePacer
 from localchat.tui.prompt import CommandHints, PromptInput
 from localchat.tui.screens import ConfirmScreen

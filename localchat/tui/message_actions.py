@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 from textual.app import SuspendNotSupported
 
+from localchat.chat.conversation import code_blocks
 from localchat.errors import UserError
 from localchat.reasoning import strip_reasoning
 from localchat.store import branches
 from localchat.tui.chat_log import ChatLog, ReplyView, UserMessage
-from localchat.tui.conversation import code_blocks
 
 if TYPE_CHECKING:
     from localchat.tui.app import LocalChatApp

@@ -7,44 +7,11 @@ so the window opens at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from localchat.engine.engine import Engine
     from localchat.engine.options import Sampling
-    from localchat.remote.escalate import Escalator
-    from localchat.session.snapshots import SessionSnapshots
-    from localchat.settings import Settings
-
-
-@dataclass
-class ChatServices:
-    """What a conversation with a real engine uses besides the engine: the user's settings (the
-    context budget), KV snapshots of sessions, and an escalator per session (inert while
-    [remote] is off; in mode "ask" it remembers the user's answer for that session)."""
-
-    config: Settings
-    snapshots: SessionSnapshots
-    new_escalator: Callable[[], Escalator]
-
-    def close(self) -> None:
-        self.snapshots.flush()
-
-
-def build_services(ask_user: Callable[[str], bool] | None = None) -> ChatServices:
-    """Services from config.toml. Raises ``ConfigError``."""
-    from localchat import paths
-    from localchat.engine.snapshot_file import SnapshotStore
-    from localchat.remote.escalate import Escalator
-    from localchat.session.snapshots import SessionSnapshots
-    from localchat.settings import load_config
-
-    config = load_config()
-    snapshots = SessionSnapshots(SnapshotStore(paths.snapshots_dir(), config.snapshots.max_bytes))
-    return ChatServices(config, snapshots,
-                        lambda: Escalator.from_settings(config.remote, ask_user=ask_user))
 
 
 def build_engine(model_ref: str | None) -> Engine:

@@ -21,12 +21,12 @@ from textual.markup import escape
 from textual.screen import Screen
 
 from localchat.atomic import write_text_atomic
+from localchat.chat.conversation import Conversation
 from localchat.errors import UserError
 from localchat.store import SessionRecord, TurnRecord
 from localchat.store.export import quote
 from localchat.tui import slash
 from localchat.tui.clipboard import copy_fallback, in_tmux, osc52_sequence
-from localchat.tui.conversation import Conversation
 from localchat.tui.screens import AskTextScreen, ConfirmScreen, HelpScreen, PageScreen, SearchScreen
 from localchat.tui.sidebar import SessionRequest
 
@@ -163,7 +163,7 @@ class SessionActions:
         if self.turn is not None and self.turn.conversation.session_id == session_id:
             raise UserError("That session's reply is still streaming. Press Esc first.")
         self.store.delete_session(session_id)
-        if self.services is not None:
+        if self.services is not None and self.services.snapshots is not None:
             self.services.snapshots.forget(session_id)
         if self.conversation is not None and self.conversation.session_id == session_id:
             self.conversation = None

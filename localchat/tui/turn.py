@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from localchat.chat.conversation import Conversation
 from localchat.events import PrefillProgress
 from localchat.tui.chat_log import ReplyView
-from localchat.tui.conversation import Conversation
 from localchat.tui.messages import ThinkingRun, TokenRun, TurnMailbox
 from localchat.tui.status import LiveMeter, StatusInfo
 
 if TYPE_CHECKING:
-    from localchat.engine.turn import TurnHandle
+    from localchat.events import Turn
 
 
 @dataclass
@@ -28,7 +28,7 @@ class ActiveTurn:
     meter: LiveMeter
     context_before: int = 0  # tokens in context when the turn started (for the live estimate)
     prefill_total: int = 0
-    handle: TurnHandle | None = None
+    handle: Turn | None = None
     stop_requested: bool = False
 
     def stop(self) -> None:

@@ -1,9 +1,15 @@
-"""A conversation as the app handles it: one stored session plus, once a model is ready, the
-``ChatSession`` that continues it.
+"""A conversation: one stored session plus, once a model is ready, the ``ChatSession`` that
+continues it. The app and ``ask --session`` both go through it.
 
 The store is the record of what the user saw; the chat session is what the model sees. Every
-change goes to both so they never disagree: a prompt is committed before its turn starts, a
-reply (stopped or not) the moment the turn ends. Nothing here touches the screen, so it is safe
+change goes to both so they never disagree. The app commits a prompt before its turn starts and
+the reply (stopped or not) the moment the turn ends (``send``, ``record_reply``); ``ask``, a
+process that may be stopped at any point, commits both in one transaction (``record_exchange``).
+A reply that cannot be stored is forgotten by the model too.
+
+With an engine that keeps a KV cache (``Engine.has_kv_cache``) and the services, the context
+budget applies and, unless ``[snapshots] enabled = false``, the session's KV cache is saved after
+each reply and restored before its first turn. Nothing here touches the screen, so it is safe
 to call from the generation thread.
 """
 
@@ -12,33 +18,37 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from localchat.errors import UserError
-from localchat.events import Done, Notice
+from localchat.events import Done, Notice, Timings, Turn
 from localchat.reasoning import strip_reasoning
 from localchat.session.chat import ChatSession, Message
-from localchat.store import SessionRecord, Store, TurnRecord, branches, export
+from localchat.store import SessionRecord, Store, StoreError, TurnRecord, branches, export
 from localchat.store.locks import SessionLock
 
 if TYPE_CHECKING:
+    from localchat.chat.services import ChatServices
+    from localchat.chat.snapshots import SessionSnapshots
     from localchat.engine.engine import Engine
     from localchat.engine.options import Sampling
-    from localchat.engine.turn import TurnHandle
-    from localchat.tui.model_setup import ChatServices
+    from localchat.remote.escalate import Escalator, Route
 
+ROUTES = ("auto", "local", "remote")
 _CODE_BLOCK = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
 class Conversation:
-    def __init__(self, store: Store, session: SessionRecord, services: ChatServices | None = None) -> None:
+    def __init__(self, store: Store, session: SessionRecord,
+                 services: ChatServices | None = None) -> None:
         self.store = store
         self.session_id = session.id
         self.services = services
         self.chat: ChatSession | None = None
+        self._engine: Engine | None = None
         self._restore_pending = False
         self._notices: list[Notice] = []
-        self._escalator = None  # made on the first turn; lives as long as the session is open
+        self._escalator: Escalator | None = None  # made on the first turn; closed by close()
 
     def __repr__(self) -> str:
         return f"Conversation(session_id={self.session_id}, attached={self.chat is not None})"
@@ -52,19 +62,42 @@ class Conversation:
 
     def attach(self, engine: Engine, sampling: Sampling | None = None) -> None:
         """Give the conversation a loaded model: the chat session starts from the stored turns.
-        With a real engine the context budget applies, and the session's saved KV cache is
-        restored just before its first turn (so that turn's TTFT shows what reopening costs)."""
+        With an engine that keeps a KV cache the context budget applies, and the session's saved
+        cache is restored just before its first turn (``restore_snapshot``: that turn's TTFT
+        shows what reopening costs)."""
         record = self.record
         history = [Message(t.role, t.content, stopped=t.stopped) for t in self.turns()]
-        if self.services is not None and hasattr(engine, "export_snapshot"):
+        self._engine = engine
+        if self.services is not None and engine.has_kv_cache:
             from localchat.session.factory import open_chat
 
             self.chat = open_chat(engine, self.services.config, system=record.system,
                                   history=history, sampling=sampling)
-            self._restore_pending = bool(history)
+            # The summary and the window come back with the saved cache, or the policy decides.
+            self._restore_pending = bool(history) and self._snapshots is not None
         else:
             self.chat = ChatSession(engine, system=record.system, history=history, sampling=sampling)
             self.chat.summary = record.summary
+            self._restore_pending = False
+
+    @property
+    def _snapshots(self) -> SessionSnapshots | None:
+        """The snapshot service, when this session's KV cache is saved and restored."""
+        engine = self._engine
+        if self.services is None or engine is None or not engine.has_kv_cache:
+            return None
+        return self.services.snapshots
+
+    def restore_snapshot(self) -> None:
+        """Load the session's saved KV cache into the engine now, if ``attach`` left that to
+        do (a cache that cannot be used is rebuilt by the next turn's prefill, with a notice)."""
+        snapshots, chat, engine = self._snapshots, self.chat, self._engine
+        if not self._restore_pending or snapshots is None or chat is None or engine is None:
+            return
+        self._restore_pending = False
+        restored = snapshots.restore(self.session_id, engine, chat)
+        if restored.notice:
+            self._notices.append(Notice(restored.notice, kind="snapshot"))
 
     @contextmanager
     def turn_lock(self) -> Iterator[None]:
@@ -77,28 +110,28 @@ class Conversation:
             raise UserError("This session is answering in another localchat process; "
                             "send again when it is done.")
         try:
-            chat = self.chat
-            if chat is not None and len(self.turns()) != len(chat.history):
-                self.attach(chat.engine, chat.sampling)
+            if self.chat is not None and self._engine is not None \
+                    and len(self.turns()) != len(self.chat.history):
+                self.attach(self._engine, self.chat.sampling)
             yield
         finally:
             lock.release()
 
-    def send(self, text: str, route: str = "auto") -> TurnHandle:
+    def send(self, text: str, route: str = "auto") -> Turn:
         """Start the model's turn and commit the prompt as sent (the context policy may have cut
-        an over-long one; a refused one is not stored). Requires ``attach``."""
+        an over-long one; a refused one is not stored). ``route``: "auto", "local" or "remote".
+        Requires ``attach``."""
+        if route not in ROUTES:
+            raise ValueError(f"unknown route {route!r}")
         chat = self._require_chat()
-        if self._restore_pending:
-            self._restore_pending = False
-            restored = self.services.snapshots.restore(self.session_id, chat.engine, chat)
-            if restored.notice:
-                self._notices.append(Notice(restored.notice, kind="snapshot"))
+        self.restore_snapshot()
         if self._escalator is None and self.services is not None:
             self._escalator = self.services.new_escalator()
         escalator = self._escalator
         routed = escalator is not None and (escalator.client is not None or route == "remote")
         before = len(chat.history)
-        handle = chat.send(text, escalator=escalator if routed else None, route=route)
+        handle = chat.send(text, escalator=escalator if routed else None,
+                           route=cast("Route", route))
         if len(chat.history) > before:
             self.store.add_user_turn(self.session_id, chat.history[before].content)
         return handle
@@ -110,41 +143,50 @@ class Conversation:
             self._escalator = None
 
     def take_notices(self) -> list[Notice]:
-        """Notices about the last send (e.g. a saved context that had to be rebuilt, or one
+        """Notices about the last turn (e.g. a saved context that had to be rebuilt, or one
         that could not be saved after the previous reply)."""
-        store = self.services.snapshots.store if self.services is not None else None
-        failure = store.take_notice() if store is not None else None
+        snapshots = self._snapshots
+        failure = snapshots.store.take_notice() if snapshots is not None else None
         if failure:
             self._notices.append(Notice(failure, kind="snapshot"))
         notices, self._notices = self._notices, []
         return notices
 
     def record_reply(self, done: Done, model: str) -> TurnRecord:
-        """Commit a finished turn's reply; an aborted one is stored as stopped. If the commit
-        fails (disk full, database locked) the reply is forgotten by the model too, so the turn
-        ends like a failed one (the prompt stays) and no later turn builds on a lost reply."""
-        timings = done.timings
+        """Commit a finished turn's reply (its prompt was committed by ``send``); an aborted one
+        is stored as stopped. If the commit fails (disk full, database locked) the reply is
+        forgotten by the model too, so the turn ends like a failed one (the prompt stays) and no
+        later turn builds on a lost reply. Then the KV cache is saved, off this thread."""
         try:
-            turn = self.store.add_reply(
-                self.session_id,
-                done.reply,
-                model=timings.model or model,
-                timings=timings,
-                finish_reason=done.finish_reason,
-                stopped=done.finish_reason == "aborted",
-                route=timings.route,
-                route_reason=timings.route_reason,
-            )
+            turn = self.store.add_reply(self.session_id, done.reply, **_reply_fields(done, model))
         except UserError as exc:
             self._forget_last_reply()
             raise UserError(f"{exc} The reply was not saved.") from None
         # Trimming may have swapped in a new running summary during the turn.
         if self.chat is not None and self.chat.summary != self.record.summary:
             self.store.set_summary(self.session_id, self.chat.summary)
-        if self.services is not None and self.chat is not None and hasattr(self.chat.engine, "export_snapshot"):
-            # Off the UI thread (this runs on the turn's worker); the file is written by a thread.
-            self.services.snapshots.save(self.session_id, self.chat.engine, self.chat)
+        self._save_snapshot(wait=False)
         return turn
+
+    def record_exchange(self, prompt: str, done: Done, model: str) -> TurnRecord:
+        """Commit ``prompt`` (as sent), its reply and the running summary in one transaction
+        (both or neither), then save the KV cache, which then holds exactly what the store does,
+        and wait for the file. Raises ``UserError`` when the store cannot take them."""
+        chat = self._require_chat()
+        try:
+            turn = self.store.add_exchange(self.session_id, prompt, done.reply,
+                                           summary=chat.summary, **_reply_fields(done, model))
+        except StoreError as exc:
+            self._forget_last_reply()
+            raise StoreError(f"{exc} Neither the prompt nor the reply was saved.") from None
+        self._save_snapshot(wait=True)
+        return turn
+
+    def _save_snapshot(self, *, wait: bool) -> None:
+        # The copy out of llama.cpp runs on the engine thread; the file is written by a thread.
+        snapshots, chat, engine = self._snapshots, self.chat, self._engine
+        if snapshots is not None and chat is not None and engine is not None:
+            snapshots.save(self.session_id, engine, chat, wait=wait)
 
     def _forget_last_reply(self) -> None:
         chat = self.chat
@@ -238,6 +280,23 @@ class Conversation:
         if self.chat is None:
             raise UserError("The model is not loaded yet.")
         return self.chat
+
+
+class _ReplyFields(TypedDict):
+    model: str
+    timings: Timings
+    finish_reason: str
+    stopped: bool
+    route: str
+    route_reason: str
+
+
+def _reply_fields(done: Done, model: str) -> _ReplyFields:
+    """``Store.add_reply``'s keywords for a finished turn (an aborted one is stored as stopped)."""
+    timings = done.timings
+    return _ReplyFields(model=timings.model or model, timings=timings,
+                        finish_reason=done.finish_reason, stopped=done.finish_reason == "aborted",
+                        route=timings.route, route_reason=timings.route_reason)
 
 
 def code_blocks(reply: str) -> list[str]:

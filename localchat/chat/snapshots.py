@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from localchat.engine.engine import Engine
 from localchat.engine.kv import KVSnapshot
@@ -27,9 +29,15 @@ class SessionSnapshots:
     def __init__(self, store: SnapshotStore, ram_entries: int = 3) -> None:
         self.store = store
         self.ram_entries = ram_entries
-        self._ram: OrderedDict[str, tuple[dict, KVSnapshot, dict]] = OrderedDict()
+        self._ram: OrderedDict[str, tuple[dict, KVSnapshot, dict[str, Any]]] = OrderedDict()
         self._lock = threading.Lock()
         self._writers: list[threading.Thread] = []
+
+    @classmethod
+    def on_disk(cls, directory: Path, cap_bytes: int) -> SessionSnapshots:
+        """Snapshots kept as files in ``directory``, least recently used dropped beyond
+        ``cap_bytes``."""
+        return cls(SnapshotStore(directory, cap_bytes))
 
     @staticmethod
     def key(session_id: int) -> str:
@@ -91,7 +99,7 @@ class SessionSnapshots:
         self.store.discard(key)
 
 
-def context_window(chat: ChatSession) -> dict:
+def context_window(chat: ChatSession) -> dict[str, Any]:
     """What the model was shown of the conversation (restored with the KV cache)."""
     keeper = chat.keeper
     return {
@@ -104,7 +112,7 @@ def context_window(chat: ChatSession) -> dict:
     }
 
 
-def apply_context_window(chat: ChatSession, meta: dict) -> None:
+def apply_context_window(chat: ChatSession, meta: dict[str, Any]) -> None:
     if not meta or meta.get("history_len", 0) > len(chat.history):
         return  # saved for a longer conversation than the store has: let the policy decide
     chat.first_visible = min(int(meta.get("first_visible", 0)), len(chat.history))

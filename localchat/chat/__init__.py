@@ -1,0 +1,9 @@
+"""A stored conversation with a model attached, the same for the app and ``ask --session``.
+
+- ``conversation``: one stored session plus the ``ChatSession`` that continues it; every change
+  goes to both (the store is what the user saw, the chat session what the model sees).
+- ``services``: what a conversation uses besides its engine, built once from config.toml.
+- ``snapshots``: a session's KV cache saved after each reply and restored when it is reopened.
+
+Above ``session/`` (the conversation as data) and ``store/`` (SQLite); imports no UI.
+"""

@@ -1,0 +1,78 @@
+"""One Turn protocol (localchat.events.Turn) for every producer of a turn: the local engine's
+TurnHandle, the remote client's RemoteTurn and the escalator's EscalatedTurn. Whoever reads the
+final event already sees what ``on_finish`` did, and ``finished``/``result`` say the same."""
+
+from __future__ import annotations
+
+import threading
+
+from fault_server import FaultServer, Stall, Stream, chunk, reply
+from remote_fixtures import LocalFactory, confident, settings_for
+
+from localchat.engine.turn import TurnHandle
+from localchat.events import Done, Failed, Token, Turn
+from localchat.remote.client import RemoteClient
+from localchat.remote.escalate import Escalator
+
+MESSAGES = [{"role": "user", "content": "Hi"}]
+
+
+def read_checking_on_finish(turn: Turn) -> Done | Failed:
+    """Read ``turn`` to its end; assert that when the final event arrives, the callback has
+    already seen it and the turn says it is finished."""
+    seen: list[Done | Failed] = []
+    turn.on_finish(seen.append)
+    final = None
+    for event in turn:
+        if isinstance(event, (Done, Failed)):
+            assert seen == [event] and turn.finished and turn.result is event
+            final = event
+    assert final is not None
+    late: list[Done | Failed] = []
+    turn.on_finish(late.append)  # after the end: runs at once
+    assert late == [final]
+    return final
+
+
+def test_a_local_turn_runs_on_finish_before_its_final_event_is_read():
+    handle = TurnHandle()
+
+    def engine_thread() -> None:
+        handle.emit(Token("hi"))
+        handle.emit(Done("hi", "stop"))
+
+    threading.Timer(0.05, engine_thread).start()
+    final = read_checking_on_finish(handle)
+    assert isinstance(final, Done) and final.reply == "hi"
+
+
+def test_a_remote_turn_runs_on_finish_before_its_final_event_is_read():
+    with FaultServer([reply("Hello", " there")]) as server:
+        turn = RemoteClient(settings_for(server.base_url)).stream(MESSAGES)
+        final = read_checking_on_finish(turn)
+    assert isinstance(final, Done) and final.reply == "Hello there"
+
+
+def test_a_stopped_remote_turn_ends_once_with_the_partial_reply():
+    with FaultServer([Stream([chunk("one"), Stall()])]) as server:
+        turn = RemoteClient(settings_for(server.base_url, timeout_s=60)).stream(MESSAGES)
+        seen: list[Done | Failed] = []
+        turn.on_finish(seen.append)
+        events = iter(turn)
+        assert next(events).text == "one"
+        turn.stop()
+        final = next(events)
+    assert isinstance(final, Done) and final.finish_reason == "aborted" and final.reply == "one"
+    assert seen == [final] and turn.result is final and turn.finished
+
+
+def test_an_escalated_turn_runs_on_finish_before_its_final_event_is_read(tmp_path):
+    local = LocalFactory(confident(" word", 5))
+    with FaultServer([reply("unused")]) as server:
+        esc = Escalator.from_settings(settings_for(server.base_url),
+                                      breaker_file=tmp_path / "breaker.json")
+        turn = esc.start_turn(MESSAGES, local, route="local")
+        final = read_checking_on_finish(turn)
+        esc.close()
+    assert isinstance(final, Done) and final.timings.route_reason == "user: local"
+    assert turn.outcome is not None and turn.outcome.route == "local"
