@@ -15,17 +15,17 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from localchat import logs
+from localchat.engine.fill import fill_cache
 from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, plan_layout
 from localchat.engine.options import EngineOptions, Sampling
-from localchat.engine.runtime import DecodeAborted, LlamaRuntime
+from localchat.engine.runtime import LlamaRuntime
 from localchat.engine.templates import (
     Render,
     choose_template,
@@ -435,56 +435,13 @@ class Engine:
 
     def _fill(self, handle: TurnHandle, layout: Layout, timings: Timings,
               needs_logits: bool = True) -> bool:
-        """Bring the KV cache to ``layout``: apply its trim shift, keep the longest prefix of
-        cells that may be reused, prefill the rest. False if a stop request ended the prefill
-        (the cache then holds what it evaluated, the stopped message as a partial record)."""
-        kv = self._require_kv()
-        runtime = kv.runtime
-        timings.prefix_fallback = layout.prefix_fallback
-        if layout.shift is not None:
-            current = kv.shift(layout.shift)
-            timings.trimmed_n = layout.shift.end - layout.shift.start
-            timings.context_shift = True
-        else:
-            current = kv.tokens()
-        target = layout.tokens
-        reused = _common_prefix(current, target)
-        if not layout.continues:
-            # Another conversation, a /retry or an edit: equal token ids are not enough, only
-            # cells computed in order from exactly these tokens may be reused.
-            reused = min(reused, kv.exact_n)
-        if reused == len(target) and needs_logits:
-            reused -= 1  # the last prompt token must be evaluated to get logits to sample from
-        wanted = reused
-        reused = kv.truncate(wanted)  # fewer when the memory rolled back to a checkpoint
-        # Where this turn starts adding: an edit or a stopped prefill rolls back to here.
-        kv.checkpoint()
-        timings.cache_n = reused
-        timings.rebuild_n += _held_before(kv.records, reused, wanted, layout)
-        pending = target[reused:]
-        timings.prompt_n += len(pending)
-        # If this only appends, a stopped prefill can put the cache back exactly as it was.
-        before = kv.mark()
-        only_appends = layout.shift is None and reused >= before.n_tokens
-        kv.hold(layout.messages)
+        """``fill.fill_cache`` for this turn (see there); False if a stop request ended it."""
+        runtime = self._require_runtime()
         chunk = runtime.n_batch if self.info and self.info.gpu_layers else CPU_PREFILL_CHUNK
-        # Also just before the last prompt token: a /retry of this turn rolls back there.
-        checkpoint_at = len(pending) - 1 if needs_logits and len(pending) > 1 else None
-        try:
-            kv.prefill(pending, reused, min(chunk, runtime.n_batch), lambda: handle.stop_requested,
-                       lambda done, total: handle.emit(PrefillProgress(done, total)),
-                       checkpoint_at=checkpoint_at if kv.uses_checkpoints else None)
-        except DecodeAborted:
-            if only_appends and runtime.max_position() + 1 <= before.n_tokens:
-                # Stopped before adding a cell: exactly as before (the last reply stays open).
-                kv.put_back(before)
-            else:
-                kv.keep_evaluated()
-            return False
-        except Exception:
-            kv.forget()  # the cache no longer matches its record: start clean, never wrong
-            raise
-        return True
+        return fill_cache(self._require_kv(), layout, timings, chunk=min(chunk, runtime.n_batch),
+                          should_stop=lambda: handle.stop_requested,
+                          on_progress=lambda done, total: handle.emit(PrefillProgress(done, total)),
+                          needs_logits=needs_logits)
 
     def _timings(self, timings: Timings) -> Timings:
         runtime = self._runtime
@@ -526,29 +483,3 @@ class Engine:
 def _no_model(*args: Any, **kwargs: Any) -> str:
     """The renderer before a model (and with it a chat template) is loaded."""
     raise EngineError("no model is loaded")
-
-
-def _held_before(records: list[CachedMessage], reused: int, wanted: int, layout: Layout) -> int:
-    """Prompt tokens prefilled again although the cache held them: a checkpoint rollback
-    (``reused`` < ``wanted``) and, when the conversation goes on but its cells could not be
-    kept (a trim on a memory that cannot drop turns, a changed system prompt or summary before
-    them), the kept messages after the reuse point."""
-    held = Counter((m.role, m.content) for m in records if not m.open)
-    again, position = 0, 0
-    for message in layout.messages:
-        end = position + len(message.tokens)
-        key = (message.role, message.content)
-        if not message.open and held[key] > 0:
-            held[key] -= 1  # matched once: a later message with the same text is new
-            if end > wanted:
-                again += end - max(position, wanted)
-        position = end
-    return again + (wanted - reused)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
