@@ -80,6 +80,25 @@ async def test_the_first_token_is_shown_at_once_even_when_redraws_are_held_back(
         await pilot.press("escape")
 
 
+async def test_typing_without_a_pause_still_hands_the_draft_over_every_second(store, monkeypatch):
+    from localchat.tui import draft
+
+    now = [100.0]
+    monkeypatch.setattr(draft, "_clock", lambda: now[0])
+    monkeypatch.setattr(draft, "TYPING_PAUSE_S", 60.0)  # the pause never comes
+    engine = FakeEngine()
+    app = make_app(store, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("h")
+        now[0] += 0.5
+        await pilot.press("e")
+        now[0] += 0.6  # 1.1 s of typing since the first key
+        await pilot.press("y")
+        await wait_until(pilot, lambda: engine.prepared, "a draft step")
+        assert [m[-1]["content"] for m in engine.prepared] == ["hey"]
+
+
 async def test_esc_stops_the_reply_within_one_token_and_keeps_it_marked_stopped(store):
     engine = FakeEngine(reply="one two three four five six seven", hold_after=3)
     app = make_app(store, engine)

@@ -1,10 +1,13 @@
 """The app's side of prefill while typing (``localchat.session.draft``): hand the draft to the
-session's ``DraftPrefill`` after a short pause in typing, or at once after a paste. Mixed into
-``LocalChatApp``; never while a reply streams, a model loads or the input holds a command.
+session's ``DraftPrefill`` after a short pause in typing, at once after a paste, and at least
+every ``TYPING_MAX_WAIT_S`` while typing goes on without a pause (a fast typist, or a paste a
+terminal delivers as separate key presses). Mixed into ``LocalChatApp``; never while a reply
+streams, a model loads or the input holds a command.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from localchat.attachments import with_attachments
@@ -19,11 +22,15 @@ if TYPE_CHECKING:
 TYPING_PAUSE_S = 0.3
 # A change this large in one event is a paste: prefill starts at once.
 PASTE_CHARS = 40
+# Typing without a pause still hands the draft over this often: steps only add what is new.
+TYPING_MAX_WAIT_S = 1.0
+_clock = time.monotonic  # tests replace it
 
 
 class DraftPrefiller:
     _draft_timer: Timer | None = None
     _draft_seen = ""
+    _draft_waiting_since: float | None = None  # the first change not yet handed over
 
     def schedule_draft_prefill(self: LocalChatApp, text: str) -> None:
         """The input changed to ``text``."""
@@ -32,13 +39,17 @@ class DraftPrefiller:
             self._draft_timer = None
         pasted = abs(len(text) - len(self._draft_seen)) >= PASTE_CHARS
         self._draft_seen = text
-        if pasted:
+        now = _clock()
+        if self._draft_waiting_since is None:
+            self._draft_waiting_since = now
+        if pasted or now - self._draft_waiting_since >= TYPING_MAX_WAIT_S:
             self._prefill_draft()
         else:
             self._draft_timer = self.set_timer(TYPING_PAUSE_S, self._prefill_draft)
 
     def _prefill_draft(self: LocalChatApp) -> None:
         self._draft_timer = None
+        self._draft_waiting_since = None
         chat = self.conversation.chat if self.conversation is not None else None
         if chat is None or self._closed or not self.is_running:
             return
@@ -58,6 +69,7 @@ class DraftPrefiller:
         if self._draft_timer is not None:
             self._draft_timer.stop()
             self._draft_timer = None
+        self._draft_waiting_since = None
         chat = self.conversation.chat if self.conversation is not None else None
         if chat is not None:
             chat.draft.cancel()
