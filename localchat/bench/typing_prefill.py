@@ -36,9 +36,9 @@ async def _turn_ttft(app: LocalChatApp, pilot: Any, store: Store, text: str, del
     await asyncio.sleep(delay_s)
     steps = app.conversation.chat.draft.steps if app.conversation and app.conversation.chat else 0
     await pilot.press("enter")
-    while app.turn is None:
+    while app.turn is None or app.turn.reply is None:  # the turn starts before its reply is shown
         await asyncio.sleep(0.01)
-    turn, reply = app.turn, app.chat_log.last_reply()
+    turn, reply = app.turn, app.turn.reply
     while app.turn is not None or not reply.finished:  # finished on screen, not only stored
         await asyncio.sleep(0.02)
     timings = store.turns(store.last_session().id)[-1].timings
