@@ -116,19 +116,6 @@ class TurnSpan:
 
 
 @dataclass(frozen=True)
-class PreparedSummary:
-    """A summary built in the background, ready to swap in.
-
-    It folds the previous summary (if any) and every turn up to and including ``through``.
-    ``tokens`` is the summary text's length in the local tokenizer, the part that
-    ``summary_max_tokens`` caps.
-    """
-
-    through: int
-    tokens: int
-
-
-@dataclass(frozen=True)
 class ContextLayout:
     """What the model's context holds before a new turn, in order.
 

@@ -171,7 +171,7 @@ class ChatSession:
                 return None
             keeper = self.keeper
             if keeper is not None:
-                if keeper.in_flight is not None or keeper.prepared is not None:
+                if keeper.in_flight is not None:
                     return None
                 # Below the point where a summary starts, the next turn cannot need a trim.
                 settings, engine = keeper.settings, keeper.engine  # a real engine: it has a keeper

@@ -20,7 +20,6 @@ from localchat.events import Done, Failed, Timings
 from localchat.session.budget import (
     ContextLayout,
     ContextSettings,
-    PreparedSummary,
     SummaryRequest,
     TurnPlan,
     TurnSpan,
@@ -47,8 +46,7 @@ class ContextKeeper:
         self.settings = settings
         self.summary_through = -1  # newest exchange folded into the session's summary
         self.summary_text_tokens = 0  # the summary's own tokens (what summary_max_tokens caps)
-        self.prepared: PreparedSummary | None = None
-        self.prepared_text = ""
+        # A summary being written, then installed (set until it is in the context, or dropped).
         self.in_flight: SummaryRequest | None = None
         self.last_plan: TurnPlan | None = None
         self._generation = 0  # bumped by reset(): a summary started before it is discarded
@@ -63,7 +61,7 @@ class ContextKeeper:
         with self._lock:
             self.summary_through = -1
             self.summary_text_tokens = 0
-            self.prepared, self.prepared_text, self.in_flight = None, "", None
+            self.in_flight = None
             self.last_plan = None
             self._generation += 1
 
@@ -74,7 +72,7 @@ class ContextKeeper:
         may carry a visible cut marker; a refusal message or None)."""
         overhead = self.engine.template_overhead()
         new_tokens = self.engine.count_tokens(text) + overhead
-        # A prepared summary is swapped in by the background (see after_reply), never here: the
+        # A prepared summary is swapped in by the background (see _install), never here: the
         # user would wait for its prefill. A trim now only drops turns, which costs no prefill.
         layout = self._exact_layout(session, text, new_tokens)
         plan = plan_turn(self.settings, layout, new_tokens, new_overhead_tokens=overhead,
@@ -158,12 +156,10 @@ class ContextKeeper:
     # -- after a turn ----------------------------------------------------------------------------
 
     def after_reply(self, session: ChatSession) -> None:
-        """After a reply: swap in a summary that is ready, or start writing the next one."""
+        """After a reply: start writing the next summary if one is due (it is swapped in as
+        soon as it is written, see ``_install``)."""
         with self._lock:
-            prepared, in_flight = self.prepared, self.in_flight
-        if prepared is not None:
-            self._install(session)
-            return
+            in_flight = self.in_flight
         if not self.engine.can_trim_in_place:
             self._trim_ahead(session)
         request = should_prepare_summary(self.settings, self.layout(session), in_flight=in_flight)
@@ -187,31 +183,29 @@ class ContextKeeper:
         with self._lock:
             if generation != self._generation:
                 return
-            self.in_flight = None
             if not text:
+                self.in_flight = None
                 return
-            self.prepared = PreparedSummary(request.through, self.engine.count_tokens(text))
-            self.prepared_text = text
-        self._install(session)
+        self._install(session, request.through, text, self.engine.count_tokens(text), generation)
 
-    def _install(self, session: ChatSession) -> None:
+    def _install(self, session: ChatSession, through: int, text: str, tokens: int,
+                 generation: int) -> None:
         """Swap the prepared summary in: the window drops the turns it covers and shows the
         summary after the system prompt. Nothing is inserted before cached cells (they would not
         be what the model computes for that history), so the engine prefills from the summary on,
         in the background and at once; a user message stops that and reuses what it prefilled."""
         with session.state_lock, self._lock:
-            prepared, text = self.prepared, self.prepared_text
-            if prepared is None:
+            if generation != self._generation:  # the conversation was cleared meanwhile
                 return
             layout = self.layout(session)
             self._trimmed_in_background += layout.summary_tokens + sum(
-                turn.tokens for turn in layout.turns if turn.index <= prepared.through)
+                turn.tokens for turn in layout.turns if turn.index <= through)
             session.summary, session.summary_in_context = text, True
             session.first_visible = max(session.first_visible,
-                                        _position_of_exchange(session, prepared.through + 1))
-            self.summary_through = prepared.through
-            self.summary_text_tokens = min(prepared.tokens, self.settings.summary_max_tokens)
-            self.prepared, self.prepared_text = None, ""
+                                        _position_of_exchange(session, through + 1))
+            self.summary_through = through
+            self.summary_text_tokens = min(tokens, self.settings.summary_max_tokens)
+            self.in_flight = None
             messages = session.model_messages()
         self.engine.prepare(messages).on_finish(self._installed)
 
