@@ -20,6 +20,7 @@ conversation, not with a draft.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,8 @@ from localchat.events import Done, Failed
 if TYPE_CHECKING:
     from localchat.engine.turn import TurnHandle
     from localchat.session.chat import ChatSession
+
+log = logging.getLogger(__name__)
 
 # The first step: about 50 tokens of English. Later steps are sized from the measured prefill
 # speed to take about STEP_SECONDS each: an edit waits for at most that much work, while each
@@ -99,7 +102,15 @@ class DraftPrefill:
                 # Stopped mid-prefill (a turn came first): the engine kept what it evaluated, but
                 # not a whole step's prefix; the next step starts over and reuses those cells.
                 self._cached = ""
-        self._next_step()
+        # This runs on the engine thread (the step's on_finish); sizing the next step tokenizes
+        # the draft, which must not delay a turn queued behind it.
+        threading.Thread(target=self._next_step_logged, name="draft-step", daemon=True).start()
+
+    def _next_step_logged(self) -> None:
+        try:
+            self._next_step()
+        except Exception:  # e.g. the model was closed meanwhile: the draft just is not prefilled
+            log.exception("a draft prefill step could not start")
 
 
 def _step_chars(prompt_n: int, prompt_ms: float, current: int) -> int:
