@@ -66,7 +66,7 @@ class Conversation:
         cache is restored just before its first turn (``restore_snapshot``: that turn's TTFT
         shows what reopening costs)."""
         record = self.record
-        history = [Message(t.role, t.content, stopped=t.stopped) for t in self.turns()]
+        history = self._stored_history()
         self._engine = engine
         if self.services is not None and engine.has_kv_cache:
             from localchat.session.factory import open_chat
@@ -111,7 +111,7 @@ class Conversation:
                             "send again when it is done.")
         try:
             if self.chat is not None and self._engine is not None \
-                    and len(self.turns()) != len(self.chat.history):
+                    and self.record.turn_count != len(self.chat.history):
                 self.attach(self._engine, self.chat.sampling)
             yield
         finally:
@@ -224,12 +224,15 @@ class Conversation:
         self._resync()
         return True
 
+    def _stored_history(self) -> list[Message]:
+        return [Message(t.role, t.content, stopped=t.stopped) for t in self.turns()]
+
     def _resync(self) -> None:
         """The model's history becomes the turns now on screen (the store's)."""
         chat = self.chat
         if chat is None:
             return
-        history = [Message(t.role, t.content, stopped=t.stopped) for t in self.turns()]
+        history = self._stored_history()
         kept = 0
         while kept < min(len(history), len(chat.history)) and history[kept] == chat.history[kept]:
             kept += 1

@@ -461,8 +461,6 @@ class Engine:
 
         def job() -> float:
             kv, render = self._require_kv(), self._render
-            if render is None:
-                raise EngineError("no model is loaded")
             runtime = kv.runtime
             kv.forget()
             runtime.llama.reset()
