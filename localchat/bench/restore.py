@@ -54,17 +54,13 @@ def _measure(model_path: Path, config: Settings, n_ctx: int, target_tokens: int,
              max_tokens: int) -> dict[str, Any]:
     from localchat import paths
     from localchat.chat.snapshots import SessionSnapshots
-    from localchat.engine.engine import Engine
-    from localchat.engine.factory import engine_options
+    from localchat.engine.factory import open_engine
     from localchat.engine.snapshot_file import SnapshotStore
-    from localchat.models.registry import resolve_model
     from localchat.session.factory import open_chat
-    from localchat.store import Store
 
     if n_ctx < target_tokens + 2 * max_tokens + 200:
         raise UserError(f"--restore needs --n-ctx of at least {target_tokens + 2 * max_tokens + 200}")
-    spec = resolve_model(str(model_path))
-    engine = Engine(model_path, engine_options(spec, config, n_ctx=n_ctx), name=spec.name)
+    engine = open_engine(str(model_path), config, n_ctx=n_ctx)
     engine.load()
     store = Store.open()
     snapshots = SessionSnapshots(SnapshotStore(paths.snapshots_dir()))
@@ -77,7 +73,7 @@ def _measure(model_path: Path, config: Settings, n_ctx: int, target_tokens: int,
             question = DEFAULT_QUESTIONS[turn % len(DEFAULT_QUESTIONS)]
             store.add_user_turn(warm_session.id, question)
             done, _ = run_turn(chat.send(question))
-            store.add_reply(warm_session.id, done.reply, model=spec.name, timings=done.timings)
+            store.add_reply(warm_session.id, done.reply, model=engine.name, timings=done.timings)
             turn += 1
         context_tokens = engine.tokens_in_context
         started = time.perf_counter()

@@ -22,9 +22,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-import tomlkit
-
 from localchat import paths
 from localchat.atomic import write_text_atomic
 from localchat.errors import ConfigError, ModelNotFound
@@ -322,6 +319,8 @@ def add_user_entry(name: str, values: dict[str, Any]) -> Path:
     text = registry_file.read_text(encoding="utf-8") if registry_file.exists() else ""
     if text and not text.endswith("\n"):
         text += "\n"
+    import tomli_w  # only here: writing entries is rare, start-up should not pay for it
+
     block = tomli_w.dumps({"models": {name: values}})
     write_text_atomic(registry_file, text + ("\n" if text else "") + block)
     return registry_file
@@ -333,6 +332,8 @@ def remove_user_entry(name: str) -> bool:
     Returns whether one was found. Other entries and comments are left as they were (a comment
     between the entry and the next table goes with the entry).
     """
+    import tomlkit  # only here, like tomli_w above
+
     registry_file = paths.user_registry_file()
     if not registry_file.exists():
         return False
