@@ -27,7 +27,7 @@ class SessionRecord:
     created_at: float
     updated_at: float
     turn_count: int = 0
-    last_message: str = ""  # the newest message, for the sidebar's preview
+    last_message: str = ""  # the start of the newest message, for the sidebar's preview
 
     @property
     def preview(self) -> str:

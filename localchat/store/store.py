@@ -51,7 +51,9 @@ class NameTaken(UserError):
 _SESSION_COLUMNS = (
     "s.id, s.name, s.title, s.system, s.summary, s.model, s.created_at, s.updated_at, "
     "(SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id), "
-    "COALESCE((SELECT t.content FROM turns t WHERE t.session_id = s.id ORDER BY t.seq DESC LIMIT 1), '')"
+    # Only the start of the newest message: the sidebar previews its first line.
+    "COALESCE((SELECT substr(t.content, 1, 500) FROM turns t WHERE t.session_id = s.id "
+    "ORDER BY t.seq DESC LIMIT 1), '')"
 )
 _TURN_COLUMNS = (
     "id, session_id, seq, role, content, model, timings, route, route_reason, finish_reason, "

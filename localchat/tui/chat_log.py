@@ -41,9 +41,11 @@ class UserMessage(Static):
     """A prompt as the user typed it (shown literally, not as Markdown). When an edit or a
     /retry forked the conversation here, its title says which version is on screen."""
 
-    def __init__(self, text: str, versions: tuple[int, int] | None = None) -> None:
+    def __init__(self, text: str, versions: tuple[int, int] | None = None,
+                 seq: int | None = None) -> None:
         super().__init__(text, markup=False)
         self.text = text
+        self.seq = seq  # its turn in the store; None for a prompt added live, not yet re-read
         if versions is not None:
             self.show_versions(*versions)
 
@@ -228,7 +230,7 @@ class ChatLog(VerticalScroll):
         await self.remove_children()
         self.selected = None
         forks = forks or {}
-        widgets = [UserMessage(t.content, forks.get(t.seq)) if t.role == "user" else self._stored_reply(t)
+        widgets = [UserMessage(t.content, forks.get(t.seq), t.seq) if t.role == "user" else self._stored_reply(t)
                    for t in turns]
         if widgets:
             await self.mount_all(widgets)

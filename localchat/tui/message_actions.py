@@ -61,7 +61,10 @@ class MessageActions:
             await self._switch_version(message, -1 if event.action == "older" else 1)
 
     def _prompt_seq(self: LocalChatApp, message: UserMessage) -> int:
-        """The stored seq of a prompt on screen (the n-th prompt is the n-th user turn)."""
+        """The stored seq of a prompt on screen: as read from the store, or for a prompt sent
+        since, by position (the n-th prompt is the n-th user turn)."""
+        if message.seq is not None:
+            return message.seq
         index = self.chat_log.query(UserMessage).nodes.index(message)
         users = [t for t in self._require_conversation().turns() if t.role == "user"]
         if index >= len(users):
