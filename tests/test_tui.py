@@ -19,17 +19,10 @@ from fake_engine import (
 )
 
 from localchat.errors import ModelNotFound
-from localchat.store import Store
 from localchat.tui.chat_log import QueuedPrompt, ReplyView, UserMessage
 from localchat.tui.pacing import FramePacer
 from localchat.tui.screens import ConfirmScreen
 from localchat.tui.status import render_status
-
-
-@pytest.fixture
-def store():
-    with Store.open() as s:
-        yield s
 
 
 def status_text(app) -> str:

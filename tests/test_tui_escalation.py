@@ -7,22 +7,14 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-import pytest
 from fake_engine import SIZE, FakeEngine, make_app, ready, reply_finished, send, wait_until
 from fault_server import FaultServer, Status, reply
 
-from localchat.store import Store
 from localchat.tui.superseded import SupersededReply
 
 # The fake model gets stuck repeating itself: the loop rule hands the reply over mid-way.
 LOOPING = "Sure." + " I can help with that." * 8
 QUESTION = "What is the capital of France?"
-
-
-@pytest.fixture
-def store():
-    with Store.open() as s:
-        yield s
 
 
 @contextlib.asynccontextmanager

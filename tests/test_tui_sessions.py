@@ -4,20 +4,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, wait_until
 
 from localchat.cli import main
-from localchat.store import Store
 from localchat.tui.chat_log import ReplyView, UserMessage
 from localchat.tui.screens import AskTextScreen, ConfirmScreen
 from localchat.tui.sidebar import SessionList
-
-
-@pytest.fixture
-def store():
-    with Store.open() as s:
-        yield s
 
 
 def shown_prompts(app) -> list[str]:

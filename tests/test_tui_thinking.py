@@ -5,22 +5,14 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, wait_until
 
-from localchat.store import Store
 from localchat.tui.chat_log import ReplyView
 from localchat.tui.status import render_status
 from localchat.tui.thinking import ThinkingBlock
 
 SCRIPT = "<think> The user wants a route. The train is fastest. </think> Take the **train**."
 REASONING = "The user wants a route. The train is fastest."
-
-
-@pytest.fixture
-def store():
-    with Store.open() as s:
-        yield s
 
 
 def block_of(reply: ReplyView) -> ThinkingBlock:
