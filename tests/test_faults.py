@@ -543,3 +543,92 @@ class _NoSleep:
     @staticmethod
     def sleep(seconds: float) -> None:
         pass
+
+
+# -- issue 21: names, paths and the terminal --------------------------------------------------
+
+
+def _hub_env(hub) -> dict[str, str]:
+    return {"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_TOKEN": ""}
+
+
+@pytest.mark.parametrize("ref", [
+    "hf:org/repo/../../../../../evil/x/resolve/main/evil.gguf",
+    "hf:evil/../x/evil.gguf",
+    "hf:acme/Tiny-GGUF/..\\..\\evil.gguf",
+    "hf:acme/Tiny-GGUF/\x1b[2Jevil.gguf",
+    "hf:acme/Tiny-GGUF/evil\u202egguf.gguf",
+])
+def test_21_1_a_hub_name_that_would_leave_the_models_folder_is_refused_before_any_request(ref, tmp_path):
+    from hub_server import FakeHub, make_gguf
+
+    home = tmp_path / "home"
+    with FakeHub() as hub:
+        hub.add_file("evil/x", "evil.gguf", make_gguf())
+        code, out, err = localchat("pull", ref, home=home, timeout=60, env=_hub_env(hub))
+        assert code == 1
+        assert "is not a usable" in the_error(err) or "contains control" in the_error(err)
+        assert hub.requests == []
+    assert not [p for p in tmp_path.rglob("*") if "evil" in p.name]
+
+
+def test_21_1_a_folder_the_hub_nests_still_pulls_and_import_names_stay_single(tmp_path):
+    from hub_server import FakeHub, make_gguf
+
+    home = tmp_path / "home"
+    with FakeHub() as hub:
+        hub.add_file("acme/Tiny-GGUF", "sub/dir/tiny.gguf", make_gguf())
+        code, out, err = localchat("pull", "hf:acme/Tiny-GGUF/sub/dir/tiny.gguf", home=home,
+                                   timeout=60, env=_hub_env(hub))
+    assert code == 0, err
+    assert (home / "data" / "models" / "acme--Tiny-GGUF" / "sub" / "dir" / "tiny.gguf").is_file()
+
+    model = tmp_path / "tiny.gguf"
+    model.write_bytes(make_gguf())
+    for name in ("../../../outside", "..", "a/b", "/tmp/x"):
+        code, out, err = localchat("import", str(model), "--name", name, home=home, timeout=60)
+        assert code == 1 and "not a usable model name" in the_error(err), (name, err)
+    assert not (tmp_path / "outside.gguf").exists() and not (home / "data" / "outside.gguf").exists()
+    assert not (home / "data" / "models" / "imported").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ("ask", "-s", "gnp\u202e.exe", "hi"),
+    ("--session", "zero\u200bwidth"),
+    ("import", "{model}", "--name", "tiny\u202e"),
+    ("import", "{model}", "--name", "tiny\x1b[2J"),
+])
+def test_21_2_names_with_control_bidi_or_zero_width_characters_are_refused_where_they_enter(args, tmp_path):
+    from hub_server import make_gguf
+
+    model = tmp_path / "tiny.gguf"
+    model.write_bytes(make_gguf())
+    home = tmp_path / "home"
+    code, out, err = localchat(*(a.format(model=model) for a in args), home=home, timeout=60)
+    assert code == 1 and "contains control, invisible or non-UTF-8 characters" in the_error(err)
+    assert not (home / "models.toml").exists()
+    assert not (home / "data" / "sessions.db").exists() or not sqlite3.connect(
+        home / "data" / "sessions.db").execute("SELECT count(*) FROM sessions").fetchone()[0]
+
+
+def test_21_3_import_refuses_a_fifo_at_once_and_follows_a_relative_symlink(tmp_path):
+    from hub_server import make_gguf
+
+    home = tmp_path / "home"
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    code, out, err = localchat("import", str(fifo), home=home, timeout=30)  # a hang times out
+    assert code == 1 and "is not a regular file" in the_error(err)
+
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "tiny.gguf").write_bytes(make_gguf())
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "tiny.gguf").symlink_to(Path("..") / "files" / "tiny.gguf")
+    code, out, err = localchat("import", str(tmp_path / "links" / "tiny.gguf"), home=home,
+                               timeout=60)
+    assert code == 0, err
+    stored = home / "data" / "models" / "imported" / "tiny.gguf"
+    assert stored.is_file() and not stored.is_symlink()
+    assert stored.read_bytes() == make_gguf()
+    code, out, err = localchat("models", "--json", home=home, timeout=60)
+    assert {row["name"]: row for row in json.loads(out)}["tiny"]["downloaded"]

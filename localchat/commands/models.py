@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from localchat.models.progress import TerminalProgress
 from localchat.models.registry import (
     IMPORTED_DIR,
     add_user_entry,
+    check_model_name,
     is_downloaded,
     known_models,
     load_registry,
@@ -27,6 +27,7 @@ from localchat.models.registry import (
     remove_user_entry,
     resolve_model,
 )
+from localchat.names import path_under
 from localchat.settings import load_config
 
 
@@ -197,33 +198,62 @@ _NAME_CHARS = re.compile(r"[^a-z0-9._-]+")
 
 
 def run_import(args: argparse.Namespace) -> int:
-    source = Path(args.path).expanduser()
-    info = read_gguf(source)  # refuses non-GGUF and cut-off headers
+    source = _import_source(Path(args.path).expanduser())
+    info = read_gguf(source)  # refuses non-GGUF and cut-off headers, FIFOs and devices
     info.require_complete()  # refuses files whose tensor data is cut short
-    name = args.name or default_import_name(source)
-    if not name or "/" in name or name.startswith("hf:") or any(c.isspace() for c in name):
-        raise UserError(f"'{name}' is not a usable model name (no spaces or '/')")
+    name = check_model_name(args.name if args.name is not None else default_import_name(source))
     if name in load_registry():
         raise UserError(f"a model named {name} already exists; choose another with --name")
 
     relative = Path(IMPORTED_DIR) / f"{name}.gguf"
-    dest = paths.models_dir() / relative
-    link_or_copy(source, dest)
+    dest = path_under(paths.models_dir(), *relative.parts, what="model name")
     context = info.context_length or 0
     entry: dict[str, Any] = {
         "path": relative.as_posix(),
         "size_bytes": info.file_size,
-        "description": f"imported from {source.resolve()}",
+        "description": f"imported from {source}",
     }
     if info.quantization:
         entry["quant"] = info.quantization
     if context:
         entry["context_length"] = context
         entry["n_ctx"] = min(context, 4096)
-    registry_file = add_user_entry(name, entry)
+    registry_file = _publish_import(source, dest, name, entry)
     chat = "" if info.chat_template else " (no chat template in the file: set chat_format there)"
     print(f"imported {name}: {dest} (added to {registry_file}){chat}")
     return 0
+
+
+def _import_source(path: Path) -> Path:
+    """The file a user named, symlinks resolved: the link itself would be copied as a link, and a
+    relative one would point nowhere from the models folder."""
+    try:
+        return path.resolve(strict=True)
+    except FileNotFoundError:
+        raise UserError(f"no such file: {path}") from None
+    except OSError as exc:  # a symlink loop, a path component that is not a folder
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _publish_import(source: Path, dest: Path, name: str, entry: dict[str, Any]) -> Path:
+    """Put the file in place and its entry in models.toml, both or neither: the bytes go to a
+    hidden temporary name first and are renamed to ``dest`` once the entry is written."""
+    if dest.exists():
+        raise UserError(f"{dest} already exists; `localchat rm` that model first")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staged = dest.with_name(f".{dest.name}.{os.getpid()}.importing")
+    entry_written = False
+    try:
+        link_or_copy(source, staged)
+        registry_file = add_user_entry(name, entry)
+        entry_written = True
+        os.replace(staged, dest)
+    except BaseException:  # any failure, Ctrl+C included: no file without an entry, or the reverse
+        staged.unlink(missing_ok=True)
+        if entry_written:
+            remove_user_entry(name)
+        raise
+    return registry_file
 
 
 def default_import_name(path: Path) -> str:
@@ -232,11 +262,9 @@ def default_import_name(path: Path) -> str:
 
 
 def link_or_copy(source: Path, dest: Path) -> None:
-    """Put ``source``'s bytes at ``dest``: a hard link when on the same filesystem (instant, no
-    extra space), else a copy through a temporary file so ``dest`` never exists half-written."""
-    if dest.exists():
-        raise UserError(f"{dest} already exists; `localchat rm` that model first")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    """Put ``source``'s bytes at ``dest`` (a staging name the caller removes on failure): a hard
+    link when on the same filesystem (instant, no extra space), else a copy."""
+    dest.unlink(missing_ok=True)  # left by an import that was killed
     try:
         os.link(source, dest)
         return
@@ -246,12 +274,7 @@ def link_or_copy(source: Path, dest: Path) -> None:
     size = source.stat().st_size
     if size > free:
         raise UserError(f"not enough disk space to copy {source} into {dest.parent}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    os.close(fd)
     try:
-        shutil.copyfile(source, tmp)
-        os.replace(tmp, dest)
+        shutil.copyfile(source, dest)
     except OSError as exc:
         raise UserError(f"could not copy {source} to {dest}: {exc.strerror or exc}") from None
-    finally:
-        Path(tmp).unlink(missing_ok=True)

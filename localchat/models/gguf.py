@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import re
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,6 +216,10 @@ def read_gguf(path: Path | str) -> GGUFInfo:
     """
     path = Path(path)
     try:
+        if not path.is_dir() and not stat.S_ISREG(path.stat().st_mode):
+            # Opening a FIFO blocks until a writer comes; a device may never end.
+            raise GGUFError(f"{path} is not a regular file (a FIFO, socket or device); "
+                            "give the path of a .gguf file")
         with path.open("rb") as f:
             size = path.stat().st_size
             start = f.read(8)

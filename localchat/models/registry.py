@@ -24,8 +24,10 @@ from typing import Any
 
 from localchat import paths
 from localchat.atomic import write_text_atomic
-from localchat.errors import ConfigError, ModelNotFound
+from localchat.errors import ConfigError, ModelNotFound, UserError
+from localchat.names import UnsafeName, check_file_name, path_under
 from localchat.settings import line_of, load_config, read_toml_file
+from localchat.terminal import visible
 
 # Context opened for models the registry knows nothing about (hf: references, plain paths).
 DEFAULT_N_CTX = 4096
@@ -148,9 +150,19 @@ def _merge_file(registry_file: Path, entries: dict[str, dict[str, Any]],
 
 
 def _check_name(name: str, where: str) -> None:
-    if not name or name.startswith(HF_PREFIX) or "/" in name or any(c.isspace() for c in name):
-        raise ConfigError(f"{where}: '{name}' is not a usable model name "
-                          "(no spaces, no '/', must not start with 'hf:')")
+    try:
+        check_model_name(name)
+    except UserError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def check_model_name(name: str) -> str:
+    """``name`` if it can name a registry entry (and an imported file): one plain word."""
+    check_file_name(name, "model name")
+    if name.startswith(HF_PREFIX) or any(c.isspace() for c in name):
+        raise UserError(f"'{name}' is not a usable model name "
+                        "(no spaces, no '/', must not start with 'hf:')")
+    return name
 
 
 def _check_field(name: str, key: str, value: Any, where: str) -> None:
@@ -237,10 +249,11 @@ def hub_file_spec(ref: str) -> ModelSpec:
     """A spec for ``hf:ORG/REPO/FILE.gguf`` (FILE may include folders inside the repository)."""
     parts = ref[len(HF_PREFIX):].strip("/").split("/")
     if len(parts) < 3 or not all(parts) or not parts[-1].endswith(".gguf"):
-        raise ModelNotFound(f"'{ref}' is not a Hub file reference; use hf:ORG/REPO/FILE.gguf")
+        raise ModelNotFound(f"'{visible(ref)}' is not a Hub file reference; "
+                            "use hf:ORG/REPO/FILE.gguf")
     spec = ModelSpec(name=ref, repo="/".join(parts[:2]), filename="/".join(parts[2:]),
                      quant=_quant_from_filename(parts[-1]))
-    return _with_local_facts(spec, local_path(spec))
+    return _with_local_facts(spec, local_path(spec))  # local_path refuses unsafe parts
 
 
 def _local_file_spec(path: Path) -> ModelSpec:
@@ -270,7 +283,15 @@ def local_path(spec: ModelSpec) -> Path:
     """Where the model's file is, or will be once pulled (the file may not exist)."""
     if spec.path is not None:
         return spec.path
-    return paths.models_dir() / repo_folder(spec.repo) / spec.filename
+    # Repository and file names come from the user or a registry and are sent to the Hub: each
+    # part must be one plain name, and the file must land inside the models folder.
+    try:
+        for part in spec.repo.split("/"):
+            check_file_name(part, "repository name")
+        return path_under(paths.models_dir(), repo_folder(spec.repo), *spec.filename.split("/"),
+                          what="Hub file name")
+    except UnsafeName as exc:
+        raise ModelNotFound(f"model {visible(spec.name)}: {exc}") from None
 
 
 def repo_folder(repo: str) -> str:
@@ -305,7 +326,10 @@ def known_models() -> list[ModelSpec]:
             continue
         relative = gguf.relative_to(root).parts
         repo = relative[0].replace("--", "/", 1)
-        specs.append(hub_file_spec(f"{HF_PREFIX}{repo}/{'/'.join(relative[1:])}"))
+        try:
+            specs.append(hub_file_spec(f"{HF_PREFIX}{repo}/{'/'.join(relative[1:])}"))
+        except ModelNotFound:  # a file put there by hand under a name no pull would accept
+            continue
     return specs
 
 

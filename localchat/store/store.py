@@ -23,6 +23,7 @@ from typing import Any
 
 from localchat.errors import UserError
 from localchat.events import Timings
+from localchat.names import check_name
 from localchat.paths import database_file
 from localchat.store.connect import StoreError
 from localchat.store.connect import connect as _connect
@@ -405,8 +406,6 @@ class Store:
 
 
 def check_session_name(name: str) -> None:
-    """Raise ``UserError`` for a name the sessions table and sidebar cannot show on one line."""
-    if not name.strip():
-        raise UserError("A session name cannot be empty.")
-    if any(ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0 for ch in name):
-        raise UserError("A session name cannot contain control characters (newlines, escapes).")
+    """Raise ``UserError`` for a name the sessions table and sidebar cannot show on one line (or
+    that would show as another name: see localchat.names)."""
+    check_name(name, "session name")

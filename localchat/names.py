@@ -1,0 +1,79 @@
+"""Names that come from users or remotes: checked once, where they enter, before they are shown,
+stored or turned into a path.
+
+- :func:`check_name`: a name shown on one line (a session, a model): not empty, valid UTF-8, no
+  control characters (C0, DEL, C1), no bidi overrides or isolates (U+202A–202E, U+2066–2069) and no
+  zero-width or other invisible formatting characters, which would make one name look like
+  another or reorder the line it is printed on.
+- :func:`check_file_name`: one path component (a file or folder name): a checked name that is
+  also not ``.``, ``..`` or ``~`` and holds no ``/`` or ``\\``.
+- :func:`path_under`: ``folder/part/part``: every part a file name, and the resolved path (symlinks
+  followed) still inside ``folder``.
+
+Each raises :class:`UnsafeName` (a :class:`UserError`) whose message names what was refused,
+with the offending characters made visible by :func:`localchat.terminal.visible`.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from pathlib import Path
+
+from localchat.errors import UserError
+
+# Invisible characters that reorder or hide text: bidi embeddings/overrides/isolates and marks,
+# zero-width space/joiners, word joiner and friends, the BOM.
+_INVISIBLE = frozenset(
+    [0x061C, 0x180E, 0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0xFEFF, 0x2028, 0x2029,
+     *range(0x202A, 0x202F), *range(0x2060, 0x2065), *range(0x2066, 0x206A)]
+)
+
+
+class UnsafeName(UserError):
+    """A name that cannot be shown on one line or used as a file name as it is."""
+
+
+def unsafe_char(ch: str) -> bool:
+    """Whether ``ch`` must not appear in a name: a control, invisible or undecodable character."""
+    code = ord(ch)
+    if code < 0x20 or 0x7F <= code < 0xA0 or code in _INVISIBLE:
+        return True
+    if 0xD800 <= code < 0xE000:  # a lone surrogate: bytes that were not UTF-8 (surrogateescape)
+        return True
+    return unicodedata.category(ch) == "Cf"  # any other invisible format character
+
+
+def check_name(text: str, what: str = "name") -> str:
+    """``text`` if it is a usable one-line name; else :class:`UnsafeName` saying why."""
+    from localchat.terminal import visible
+
+    if not text.strip():
+        raise UnsafeName(f"{what} cannot be empty")
+    bad = sorted({ch for ch in text if unsafe_char(ch)})
+    if bad:
+        shown = " ".join(visible(ch, newlines=False) for ch in bad)
+        raise UnsafeName(f"{what} '{visible(text, newlines=False)}' contains control, invisible or "
+                         f"non-UTF-8 characters ({shown}); use plain text")
+    return text
+
+
+def check_file_name(text: str, what: str = "file name") -> str:
+    """``text`` if it can be one path component under a folder localchat owns."""
+    from localchat.terminal import visible
+
+    check_name(text, what)
+    if text in (".", "..", "~") or "/" in text or "\\" in text:
+        raise UnsafeName(f"'{visible(text)}' is not a usable {what} "
+                         "(a single name: no '/', '\\', '.' or '..')")
+    return text
+
+
+def path_under(folder: Path, *parts: str, what: str = "file name") -> Path:
+    """``folder/parts...`` after checking every part with :func:`check_file_name` and that the
+    path, with symlinks resolved, stays inside ``folder`` (a link planted there cannot lead out)."""
+    for part in parts:
+        check_file_name(part, what)
+    path = folder.joinpath(*parts)
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise UnsafeName(f"{what} '{'/'.join(parts)}' leads outside {folder}")
+    return path
