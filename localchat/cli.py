@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     func = getattr(args, "func", None) or _run_app
     try:
+        if func is not _run_app:  # the app draws its own screen
+            from localchat.terminal import guard_std_streams
+
+            guard_std_streams()
         return func(args)
     except UserError as exc:
         print(f"localchat: error: {exc}", file=sys.stderr)

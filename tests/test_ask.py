@@ -13,7 +13,8 @@ import pytest
 from fault_server import FaultServer, reply
 
 from localchat.cli import main
-from localchat.commands.ask import PlainText, neutralise_controls
+from localchat.commands.ask import PlainText
+from localchat.terminal import guard, visible
 
 
 def run_cli(capsys, *args):
@@ -85,7 +86,8 @@ def test_sigint_in_plain_mode_leaves_the_partial_reply_on_stdout(test_model_path
 
 
 def test_control_sequences_from_the_model_are_neutralised_on_a_terminal():
-    assert neutralise_controls("ok\x1b[2J\x07\x9b31m\nnext\t") == "ok^[[2J^G\\x9b31m\nnext\t"
+    assert visible("ok\x1b[2J\x07\x9b31m\nnext\t") == "ok^[[2J^G\\x9b31m\nnext\t"
+    assert visible("a\u202eb\u200bc\udcff") == "a<U+202E>b<U+200B>c\\xff"
 
     class FakeTty:
         def __init__(self):
@@ -103,7 +105,7 @@ def test_control_sequences_from_the_model_are_neutralised_on_a_terminal():
     from localchat.events import Token
 
     out, err = FakeTty(), FakeTty()
-    PlainText(out, err).event(Token("\x1b]52;c;ZXZpbA==\x07"))
+    PlainText(guard(out), guard(err)).event(Token("\x1b]52;c;ZXZpbA==\x07"))  # as the CLI does
     assert "\x1b" not in out.data and "^[" in out.data
 
 

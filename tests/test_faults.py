@@ -552,6 +552,32 @@ def _hub_env(hub) -> dict[str, str]:
     return {"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_TOKEN": ""}
 
 
+def on_a_terminal(*args: str, home: Path, timeout: float = 60) -> tuple[int, str]:
+    """Run the CLI with stdout and stderr on a pseudo-terminal; returns (exit status, what the
+    terminal received)."""
+    import pty
+    import select
+
+    primary, secondary = pty.openpty()
+    environment = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "localchat", *args], stdin=subprocess.DEVNULL,
+                            stdout=secondary, stderr=secondary, env=environment)
+    os.close(secondary)
+    received = b""
+    while True:
+        ready, _, _ = select.select([primary], [], [], timeout)
+        assert ready, f"no output within {timeout} s"
+        try:
+            data = os.read(primary, 65536)
+        except OSError:  # EIO: the process closed its side
+            break
+        if not data:
+            break
+        received += data
+    os.close(primary)
+    return proc.wait(timeout=timeout), received.decode("utf-8", "replace")
+
+
 @pytest.mark.parametrize("ref", [
     "hf:org/repo/../../../../../evil/x/resolve/main/evil.gguf",
     "hf:evil/../x/evil.gguf",
@@ -590,6 +616,28 @@ def test_21_1_a_folder_the_hub_nests_still_pulls_and_import_names_stay_single(tm
         assert code == 1 and "not a usable model name" in the_error(err), (name, err)
     assert not (tmp_path / "outside.gguf").exists() and not (home / "data" / "outside.gguf").exists()
     assert not (home / "data" / "models" / "imported").exists()
+
+
+def test_21_2_terminal_output_is_neutralised_in_one_place_and_pipes_stay_byte_exact(tmp_path):
+    from localchat.store import Store
+
+    home = tmp_path / "home"
+    hostile = "see \x1b]52;c;cm0gLXJmIH4=\x07 and \x1b[2J, \x9b31m, gnp\u202e.exe, zero\u200bwidth"
+    with Store.open(home / "data" / "sessions.db") as store:
+        session = store.create_session("plain")
+        store.add_exchange(session.id, "hi", hostile, model="m")
+
+    code, piped, err = localchat("sessions", "--export", "plain", home=home, timeout=60)
+    assert code == 0 and hostile in piped  # a file or a pipe gets the stored text exactly
+
+    code, shown = on_a_terminal("sessions", "--export", "plain", home=home)
+    assert code == 0
+    assert not any(ch in shown for ch in "\x1b\x07\x9b\u202e\u200b"), repr(shown)
+    assert "^[]52;c;cm0gLXJmIH4=^G" in shown and "^[[2J" in shown and "\\x9b31m" in shown
+    assert "gnp<U+202E>.exe" in shown and "zero<U+200B>width" in shown
+
+    code, shown = on_a_terminal("rm", "nope\x1b[2J", home=home)  # an error on stderr too
+    assert code == 1 and "\x1b" not in shown and "unknown model 'nope^[[2J'" in shown
 
 
 @pytest.mark.parametrize("args", [

@@ -236,19 +236,19 @@ def stream(handle: Turn, out: PlainText | JsonEvents) -> Done | Failed:
 
 
 class PlainText:
-    """Reply text on stdout (terminal control sequences neutralised on a tty), summary on stderr."""
+    """Reply text on stdout, summary on stderr (on a terminal, the CLI's guard neutralises
+    control sequences in both: see localchat.terminal)."""
 
     def __init__(self, stdout: TextIO, stderr: TextIO, hide_thinking: bool = False) -> None:
         self.stdout = stdout
         self.stderr = stderr
-        self.on_terminal = stdout.isatty()
         self._remote_text = ""  # reply text on stdout since the last route notice
         self._unshown_reply = False  # a fallback kept a reply that is not on stdout after it
         self.hide_thinking = hide_thinking
         self._thinking_open = False  # reasoning was written to stderr and not yet ended
 
     def _write(self, text: str) -> None:
-        self.stdout.write(neutralise_controls(text) if self.on_terminal else text)
+        self.stdout.write(text)
         self.stdout.flush()
 
     def event(self, event: Event) -> None:
@@ -304,10 +304,13 @@ class PlainText:
 
     def _write_thinking(self, text: str) -> None:
         """Reasoning goes to stderr, dimmed on a terminal, so stdout holds only the answer."""
-        if self.stderr.isatty():
-            text = f"\x1b[2m{neutralise_controls(text)}\x1b[22m"
-        self.stderr.write(text)
-        self.stderr.flush()
+        from localchat.terminal import raw, visible
+
+        stderr = raw(self.stderr)  # the dimming escapes are ours; the model's text is not
+        if stderr.isatty():
+            text = f"\x1b[2m{visible(text)}\x1b[22m"
+        stderr.write(text)
+        stderr.flush()
         self._thinking_open = True
 
 
@@ -384,18 +387,3 @@ def summary_line(t: Timings) -> str:
     if t.route != "local":
         parts.append(f"route {t.route}" + (f" ({t.route_reason})" if t.route_reason else ""))
     return " · ".join(parts)
-
-
-def neutralise_controls(text: str) -> str:
-    """Make terminal control characters visible (^[ for ESC, etc.) so model output cannot move
-    the cursor, retitle the window or write to the clipboard. Newline and tab pass."""
-    out = []
-    for ch in text:
-        code = ord(ch)
-        if (code < 32 and ch not in "\n\t") or code == 127:
-            out.append("^" + chr(code ^ 0x40))
-        elif 0x80 <= code < 0xA0:  # C1 controls (CSI, OSC, ...) as 8-bit characters
-            out.append(f"\\x{code:02x}")
-        else:
-            out.append(ch)
-    return "".join(out)

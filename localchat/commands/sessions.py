@@ -130,9 +130,10 @@ def print_columns(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], out:
 
 
 def _visible(text: str) -> str:
-    from localchat.commands.ask import neutralise_controls
+    """One table cell: on one line wherever the table goes (a file keeps its layout too)."""
+    from localchat.terminal import visible
 
-    return neutralise_controls(text).replace("\n", "^J").replace("\t", " ")
+    return visible(text.replace("\t", " "), newlines=False)
 
 
 def _ago(timestamp: float, now: float | None = None) -> str:

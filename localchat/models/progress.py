@@ -6,9 +6,12 @@ printed as a plain line every few seconds (and once at the end) instead, so logs
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from localchat.terminal import raw
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -40,7 +43,8 @@ class TerminalProgress:
         )
 
         self.label = label
-        self.console = console or Console(stderr=True)
+        # The bar's own escapes go to the terminal itself, past the CLI's guard (localchat.terminal).
+        self.console = console or Console(file=raw(sys.stderr))
         self.clock = clock
         self.interactive = self.console.is_terminal and not self.console.is_dumb_terminal
         bar = [BarColumn()] if self.interactive else []  # a log line reads better without one
