@@ -55,11 +55,26 @@ def _run_app(args: argparse.Namespace) -> int:
     return run_app(model=args.model, continue_last=args.continue_last, session=args.session)
 
 
+def require_utf8_arguments(argv: list[str]) -> None:
+    """Refuse arguments that are not UTF-8 text (Python hands such bytes on as lone surrogates,
+    which no name, search or file can hold)."""
+    from localchat.terminal import visible
+
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UserError(f"the argument '{visible(arg)}' is not valid UTF-8 text (localchat "
+                            "reads arguments as UTF-8: check the terminal's encoding or LANG)"
+                            ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None) or _run_app
     try:
+        require_utf8_arguments(sys.argv[1:] if argv is None else argv)
         if func is not _run_app:  # the app draws its own screen
             from localchat.terminal import guard_std_streams
 

@@ -680,3 +680,22 @@ def test_21_3_import_refuses_a_fifo_at_once_and_follows_a_relative_symlink(tmp_p
     assert stored.read_bytes() == make_gguf()
     code, out, err = localchat("models", "--json", home=home, timeout=60)
     assert {row["name"]: row for row in json.loads(out)}["tiny"]["downloaded"]
+
+
+@pytest.mark.parametrize("args", [
+    ("sessions", "--search", "\udcff"),
+    ("sessions", "--export", "caf\udce9"),
+    ("-s", "caf\udce9", "sessions"),
+    ("import", "{model}", "--name", "caf\udce9"),
+])
+def test_21_8_arguments_that_are_not_utf8_are_one_line_and_a_failed_import_leaves_nothing(args, tmp_path):
+    from hub_server import make_gguf
+
+    model = tmp_path / "tiny.gguf"
+    model.write_bytes(make_gguf())
+    home = tmp_path / "home"
+    code, out, err = localchat(*(a.format(model=model) for a in args), home=home, timeout=60)
+    assert code == 1 and "is not valid UTF-8 text" in the_error(err)
+    imported = home / "data" / "models" / "imported"
+    assert not imported.exists() or not list(imported.iterdir())
+    assert not (home / "models.toml").exists()
