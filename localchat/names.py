@@ -52,8 +52,8 @@ def check_name(text: str, what: str = "name") -> str:
     bad = sorted({ch for ch in text if unsafe_char(ch)})
     if bad:
         shown = " ".join(visible(ch, newlines=False) for ch in bad)
-        raise UnsafeName(f"{what} '{visible(text, newlines=False)}' contains control, invisible or "
-                         f"non-UTF-8 characters ({shown}); use plain text")
+        raise UnsafeName(f"{what} '{visible(text, newlines=False)}' cannot hold control characters, "
+                         f"invisible ones (bidi, zero-width) or non-UTF-8 bytes: {shown}")
     return text
 
 
