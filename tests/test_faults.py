@@ -618,6 +618,14 @@ def test_21_1_a_folder_the_hub_nests_still_pulls_and_import_names_stay_single(tm
     assert not (home / "data" / "models" / "imported").exists()
 
 
+def test_21_1_a_registry_entry_whose_file_would_leave_the_models_folder_names_its_line(tmp_path):
+    home = tmp_path / "home"
+    write_config(home, "")
+    (home / "models.toml").write_text('[models.bad]\nrepo = "acme/r"\nfilename = "../../x.gguf"\n')
+    code, out, err = localchat("models", home=home, timeout=60)
+    assert code == 1 and "models.toml:3: models.bad.filename: '..' is not a usable" in the_error(err)
+
+
 def test_21_2_terminal_output_is_neutralised_in_one_place_and_pipes_stay_byte_exact(tmp_path):
     from localchat.store import Store
 

@@ -183,6 +183,12 @@ def _check_field(name: str, key: str, value: Any, where: str) -> None:
         raise ConfigError(f"{prefix}: must be a positive number of tokens")
     if key == "thinking" and value not in THINKING_KINDS:
         raise ConfigError(f"{prefix}: must be one of {', '.join(THINKING_KINDS)}, not {value!r}")
+    if key in ("repo", "filename"):  # parts of a path under the models folder and of a Hub URL
+        try:
+            for part in value.split("/"):
+                check_file_name(part, "repository name" if key == "repo" else "Hub file name")
+        except UnsafeName as exc:
+            raise ConfigError(f"{prefix}: {exc}") from None
     if key == "sha256" and not _SHA256.match(value):
         raise ConfigError(f"{prefix}: must be 64 lowercase hex digits")
     if key == "pypi":
