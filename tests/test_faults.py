@@ -543,3 +543,40 @@ class _NoSleep:
     @staticmethod
     def sleep(seconds: float) -> None:
         pass
+
+
+# -- issue 21: the CLI edge, config and the store on bad disks --------------------------------
+
+
+def _run_to(stdout, *args: str, home: Path, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run the CLI with ``stdout`` as its standard output; returns (exit status, stderr)."""
+    environment = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO), **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "localchat", *args], stdout=stdout,
+                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=120, env=environment)
+    return proc.returncode, proc.stderr.decode("utf-8", "replace")
+
+
+@contextlib.contextmanager
+def closed_pipe():
+    """The write end of a pipe whose reader has already left (`| head -c0`): every write fails."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        yield write_end
+    finally:
+        os.close(write_end)
+
+
+def test_21_07_a_closed_stdout_exits_quietly_and_a_full_one_is_one_line(test_model_path, tmp_path):
+    from localchat.cli import EXIT_CLOSED_PIPE
+
+    home = tmp_path / "home"
+    for args in (("models",), ("models", "--json"),
+                 ("ask", "-m", str(test_model_path), "--max-tokens", "4", "hi")):
+        with closed_pipe() as stdout:
+            code, err = _run_to(stdout, *args, home=home)
+        assert (code, err) == (EXIT_CLOSED_PIPE, ""), err  # no traceback, no "Exception ignored"
+        with open("/dev/full", "wb") as stdout:
+            code, err = _run_to(stdout, *args, home=home)
+        assert code == 1 and "the output could not be written" in the_error(err)
+        assert "Exception ignored" not in err
