@@ -326,6 +326,8 @@ def read_toml_file(path: Path) -> tuple[dict[str, Any], str]:
         where = f"{path}:{match.group(1)}" if match else str(path)
         reason = _LINE_IN_MESSAGE.sub("", message).strip()
         raise ConfigError(f"{where}: invalid TOML: {reason}") from None
+    except RecursionError:  # tomllib recurses once per level of nested arrays and inline tables
+        raise ConfigError(f"{path}: invalid TOML: values are nested too deeply") from None
 
 
 def line_of(text: str, table: str | None, key: str | None = None) -> int:

@@ -580,3 +580,30 @@ def test_21_07_a_closed_stdout_exits_quietly_and_a_full_one_is_one_line(test_mod
             code, err = _run_to(stdout, *args, home=home)
         assert code == 1 and "the output could not be written" in the_error(err)
         assert "Exception ignored" not in err
+
+
+def test_21_09_deeply_nested_config_and_registry_are_one_line_naming_the_file(tmp_path):
+    home = tmp_path / "home"
+    deep = "a = " + "[" * 10_000 + "]" * 10_000 + "\n"
+    for name, text in (("config.toml", deep), ("models.toml", "x = " + "{a = " * 5_000 + "1" + "}" * 5_000)):
+        home.mkdir(exist_ok=True)
+        for other in ("config.toml", "models.toml"):
+            (home / other).unlink(missing_ok=True)
+        (home / name).write_text(text)
+        code, _, err = localchat("models", home=home)
+        assert code == 1 and str(home / name) in the_error(err) and "nested too deeply" in err
+
+
+def test_21_09b_the_app_ending_on_an_error_at_start_exits_non_zero(monkeypatch):
+    # What the nested config did before it was a ConfigError: an unexpected error while the
+    # app starts. Textual shows it and ends the app; the exit status must say so too.
+    from textual.app import App
+
+    from localchat.tui import app as tui
+
+    def broken_start(self):
+        raise RuntimeError("broken at start")
+
+    monkeypatch.setattr(tui.LocalChatApp, "_initial_session", broken_start)
+    monkeypatch.setattr(tui.LocalChatApp, "run", lambda self: App.run(self, headless=True))
+    assert tui.run_app() != 0

@@ -440,4 +440,7 @@ def run_app(model: str | None = None, continue_last: bool = False, session: str 
             store.resolve_session(session, create=True)  # an unknown id: one line, before the window opens
         logs.attach()  # the app's own failures (a turn, a model load) keep their tracebacks too
         app = LocalChatApp(store=store, model=model, continue_last=continue_last, session=session)
-        return app.run() or 0
+        app.run()
+        # Textual sets 1 when the app ended on an error (one at start, or no terminal to run in);
+        # run()'s own result would be None then, which read as success.
+        return app.return_code or 0
