@@ -607,3 +607,26 @@ def test_21_09b_the_app_ending_on_an_error_at_start_exits_non_zero(monkeypatch):
     monkeypatch.setattr(tui.LocalChatApp, "_initial_session", broken_start)
     monkeypatch.setattr(tui.LocalChatApp, "run", lambda self: App.run(self, headless=True))
     assert tui.run_app() != 0
+
+
+@pytest.mark.parametrize("section, key, value, says", [
+    ("sampling", "max_tokens", "0", "sampling.max_tokens must be at least 1, not 0"),
+    ("sampling", "max_tokens", "-5", "sampling.max_tokens must be at least 1, not -5"),
+    ("sampling", "temperature", "nan", "sampling.temperature must be at least 0 (0 is greedy), not nan"),
+    ("sampling", "temperature", "-1", "sampling.temperature must be at least 0 (0 is greedy), not -1.0"),
+    ("sampling", "top_p", "7", "sampling.top_p must be in [0, 1], not 7.0"),
+    ("engine", "n_threads", "-4", "engine.n_threads must be at least 0 (0 lets llama.cpp pick), not -4"),
+    ("engine", "n_batch", "0", "engine.n_batch must be at least 1, not 0"),
+])
+def test_21_10_config_values_out_of_the_flags_range_name_file_line_key_and_range(
+        section, key, value, says, test_model_path, capsys, isolated_home):
+    path = write_config(isolated_home, f"[{section}]\n{key} = {value}\n")
+    code, out, err = ask_here(capsys, test_model_path, "hi")
+    assert code == 1 and not out and the_error(err) == f"localchat: error: {path}:2: {says}"
+
+
+def test_21_10b_flags_check_against_the_same_limits_as_the_file(test_model_path, capsys):
+    from localchat.settings import check_setting
+
+    code, _, err = ask_here(capsys, test_model_path, "--temperature", "-1", "hi")
+    assert code == 1 and f"--temperature {check_setting('sampling.temperature', -1.0)}" in the_error(err)

@@ -178,17 +178,12 @@ def _sampling_flags(args: argparse.Namespace) -> dict:
 
 def check_flags(args: argparse.Namespace) -> None:
     """Refuse flag values that would be silently changed or make no sense (one-line UserError)."""
-    import math
-
     from localchat.engine.runtime import check_n_ctx_floor
-    from localchat.errors import UserError
+    from localchat.settings import check_flag
     from localchat.store.store import check_session_name
 
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise UserError(f"--max-tokens must be at least 1, not {args.max_tokens}")
-    if args.temperature is not None and not (math.isfinite(args.temperature)
-                                             and args.temperature >= 0):
-        raise UserError(f"--temperature must be a number ≥ 0 (0 is greedy), not {args.temperature}")
+    check_flag("--max-tokens", "sampling.max_tokens", args.max_tokens)
+    check_flag("--temperature", "sampling.temperature", args.temperature)
     if args.n_ctx is not None:
         check_n_ctx_floor(args.n_ctx, "--n-ctx")
     if args.session is not None:
