@@ -630,3 +630,12 @@ def test_21_10b_flags_check_against_the_same_limits_as_the_file(test_model_path,
 
     code, _, err = ask_here(capsys, test_model_path, "--temperature", "-1", "hi")
     assert code == 1 and f"--temperature {check_setting('sampling.temperature', -1.0)}" in the_error(err)
+
+
+@pytest.mark.parametrize("endpoint", ["http://[::1", "http://127.0.0.1:99999", "ftp://127.0.0.1/",
+                                      "file:///tmp/hub"])
+def test_21_11_a_bad_hf_endpoint_is_one_line_saying_it_is_invalid(endpoint, tmp_path):
+    code, _, err = localchat("pull", "hf:acme/Tiny-GGUF/tiny.gguf", home=tmp_path / "home",
+                             env={"HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "0"})
+    line = the_error(err)
+    assert code == 1 and "HF_ENDPOINT is invalid" in line and "resume" not in line
