@@ -639,3 +639,72 @@ def test_21_11_a_bad_hf_endpoint_is_one_line_saying_it_is_invalid(endpoint, tmp_
                              env={"HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "0"})
     line = the_error(err)
     assert code == 1 and "HF_ENDPOINT is invalid" in line and "resume" not in line
+
+
+def _history(data: Path) -> None:
+    from localchat.store import Store
+
+    with Store.open(data / "sessions.db") as store:
+        session = store.create_session("kept")
+        store.add_exchange(session.id, "what is a llama", "a camelid", model="m")
+
+
+def _reads_history(home: Path) -> None:
+    code, out, err = localchat("sessions", home=home)
+    assert code == 0 and "kept" in out, err
+    code, out, err = localchat("sessions", "--export", "kept", home=home)
+    assert code == 0 and "a camelid" in out, err
+    code, out, err = localchat("sessions", "--search", "llama", home=home)
+    assert code == 0 and "llama" in out, err
+    code, out, err = localchat("stats", home=home)
+    assert code == 0 and "Traceback" not in err, err
+
+
+def test_21_14_a_full_disk_says_so_and_history_stays_readable(tmp_path):
+    from localchat.store import Store
+
+    home = tmp_path / "home"
+    data = home / "data"
+    with tmpfs(data, "2m"):
+        _history(data)
+        fill(data)
+        _reads_history(home)
+        with pytest.raises(UserError, match=f"Disk full: the folder {data} has no space left"), \
+                Store.open(data / "sessions.db") as store:
+            store.create_session("more")
+
+
+def test_21_14b_history_stays_readable_in_a_read_only_home(tmp_path):
+    home = tmp_path / "home"
+    with tmpfs(home, "4m"):
+        (home / "data").mkdir()
+        _history(home / "data")
+        subprocess.run(["mount", "-o", "remount,ro", str(home)], check=True)
+        _reads_history(home)
+
+
+def test_21_leftover_processes_opening_a_fresh_store_at_once_never_read_locked(tmp_path):
+    # Switching a fresh database to WAL needs an exclusive lock that SQLite does not wait for
+    # with the busy timeout while another opener holds a write lock: "database is locked".
+    import threading
+
+    from localchat.store import Store
+
+    errors: list[str] = []
+
+    def open_store(path: Path, start: threading.Barrier) -> None:
+        start.wait()
+        try:
+            Store.open(path).close()
+        except UserError as exc:
+            errors.append(str(exc))
+
+    for trial in range(60):
+        start = threading.Barrier(6)
+        threads = [threading.Thread(target=open_store, args=(tmp_path / f"{trial}.db", start))
+                   for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []

@@ -24,7 +24,7 @@ from typing import Any
 from localchat.errors import UserError
 from localchat.events import Timings
 from localchat.paths import database_file
-from localchat.store.connect import StoreError
+from localchat.store.connect import StoreError, connect_read_only
 from localchat.store.connect import connect as _connect
 from localchat.store.connect import describe as _describe
 from localchat.store.records import (
@@ -35,7 +35,7 @@ from localchat.store.records import (
     timings_to_json,
     title_from_prompt,
 )
-from localchat.store.schema import upgrade
+from localchat.store.schema import latest_version, upgrade
 
 BUSY_TIMEOUT_MS = 5000
 
@@ -79,15 +79,20 @@ def _inserted_id(cursor: sqlite3.Cursor) -> int:
 class Store:
     """Sessions and turns in one SQLite file. Open with ``Store.open()``; close when done."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
         self.path = path
-        self._db = _connect(path)
         self._lock = threading.RLock()
         self._writing = False
+        # A reader of a database this localchat need not upgrade writes nothing at all.
+        self.read_only = read_only and path.is_file() and self._current_schema(path)
+        self._db = connect_read_only(path) if self.read_only else _connect(path)
         try:
             with self._readable_errors():
                 self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-                self._db.execute("PRAGMA journal_mode = WAL")
+                if self.read_only:
+                    self.schema_version = latest_version()
+                    return
+                self._set_wal()
                 self._db.execute("PRAGMA synchronous = NORMAL")
                 self._db.execute("PRAGMA foreign_keys = ON")
                 self.schema_version = upgrade(self._db)
@@ -96,9 +101,42 @@ class Store:
             raise
 
     @classmethod
-    def open(cls, path: Path | None = None) -> Store:
-        """Open (creating and upgrading as needed) the store at ``path`` or the data dir's default."""
-        return cls(path or database_file())
+    def open(cls, path: Path | None = None, *, read_only: bool = False) -> Store:
+        """Open (creating and upgrading as needed) the store at ``path`` or the data dir's default.
+        ``read_only``: for commands that only read (they then work on a full disk or a read-only
+        home); writes raise StoreError. A missing or older database is still created or upgraded."""
+        return cls(path or database_file(), read_only=read_only)
+
+    @staticmethod
+    def _current_schema(path: Path) -> bool:
+        """True when the file is at this localchat's schema version (a newer one is refused by
+        ``upgrade``'s own check, so it goes the read-write way too)."""
+        try:
+            db = connect_read_only(path)
+        except StoreError:
+            return False
+        try:
+            return bool(db.execute("PRAGMA user_version").fetchone()[0] == latest_version())
+        except sqlite3.Error:
+            return False
+        finally:
+            db.close()
+
+    def _set_wal(self) -> None:
+        """WAL mode. Switching a fresh database to it needs an exclusive lock, and SQLite does
+        not wait for that one with the busy timeout when another connection of a process that
+        opened the file at the same moment holds a write lock (it would risk a deadlock): it
+        fails at once with "database is locked". So the switch itself is retried until the busy
+        timeout has passed."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     def close(self) -> None:
         with self._lock:
