@@ -708,3 +708,20 @@ def test_21_leftover_processes_opening_a_fresh_store_at_once_never_read_locked(t
         for thread in threads:
             thread.join()
     assert errors == []
+
+
+def test_21_15_refused_asks_leave_no_empty_session(test_model_path, capsys, isolated_home):
+    from localchat.store import Store
+
+    code, _, err = ask_here(capsys, test_model_path, "--n-ctx", "256", "-s", "refused",
+                            "word " * 2000)
+    assert code == 1, err
+    with closed_pipe() as stdout:
+        code, err = _run_to(stdout, "ask", "-m", str(test_model_path), "-s", "unread", "hi",
+                            home=isolated_home)
+    assert code != 0 and "Traceback" not in err, err
+    with Store.open() as store:
+        assert store.list_sessions() == []
+    code, _, _ = ask_here(capsys, test_model_path, "--max-tokens", "2", "-s", "kept", "hi")
+    with Store.open() as store:
+        assert code == 0 and [s.name for s in store.list_sessions()] == ["kept"]

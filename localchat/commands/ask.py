@@ -7,7 +7,7 @@ import json
 import signal
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, TextIO
 
 from localchat.events import (
@@ -147,15 +147,23 @@ def _stored_conversation(name: str | None, engine: Engine, config: Settings, sys
         return
     from localchat.chat.conversation import Conversation
     from localchat.chat.services import ChatServices, session_snapshots
+    from localchat.errors import UserError
     from localchat.store import Store
     from localchat.store.locks import SessionLock
+    from localchat.store.store import SessionNotFound
 
     with Store.open() as store:
-        record = store.resolve_session(name, create=True)
-        lock = SessionLock(record.id)
-        lock.acquire(on_wait=lambda: out.event(Notice(
-            f"session {record.label!r} is answering in another localchat; waiting for it",
-            kind="waiting")))
+        while True:
+            record, started = store.start_or_resolve(name)
+            lock = SessionLock(record.id)
+            waiting = Notice(f"session {record.label!r} is answering in another localchat; "
+                             "waiting for it", kind="waiting")
+            lock.acquire(on_wait=lambda: out.event(waiting))  # noqa: B023 - called before the next pass
+            try:  # read again under the lock: the ask that held it may have removed it
+                record = store.session(record.id)
+                break
+            except SessionNotFound:
+                lock.release()
         try:
             services = ChatServices(config, session_snapshots(config), lambda: escalator)
             conversation = Conversation(store, record, services)
@@ -167,6 +175,10 @@ def _stored_conversation(name: str | None, engine: Engine, config: Settings, sys
                 out.event(notice)
             yield conversation
         finally:
+            # A session this ask started is not left behind empty by a refused or failed turn.
+            if started:
+                with suppress(UserError):  # a full disk: it stays, listed with no turns
+                    store.forget_if_empty(record.id)
             lock.release()
 
 

@@ -243,6 +243,21 @@ class Store:
             raise SessionNotFound(f"No session named {ref!r}; `localchat sessions` lists them with their ids.")
         return self.open_named_session(ref)
 
+    def start_or_resolve(self, ref: str) -> tuple[SessionRecord, bool]:
+        """``resolve_session(ref, create=True)``, and whether this call started the session (its
+        caller then removes it again if it stores nothing: see :meth:`forget_if_empty`)."""
+        started = self.find_session(ref) is None and not ref.strip().isdigit()
+        return self.resolve_session(ref, create=True), started
+
+    def forget_if_empty(self, session_id: int) -> bool:
+        """Delete the session if it has no turns (one started for a turn that was refused or
+        failed), so that it is not listed; True if it was deleted. The caller holds the
+        session's lock, so no turn of another process is on its way into it."""
+        with self._write() as db:
+            if db.execute("SELECT 1 FROM turns WHERE session_id = ? LIMIT 1", (session_id,)).fetchone():
+                return False
+            return db.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount > 0
+
     def last_session(self) -> SessionRecord | None:
         """The most recently used session (``--continue``), or None if there are none."""
         rows = self._read(
