@@ -7,7 +7,7 @@ lose the last commits; that trade buys commits without an fsync each).
 
 Concurrency: the app and a CLI command (``localchat ask --session``) may write the same file at
 once. Writes take the lock up front (``BEGIN IMMEDIATE``) so that waiting uses ``busy_timeout``
-instead of failing on a lock upgrade. One ``Store`` may be shared by threads: calls are
+instead of failing on a lock upgrade. Commands that only read open the file read-only. One ``Store`` may be shared by threads: calls are
 serialised by a lock (the app commits replies from its generation thread).
 """
 
@@ -61,6 +61,25 @@ _TURN_COLUMNS = (
 )
 
 
+def _open_current(path: Path) -> sqlite3.Connection | None:
+    """A read-only connection to ``path`` if it is a database at this localchat's schema
+    version, else None: a missing or older one is created or upgraded the read-write way, and a
+    newer one is refused there by ``upgrade``."""
+    if not path.is_file():
+        return None
+    try:
+        db = connect_read_only(path)
+    except StoreError:
+        return None
+    try:
+        if db.execute("PRAGMA user_version").fetchone()[0] == latest_version():
+            return db
+    except sqlite3.Error:
+        pass
+    db.close()
+    return None
+
+
 def _session(row: tuple) -> SessionRecord:
     return SessionRecord(*row)
 
@@ -83,19 +102,19 @@ class Store:
         self.path = path
         self._lock = threading.RLock()
         self._writing = False
-        # A reader of a database this localchat need not upgrade writes nothing at all.
-        self.read_only = read_only and path.is_file() and self._current_schema(path)
-        self._db = connect_read_only(path) if self.read_only else _connect(path)
+        reader = _open_current(path) if read_only else None
+        self.read_only = reader is not None  # then nothing is written, not even the WAL setup
+        self._db = reader or _connect(path)
         try:
             with self._readable_errors():
                 self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
                 if self.read_only:
                     self.schema_version = latest_version()
-                    return
-                self._set_wal()
-                self._db.execute("PRAGMA synchronous = NORMAL")
-                self._db.execute("PRAGMA foreign_keys = ON")
-                self.schema_version = upgrade(self._db)
+                else:
+                    self._set_wal()
+                    self._db.execute("PRAGMA synchronous = NORMAL")
+                    self._db.execute("PRAGMA foreign_keys = ON")
+                    self.schema_version = upgrade(self._db)
         except BaseException:
             self._db.close()
             raise
@@ -106,21 +125,6 @@ class Store:
         ``read_only``: for commands that only read (they then work on a full disk or a read-only
         home); writes raise StoreError. A missing or older database is still created or upgraded."""
         return cls(path or database_file(), read_only=read_only)
-
-    @staticmethod
-    def _current_schema(path: Path) -> bool:
-        """True when the file is at this localchat's schema version (a newer one is refused by
-        ``upgrade``'s own check, so it goes the read-write way too)."""
-        try:
-            db = connect_read_only(path)
-        except StoreError:
-            return False
-        try:
-            return bool(db.execute("PRAGMA user_version").fetchone()[0] == latest_version())
-        except sqlite3.Error:
-            return False
-        finally:
-            db.close()
 
     def _set_wal(self) -> None:
         """WAL mode. Switching a fresh database to it needs an exclusive lock, and SQLite does
