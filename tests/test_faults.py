@@ -683,6 +683,27 @@ def test_21_14b_history_stays_readable_in_a_read_only_home(tmp_path):
         _reads_history(home)
 
 
+async def test_21_14c_the_app_shows_history_on_a_full_disk_and_says_nothing_new_is_saved(isolated_home):
+    from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send
+
+    from localchat.tui.app import _open_store
+    from localchat.tui.chat_log import UserMessage
+
+    data = isolated_home / "data"
+    with tmpfs(data, "2m"):
+        _history(data)
+        fill(data)
+        with _open_store() as store:
+            app = make_app(store, FakeEngine(reply="not kept"))
+            async with app.run_test(size=SIZE) as pilot:
+                await ready(pilot)
+                assert [str(m.content) for m in app.chat_log.query(UserMessage)] == ["what is a llama"]
+                assert any("nothing new can be saved" in n for n in notices(app))
+                await send(pilot, "and a camel?")
+                await reply_finished(pilot)
+                assert any("Disk full" in n for n in notices(app))
+
+
 def test_21_leftover_processes_opening_a_fresh_store_at_once_never_read_locked(tmp_path):
     # Switching a fresh database to WAL needs an exclusive lock that SQLite does not wait for
     # with the busy timeout while another opener holds a write lock: "database is locked".

@@ -72,6 +72,12 @@ def describe(path: Path, exc: Exception) -> str:
     return f"The session database {path} could not be used: {text}."
 
 
+def unwritable(path: Path) -> bool:
+    """True when the database at ``path`` cannot be written because its folder is full or
+    read-only (then it can still be read: :func:`connect_read_only`)."""
+    return _is_full(path.parent) or _is_read_only(path.parent)
+
+
 def _is_full(folder: Path) -> bool:
     try:
         stat = os.statvfs(folder)
