@@ -4,7 +4,10 @@ and shown as one line with a non-zero exit status."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib
+import os
 import sys
 
 from localchat import __version__
@@ -69,6 +72,13 @@ def require_utf8_arguments(argv: list[str]) -> None:
                             ) from None
 
 
+# A reader that left (`localchat models | head -c1`) ends the command quietly with the status a
+# shell gives a process killed by SIGPIPE, 128 + 13, as `ls | head` does.
+EXIT_CLOSED_PIPE = 141
+# Errors of writing the output that the user can act on: a full disk (or /dev/full), a quota.
+_OUTPUT_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -79,19 +89,35 @@ def main(argv: list[str] | None = None) -> int:
             from localchat.terminal import guard_std_streams
 
             guard_std_streams()
-        return func(args)
+        code = func(args)
+        sys.stdout.flush()  # here, not at interpreter exit, so that a write error is seen below
+        return code
     except UserError as exc:
         print(f"localchat: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
-        # `localchat models --json | head`: the reader left; say nothing more.
-        import os
+        _discard_stdout()
+        return EXIT_CLOSED_PIPE
+    except OSError as exc:
+        # Writing stdout failed (no file name: a path's error would name it, and is not ours).
+        if exc.errno not in _OUTPUT_FULL or exc.filename is not None:
+            raise
+        _discard_stdout()
+        with contextlib.suppress(OSError):
+            print(f"localchat: error: the output could not be written: {exc.strerror} "
+                  "(is the disk full?)", file=sys.stderr)
+        return 1
 
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that the flush at interpreter exit does not fail again with
+    "Exception ignored ... BrokenPipeError" (what the Python docs advise for SIGPIPE)."""
+    with contextlib.suppress(OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 1
+        os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ these sections by ``engine.factory`` and ``session.factory``.
 :func:`load_config` reads the file once into a :class:`Settings` and is the only place values
 are checked: a malformed file, a value of the wrong type or out of range, and an unknown section
 or key are each a :class:`ConfigError` naming file, line and key (with the nearest valid name
-when one is close), so a typo is never silently ignored.
+when one is close), so a typo is never silently ignored. Each number's range is one
+:class:`Limit` in ``_LIMITS``; a command-line flag that overrides a setting is checked against
+the same one (:func:`check_flag`), so a value the flag refuses is refused in the file too.
 
 This module also holds the TOML reading and line lookup the model registry shares.
 """
@@ -26,6 +28,7 @@ This module also holds the TOML reading and line lookup the model registry share
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import tomllib
 import types
@@ -37,7 +40,7 @@ from urllib.parse import urlsplit
 
 from localchat import paths
 from localchat.engine.options import GpuLayers, KvType, Thinking
-from localchat.errors import ConfigError
+from localchat.errors import ConfigError, UserError
 from localchat.remote.settings import RemoteSettings
 from localchat.session.overlong import OverlongPolicy
 
@@ -133,24 +136,42 @@ def parse_settings(data: dict[str, Any], path: Path | None = None, text: str = "
 _FLAT_SUBTABLES = {"remote"}
 
 
-def _between(low: float, high: float, *, low_open: bool = False, high_open: bool = False,
-             shown: str = "") -> Callable[[Any], str | None]:
-    def check(value: Any) -> str | None:
-        above = value > low if low_open else value >= low
-        below = value < high if high_open else value <= high
-        return None if above and below else f"must be {shown or f'between {low} and {high}'}"
-    return check
+@dataclass(frozen=True)
+class Limit:
+    """The numbers a setting accepts, in config.toml and in the flags that override it: finite,
+    within ``low``/``high`` (None: unbounded; ``*_open``: the bound itself is excluded)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    note: str = ""  # what a special value means ("0 is greedy")
+
+    def __call__(self, value: Any) -> str | None:
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return None if math.isfinite(value) and above and below else f"must be {self}"
+
+    def __str__(self) -> str:
+        if self.low is not None and self.high is not None:
+            shown = (f"in {'(' if self.low_open else '['}{_number(self.low)}, "
+                     f"{_number(self.high)}{')' if self.high_open else ']'}")
+        elif self.low is not None:
+            shown = f"{'more than' if self.low_open else 'at least'} {_number(self.low)}"
+        elif self.high is not None:
+            shown = f"{'less than' if self.high_open else 'at most'} {_number(self.high)}"
+        else:
+            shown = "a finite number"
+        return shown + (f" ({self.note})" if self.note else "")
 
 
-def _at_least(floor: float) -> Callable[[Any], str | None]:
-    return lambda value: None if value >= floor else f"must be at least {floor}"
+def _number(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
 
 
-def _positive(value: Any) -> str | None:
-    return None if value > 0 else "must be positive"
-
-
-def _usable_url(url: str) -> str | None:
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be an http(s) server's address, or None (``[remote] base_url``,
+    ``HF_ENDPOINT``)."""
     if not url.startswith(("http://", "https://")):
         return "must start with http:// or https://"
     try:
@@ -161,24 +182,65 @@ def _usable_url(url: str) -> str | None:
     return None if parts.hostname else f"{url!r} is not a usable URL: no host name"
 
 
+_POSITIVE = Limit(low=0, low_open=True)
+_FRACTION = Limit(low=0, high=1)
+
 # Range checks by dotted key, applied after the type check; each returns the problem or None.
+# The one set of limits: the command-line flags that override a setting check against these too
+# (:func:`check_setting`).
 _LIMITS: dict[str, Callable[[Any], str | None]] = {
     "default_model": lambda name: None if name else "must be a model name",
-    "context.trim_fraction": _between(0, 1, high_open=True, shown="in [0, 1)"),
-    "context.summary_max_tokens": _at_least(0),
-    "context.summarize_threshold": _between(0, 1, low_open=True, shown="in (0, 1]"),
-    "remote.base_url": lambda url: _usable_url(url) if url else None,
-    "remote.timeout_s": _positive,
-    "remote.max_context_tokens": _at_least(256),
-    "remote.max_tokens": _at_least(1),
-    "remote.breaker_failures": _at_least(1),
-    "remote.router.rule_score": _positive,
-    "remote.confidence.min_tokens": _at_least(1),
-    "remote.confidence.max_entropy": _positive,
-    "remote.confidence.min_margin": _between(0, 1),
-    "remote.confidence.quantile": _between(0, 1, low_open=True, high_open=True),
-    "remote.confidence.low_prob": _between(0, 1),
+    "engine.n_ctx": Limit(low=0, note="0 is the model's default"),
+    "engine.gpu_layers": Limit(low=0),  # the count; "auto" and "all" are words
+    "engine.n_batch": Limit(low=1),
+    "engine.n_ubatch": Limit(low=1),
+    "engine.n_threads": Limit(low=0, note="0 lets llama.cpp pick"),
+    "engine.checkpoints": Limit(low=0),
+    "engine.confidence_tokens": Limit(low=1),
+    "sampling.temperature": Limit(low=0, note="0 is greedy"),
+    "sampling.top_p": _FRACTION,
+    "sampling.top_k": Limit(low=0, note="0 keeps every token"),
+    "sampling.min_p": _FRACTION,
+    "sampling.repeat_penalty": _POSITIVE,
+    "sampling.max_tokens": Limit(low=1),
+    "sampling.seed": Limit(low=-1, note="-1 is random"),
+    "context.trim_fraction": Limit(low=0, high=1, high_open=True),
+    "context.summary_max_tokens": Limit(low=0),
+    "context.summarize_threshold": Limit(low=0, high=1, low_open=True),
+    "snapshots.max_bytes": Limit(low=0),
+    "remote.base_url": lambda url: url_problem(url) if url else None,
+    "remote.timeout_s": _POSITIVE,
+    "remote.max_context_tokens": Limit(low=256),
+    "remote.max_tokens": Limit(low=1),
+    "remote.breaker_failures": Limit(low=1),
+    "remote.router.rule_score": _POSITIVE,
+    "remote.confidence.min_tokens": Limit(low=1),
+    "remote.confidence.max_entropy": _POSITIVE,
+    "remote.confidence.min_margin": _FRACTION,
+    "remote.confidence.quantile": Limit(low=0, high=1, low_open=True, high_open=True),
+    "remote.confidence.low_prob": _FRACTION,
 }
+
+
+def check_setting(dotted: str, value: Any) -> str | None:
+    """Why ``value`` is out of range for the setting ``dotted`` ("sampling.max_tokens"), or None.
+    A flag that overrides a setting is checked here, so flags and files share one set of limits."""
+    check = _LIMITS.get(dotted)
+    if check is None or (isinstance(check, Limit) and not _is_number(value)):
+        return None  # no range, or a word where a setting takes a word or a number ("auto")
+    return check(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_flag(flag: str, dotted: str, value: Any) -> None:
+    """UserError "--max-tokens must be ≥ 1, not 0" when a flag's value is out of the setting's range."""
+    problem = None if value is None else check_setting(dotted, value)
+    if problem:
+        raise UserError(f"{flag} {problem}, not {value}")
+
 
 # Keys that are refused with their own explanation rather than as unknown.
 _REFUSED = {
@@ -257,8 +319,7 @@ def _checked(dotted: str, value: Any, kind: Any, table: str, key: str, source: _
         raise source.error(table, key, f"{dotted} must be {_describe(kind)}, not {value!r}")
     if isinstance(value, int) and not isinstance(value, bool) and not _accepts_int(kind):
         value = float(value)
-    check = _LIMITS.get(dotted)
-    problem = check(value) if check else None
+    problem = check_setting(dotted, value)
     if problem:
         shown = f", not {value!r}" if problem.startswith("must") else ""
         raise source.error(table, key, f"{dotted} {problem}{shown}")
@@ -326,6 +387,8 @@ def read_toml_file(path: Path) -> tuple[dict[str, Any], str]:
         where = f"{path}:{match.group(1)}" if match else str(path)
         reason = _LINE_IN_MESSAGE.sub("", message).strip()
         raise ConfigError(f"{where}: invalid TOML: {reason}") from None
+    except RecursionError:  # tomllib recurses once per level of nested arrays and inline tables
+        raise ConfigError(f"{path}: invalid TOML: values are nested too deeply") from None
 
 
 def line_of(text: str, table: str | None, key: str | None = None) -> int:

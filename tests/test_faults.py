@@ -707,3 +707,206 @@ def test_21_8_arguments_that_are_not_utf8_are_one_line_and_a_failed_import_leave
     imported = home / "data" / "models" / "imported"
     assert not imported.exists() or not list(imported.iterdir())
     assert not (home / "models.toml").exists()
+
+
+# -- issue 21: the CLI edge, config and the store on bad disks --------------------------------
+
+
+def _run_to(stdout, *args: str, home: Path, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run the CLI with ``stdout`` as its standard output; returns (exit status, stderr)."""
+    environment = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO), **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "localchat", *args], stdout=stdout,
+                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=120, env=environment)
+    return proc.returncode, proc.stderr.decode("utf-8", "replace")
+
+
+@contextlib.contextmanager
+def closed_pipe():
+    """The write end of a pipe whose reader has already left (`| head -c0`): every write fails."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        yield write_end
+    finally:
+        os.close(write_end)
+
+
+def test_21_07_a_closed_stdout_exits_quietly_and_a_full_one_is_one_line(test_model_path, tmp_path):
+    from localchat.cli import EXIT_CLOSED_PIPE
+
+    home = tmp_path / "home"
+    for args in (("models",), ("models", "--json"),
+                 ("ask", "-m", str(test_model_path), "--max-tokens", "4", "hi")):
+        with closed_pipe() as stdout:
+            code, err = _run_to(stdout, *args, home=home)
+        assert (code, err) == (EXIT_CLOSED_PIPE, ""), err  # no traceback, no "Exception ignored"
+        with open("/dev/full", "wb") as stdout:
+            code, err = _run_to(stdout, *args, home=home)
+        assert code == 1 and "the output could not be written" in the_error(err)
+        assert "Exception ignored" not in err
+
+
+def test_21_09_deeply_nested_config_and_registry_are_one_line_naming_the_file(tmp_path):
+    home = tmp_path / "home"
+    deep = "a = " + "[" * 10_000 + "]" * 10_000 + "\n"
+    for name, text in (("config.toml", deep), ("models.toml", "x = " + "{a = " * 5_000 + "1" + "}" * 5_000)):
+        home.mkdir(exist_ok=True)
+        for other in ("config.toml", "models.toml"):
+            (home / other).unlink(missing_ok=True)
+        (home / name).write_text(text)
+        code, _, err = localchat("models", home=home)
+        assert code == 1 and str(home / name) in the_error(err) and "nested too deeply" in err
+
+
+def test_21_09b_the_app_ending_on_an_error_at_start_exits_non_zero(monkeypatch):
+    # What the nested config did before it was a ConfigError: an unexpected error while the
+    # app starts. Textual shows it and ends the app; the exit status must say so too.
+    from textual.app import App
+
+    from localchat.tui import app as tui
+
+    def broken_start(self):
+        raise RuntimeError("broken at start")
+
+    monkeypatch.setattr(tui.LocalChatApp, "_initial_session", broken_start)
+    monkeypatch.setattr(tui.LocalChatApp, "run", lambda self: App.run(self, headless=True))
+    assert tui.run_app() != 0
+
+
+@pytest.mark.parametrize("section, key, value, says", [
+    ("sampling", "max_tokens", "0", "sampling.max_tokens must be at least 1, not 0"),
+    ("sampling", "max_tokens", "-5", "sampling.max_tokens must be at least 1, not -5"),
+    ("sampling", "temperature", "nan", "sampling.temperature must be at least 0 (0 is greedy), not nan"),
+    ("sampling", "temperature", "-1", "sampling.temperature must be at least 0 (0 is greedy), not -1.0"),
+    ("sampling", "top_p", "7", "sampling.top_p must be in [0, 1], not 7.0"),
+    ("engine", "n_threads", "-4", "engine.n_threads must be at least 0 (0 lets llama.cpp pick), not -4"),
+    ("engine", "n_batch", "0", "engine.n_batch must be at least 1, not 0"),
+])
+def test_21_10_config_values_out_of_the_flags_range_name_file_line_key_and_range(
+        section, key, value, says, test_model_path, capsys, isolated_home):
+    path = write_config(isolated_home, f"[{section}]\n{key} = {value}\n")
+    code, out, err = ask_here(capsys, test_model_path, "hi")
+    assert code == 1 and not out and the_error(err) == f"localchat: error: {path}:2: {says}"
+
+
+def test_21_10b_flags_check_against_the_same_limits_as_the_file(test_model_path, capsys):
+    from localchat.settings import check_setting
+
+    code, _, err = ask_here(capsys, test_model_path, "--temperature", "-1", "hi")
+    assert code == 1 and f"--temperature {check_setting('sampling.temperature', -1.0)}" in the_error(err)
+
+
+@pytest.mark.parametrize("endpoint", ["http://[::1", "http://127.0.0.1:99999", "ftp://127.0.0.1/",
+                                      "file:///tmp/hub"])
+def test_21_11_a_bad_hf_endpoint_is_one_line_saying_it_is_invalid(endpoint, tmp_path):
+    code, _, err = localchat("pull", "hf:acme/Tiny-GGUF/tiny.gguf", home=tmp_path / "home",
+                             env={"HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "0"})
+    line = the_error(err)
+    assert code == 1 and "HF_ENDPOINT is invalid" in line and "resume" not in line
+
+
+def _history(data: Path) -> None:
+    from localchat.store import Store
+
+    with Store.open(data / "sessions.db") as store:
+        session = store.create_session("kept")
+        store.add_exchange(session.id, "what is a llama", "a camelid", model="m")
+
+
+def _reads_history(home: Path) -> None:
+    code, out, err = localchat("sessions", home=home)
+    assert code == 0 and "kept" in out, err
+    code, out, err = localchat("sessions", "--export", "kept", home=home)
+    assert code == 0 and "a camelid" in out, err
+    code, out, err = localchat("sessions", "--search", "llama", home=home)
+    assert code == 0 and "llama" in out, err
+    code, out, err = localchat("stats", home=home)
+    assert code == 0 and "Traceback" not in err, err
+
+
+def test_21_14_a_full_disk_says_so_and_history_stays_readable(tmp_path):
+    from localchat.store import Store
+
+    home = tmp_path / "home"
+    data = home / "data"
+    with tmpfs(data, "2m"):
+        _history(data)
+        fill(data)
+        _reads_history(home)
+        with pytest.raises(UserError, match=f"Disk full: the folder {data} has no space left"), \
+                Store.open(data / "sessions.db") as store:
+            store.create_session("more")
+
+
+def test_21_14b_history_stays_readable_in_a_read_only_home(tmp_path):
+    home = tmp_path / "home"
+    with tmpfs(home, "4m"):
+        (home / "data").mkdir()
+        _history(home / "data")
+        subprocess.run(["mount", "-o", "remount,ro", str(home)], check=True)
+        _reads_history(home)
+
+
+async def test_21_14c_the_app_shows_history_on_a_full_disk_and_says_nothing_new_is_saved(isolated_home):
+    from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send
+
+    from localchat.tui.app import _open_store
+    from localchat.tui.chat_log import UserMessage
+
+    data = isolated_home / "data"
+    with tmpfs(data, "2m"):
+        _history(data)
+        fill(data)
+        with _open_store() as store:
+            app = make_app(store, FakeEngine(reply="not kept"))
+            async with app.run_test(size=SIZE) as pilot:
+                await ready(pilot)
+                assert [str(m.content) for m in app.chat_log.query(UserMessage)] == ["what is a llama"]
+                assert any("nothing new can be saved" in n for n in notices(app))
+                await send(pilot, "and a camel?")
+                await reply_finished(pilot)
+                assert any("Disk full" in n for n in notices(app))
+
+
+def test_21_leftover_processes_opening_a_fresh_store_at_once_never_read_locked(tmp_path):
+    # Switching a fresh database to WAL needs an exclusive lock that SQLite does not wait for
+    # with the busy timeout while another opener holds a write lock: "database is locked".
+    import threading
+
+    from localchat.store import Store
+
+    errors: list[str] = []
+
+    def open_store(path: Path, start: threading.Barrier) -> None:
+        start.wait()
+        try:
+            Store.open(path).close()
+        except UserError as exc:
+            errors.append(str(exc))
+
+    for trial in range(60):
+        start = threading.Barrier(6)
+        threads = [threading.Thread(target=open_store, args=(tmp_path / f"{trial}.db", start))
+                   for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+
+
+def test_21_15_refused_asks_leave_no_empty_session(test_model_path, capsys, isolated_home):
+    from localchat.store import Store
+
+    code, _, err = ask_here(capsys, test_model_path, "--n-ctx", "256", "-s", "refused",
+                            "word " * 2000)
+    assert code == 1, err
+    with closed_pipe() as stdout:
+        code, err = _run_to(stdout, "ask", "-m", str(test_model_path), "-s", "unread", "hi",
+                            home=isolated_home)
+    assert code != 0 and "Traceback" not in err, err
+    with Store.open() as store:
+        assert store.list_sessions() == []
+    code, _, _ = ask_here(capsys, test_model_path, "--max-tokens", "2", "-s", "kept", "hi")
+    with Store.open() as store:
+        assert code == 0 and [s.name for s in store.list_sessions()] == ["kept"]

@@ -7,7 +7,7 @@ import json
 import signal
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, TextIO
 
 from localchat.events import (
@@ -147,15 +147,23 @@ def _stored_conversation(name: str | None, engine: Engine, config: Settings, sys
         return
     from localchat.chat.conversation import Conversation
     from localchat.chat.services import ChatServices, session_snapshots
+    from localchat.errors import UserError
     from localchat.store import Store
     from localchat.store.locks import SessionLock
+    from localchat.store.store import SessionNotFound
 
     with Store.open() as store:
-        record = store.resolve_session(name, create=True)
-        lock = SessionLock(record.id)
-        lock.acquire(on_wait=lambda: out.event(Notice(
-            f"session {record.label!r} is answering in another localchat; waiting for it",
-            kind="waiting")))
+        while True:
+            record, started = store.start_or_resolve(name)
+            lock = SessionLock(record.id)
+            waiting = Notice(f"session {record.label!r} is answering in another localchat; "
+                             "waiting for it", kind="waiting")
+            lock.acquire(on_wait=lambda: out.event(waiting))  # noqa: B023 - called before the next pass
+            try:  # read again under the lock: the ask that held it may have removed it
+                record = store.session(record.id)
+                break
+            except SessionNotFound:
+                lock.release()
         try:
             services = ChatServices(config, session_snapshots(config), lambda: escalator)
             conversation = Conversation(store, record, services)
@@ -167,6 +175,10 @@ def _stored_conversation(name: str | None, engine: Engine, config: Settings, sys
                 out.event(notice)
             yield conversation
         finally:
+            # A session this ask started is not left behind empty by a refused or failed turn.
+            if started:
+                with suppress(UserError):  # a full disk: it stays, listed with no turns
+                    store.forget_if_empty(record.id)
             lock.release()
 
 
@@ -178,17 +190,12 @@ def _sampling_flags(args: argparse.Namespace) -> dict:
 
 def check_flags(args: argparse.Namespace) -> None:
     """Refuse flag values that would be silently changed or make no sense (one-line UserError)."""
-    import math
-
     from localchat.engine.runtime import check_n_ctx_floor
-    from localchat.errors import UserError
+    from localchat.settings import check_flag
     from localchat.store.store import check_session_name
 
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise UserError(f"--max-tokens must be at least 1, not {args.max_tokens}")
-    if args.temperature is not None and not (math.isfinite(args.temperature)
-                                             and args.temperature >= 0):
-        raise UserError(f"--temperature must be a number ≥ 0 (0 is greedy), not {args.temperature}")
+    check_flag("--max-tokens", "sampling.max_tokens", args.max_tokens)
+    check_flag("--temperature", "sampling.temperature", args.temperature)
     if args.n_ctx is not None:
         check_n_ctx_floor(args.n_ctx, "--n-ctx")
     if args.session is not None:

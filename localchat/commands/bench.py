@@ -51,10 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from localchat.bench import report
-    from localchat.settings import load_config
+    from localchat.settings import check_flag, load_config
 
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise UserError("--max-tokens must be at least 1")
+    check_flag("--max-tokens", "sampling.max_tokens", args.max_tokens)
     if args.router is not None:
         report.show(_router(args), args.json)
         return 0
@@ -79,10 +78,9 @@ def run(args: argparse.Namespace) -> int:
 def _router(args: argparse.Namespace) -> dict:
     from localchat.bench.router import router_report
     from localchat.remote.router import LABELLED_PROMPTS
-    from localchat.settings import load_config
+    from localchat.settings import check_flag, load_config
 
-    if not (args.temperature >= 0.0 and args.temperature < float("inf")):
-        raise UserError("--temperature must be a finite number >= 0")
+    check_flag("--temperature", "sampling.temperature", args.temperature)
     path = Path(args.router) if args.router else LABELLED_PROMPTS
     return router_report(path, args.model, load_config(), rules_only=args.rules_only,
                          n_ctx=args.n_ctx, gpu_layers=_gpu_layers(args),

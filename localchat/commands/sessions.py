@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     if args.prune:
         return _prune()
-    with Store.open() as store:
+    with Store.open(read_only=True) as store:  # works on a full disk or a read-only home
         if args.export is not None:
             return _export(store, args.export, args.json)
         if args.search is not None:

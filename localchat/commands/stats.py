@@ -23,7 +23,7 @@ def _run(args: argparse.Namespace) -> int:
     from localchat.store import Store
     from localchat.store.stats import model_stats
 
-    with Store.open() as store:
+    with Store.open(read_only=True) as store:
         session = store.resolve_session(args.session).id if args.session else None
         stats = model_stats(store, session)
     if args.json:

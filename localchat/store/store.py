@@ -7,7 +7,7 @@ lose the last commits; that trade buys commits without an fsync each).
 
 Concurrency: the app and a CLI command (``localchat ask --session``) may write the same file at
 once. Writes take the lock up front (``BEGIN IMMEDIATE``) so that waiting uses ``busy_timeout``
-instead of failing on a lock upgrade. One ``Store`` may be shared by threads: calls are
+instead of failing on a lock upgrade. Commands that only read open the file read-only. One ``Store`` may be shared by threads: calls are
 serialised by a lock (the app commits replies from its generation thread).
 """
 
@@ -25,7 +25,7 @@ from localchat.errors import UserError
 from localchat.events import Timings
 from localchat.names import check_name
 from localchat.paths import database_file
-from localchat.store.connect import StoreError
+from localchat.store.connect import StoreError, connect_read_only
 from localchat.store.connect import connect as _connect
 from localchat.store.connect import describe as _describe
 from localchat.store.records import (
@@ -36,7 +36,7 @@ from localchat.store.records import (
     timings_to_json,
     title_from_prompt,
 )
-from localchat.store.schema import upgrade
+from localchat.store.schema import latest_version, upgrade
 
 BUSY_TIMEOUT_MS = 5000
 
@@ -62,6 +62,25 @@ _TURN_COLUMNS = (
 )
 
 
+def _open_current(path: Path) -> sqlite3.Connection | None:
+    """A read-only connection to ``path`` if it is a database at this localchat's schema
+    version, else None: a missing or older one is created or upgraded the read-write way, and a
+    newer one is refused there by ``upgrade``."""
+    if not path.is_file():
+        return None
+    try:
+        db = connect_read_only(path)
+    except StoreError:
+        return None
+    try:
+        if db.execute("PRAGMA user_version").fetchone()[0] == latest_version():
+            return db
+    except sqlite3.Error:
+        pass
+    db.close()
+    return None
+
+
 def _session(row: tuple) -> SessionRecord:
     return SessionRecord(*row)
 
@@ -80,26 +99,49 @@ def _inserted_id(cursor: sqlite3.Cursor) -> int:
 class Store:
     """Sessions and turns in one SQLite file. Open with ``Store.open()``; close when done."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
         self.path = path
-        self._db = _connect(path)
         self._lock = threading.RLock()
         self._writing = False
+        reader = _open_current(path) if read_only else None
+        self.read_only = reader is not None  # then nothing is written, not even the WAL setup
+        self._db = reader or _connect(path)
         try:
             with self._readable_errors():
                 self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-                self._db.execute("PRAGMA journal_mode = WAL")
-                self._db.execute("PRAGMA synchronous = NORMAL")
-                self._db.execute("PRAGMA foreign_keys = ON")
-                self.schema_version = upgrade(self._db)
+                if self.read_only:
+                    self.schema_version = latest_version()
+                else:
+                    self._set_wal()
+                    self._db.execute("PRAGMA synchronous = NORMAL")
+                    self._db.execute("PRAGMA foreign_keys = ON")
+                    self.schema_version = upgrade(self._db)
         except BaseException:
             self._db.close()
             raise
 
     @classmethod
-    def open(cls, path: Path | None = None) -> Store:
-        """Open (creating and upgrading as needed) the store at ``path`` or the data dir's default."""
-        return cls(path or database_file())
+    def open(cls, path: Path | None = None, *, read_only: bool = False) -> Store:
+        """Open (creating and upgrading as needed) the store at ``path`` or the data dir's default.
+        ``read_only``: for commands that only read (they then work on a full disk or a read-only
+        home); writes raise StoreError. A missing or older database is still created or upgraded."""
+        return cls(path or database_file(), read_only=read_only)
+
+    def _set_wal(self) -> None:
+        """WAL mode. Switching a fresh database to it needs an exclusive lock, and SQLite does
+        not wait for that one with the busy timeout when another connection of a process that
+        opened the file at the same moment holds a write lock (it would risk a deadlock): it
+        fails at once with "database is locked". So the switch itself is retried until the busy
+        timeout has passed."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     def close(self) -> None:
         with self._lock:
@@ -205,6 +247,21 @@ class Store:
         if not create:
             raise SessionNotFound(f"No session named {ref!r}; `localchat sessions` lists them with their ids.")
         return self.open_named_session(ref)
+
+    def start_or_resolve(self, ref: str) -> tuple[SessionRecord, bool]:
+        """``resolve_session(ref, create=True)``, and whether this call started the session (its
+        caller then removes it again if it stores nothing: see :meth:`forget_if_empty`)."""
+        started = self.find_session(ref) is None and not ref.strip().isdigit()
+        return self.resolve_session(ref, create=True), started
+
+    def forget_if_empty(self, session_id: int) -> bool:
+        """Delete the session if it has no turns (one started for a turn that was refused or
+        failed), so that it is not listed; True if it was deleted. The caller holds the
+        session's lock, so no turn of another process is on its way into it."""
+        with self._write() as db:
+            if db.execute("SELECT 1 FROM turns WHERE session_id = ? LIMIT 1", (session_id,)).fetchone():
+                return False
+            return db.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount > 0
 
     def last_session(self) -> SessionRecord | None:
         """The most recently used session (``--continue``), or None if there are none."""

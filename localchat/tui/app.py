@@ -161,7 +161,11 @@ class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, Mod
         saved_theme = self.store.get_setting("theme")
         if saved_theme in self.available_themes:
             self.theme = saved_theme
-        self.theme_changed_signal.subscribe(self, lambda theme: self.store.set_setting("theme", theme.name))
+        self.theme_changed_signal.subscribe(self, lambda theme: self._save_setting("theme", theme.name))
+        if self.store.read_only:
+            self.notify("The disk is full or read-only: your history is shown, but nothing new "
+                        f"can be saved in {self.store.path.parent}.", title="History is read-only",
+                        severity="warning", timeout=30)
         self.prompt.border_subtitle = "Enter send · Ctrl+J newline · PgUp/PgDn scroll · F1 help"
         try:
             self.services = self._services_factory(ask_user=self._ask_user)
@@ -176,8 +180,15 @@ class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, Mod
         continue_last, name = self._start
         if name:
             return self.store.resolve_session(name, create=True)
-        last = self.store.last_session() if continue_last else None
+        # A read-only store cannot start a session: the last one is shown instead.
+        last = self.store.last_session() if continue_last or self.store.read_only else None
         return last or self.store.create_session()
+
+    def _save_setting(self, key: str, value: str) -> None:
+        try:
+            self.store.set_setting(key, value)
+        except UserError as exc:  # a full disk: the choice holds until the app closes
+            self.notify(str(exc), severity="warning")
 
     def set_state(self, state: str) -> None:
         self.status.info.state = state
@@ -435,9 +446,31 @@ def run_app(model: str | None = None, continue_last: bool = False, session: str 
 
     Raises ``UserError`` (shown by the CLI as one line) when the session database cannot be used.
     """
-    with Store.open() as store:
+    with _open_store() as store:
         if session:
             store.resolve_session(session, create=True)  # an unknown id: one line, before the window opens
         logs.attach()  # the app's own failures (a turn, a model load) keep their tracebacks too
         app = LocalChatApp(store=store, model=model, continue_last=continue_last, session=session)
-        return app.run() or 0
+        app.run()
+        # Textual sets 1 when the app ended on an error (one at start, or no terminal to run in);
+        # run()'s own result would be None then, which read as success.
+        return app.return_code or 0
+
+
+def _open_store() -> Store:
+    """The session store; on a full disk or in a read-only home, opened read-only, so that the
+    history can still be read (the app says so; a turn then fails to save with its notice)."""
+    from localchat.paths import database_file
+    from localchat.store.connect import StoreError, unwritable
+
+    try:
+        return Store.open()
+    except StoreError:
+        path = database_file()
+        if not (path.is_file() and unwritable(path)):
+            raise
+        store = Store.open(read_only=True)  # an older schema needs writes: raises again
+        if store.last_session() is None:  # nothing to read, and no session can be started
+            store.close()
+            raise
+        return store

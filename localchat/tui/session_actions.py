@@ -71,7 +71,8 @@ class SessionActions:
         if previous is not None and previous.session_id != record.id:
             self._discard_if_empty(previous)
         self.conversation = Conversation(self.store, record, self.services)
-        self.store.touch(record.id)
+        if not self.store.read_only:  # a full disk or a read-only home: shown, not moved up
+            self.store.touch(record.id)
         self.editing = None
         turns = self.conversation.turns()
         await self.show_conversation()
