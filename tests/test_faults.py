@@ -707,3 +707,95 @@ def test_21_8_arguments_that_are_not_utf8_are_one_line_and_a_failed_import_leave
     imported = home / "data" / "models" / "imported"
     assert not imported.exists() or not list(imported.iterdir())
     assert not (home / "models.toml").exists()
+
+
+# -- issue 21: remotes and the Turn contract ---------------------------------------------------
+
+
+def remote_config(home: Path, base_url: str, *lines: str) -> None:
+    write_config(home, f'[remote]\nmode = "auto"\nbase_url = "{base_url}"\n' + "".join(
+        line + "\n" for line in lines))
+
+
+def breaker_failures(home: Path) -> int:
+    return json.loads((home / "cache" / "remote_breaker.json").read_text())["consecutive_failures"]
+
+
+def test_21_04a_a_remote_trickling_a_line_that_never_ends_fails_after_timeout_s(test_model_path, capsys, isolated_home):
+    import time
+
+    from fault_server import Trickle
+
+    with FaultServer([Stream([chunk("Hel"), Trickle(interval_s=0.05)])]) as server:
+        remote_config(isolated_home, server.base_url, "timeout_s = 1")
+        started = time.monotonic()
+        code, out, err = ask_here(capsys, test_model_path, "--route", "remote", "hi")
+        elapsed = time.monotonic() - started
+        host = server.base_url.split("//")[1].split("/")[0]
+    # Bytes kept coming (each read within timeout_s), but no event was complete for timeout_s.
+    assert code == 1 and elapsed < 30
+    assert the_error(err) == (f"localchat: error: the remote at {host} sent no complete event "
+                              "for 1 s (timeout_s): only keep-alives or a line that never ends")
+    assert len(server.requests) == 1  # not retried: a retry would double the wait
+    assert breaker_failures(isolated_home) == 1
+
+
+def test_21_04b_a_remote_sending_one_huge_line_fails_at_the_cap_and_the_local_reply_answers(test_model_path, capsys, isolated_home):
+    from fault_server import HugeLine
+
+    with FaultServer([Stream([HugeLine(300 * 1024 * 1024)])]) as server:
+        remote_config(isolated_home, server.base_url)
+        # A prompt the router sends to the remote at once (long and "hard").
+        code, out, err = ask_here(
+            capsys, test_model_path, "--max-tokens", "4", "--json", "--route", "auto",
+            "Prove step by step that the square root of 2 is irrational, with a rigorous "
+            "proof by contradiction, and explain each step of the proof in detail.")
+        host = server.base_url.split("//")[1].split("/")[0]
+    events = [json.loads(line) for line in out.splitlines()]
+    fallback = [e for e in events if e["event"] == "notice" and e["kind"] == "fallback"]
+    assert code == 0 and "Traceback" not in err
+    assert len(fallback) == 1 and fallback[0]["message"] == (
+        f"the remote at {host} sent a line over 4 MB without an end; no chat stream needs that; "
+        "answering locally")
+    assert events[-1]["event"] == "done" and events[-1]["route"] == "local"
+    # The client stopped reading at the cap (4 MB): what the server got out is that plus what
+    # the sockets buffer, not 300 MB.
+    assert server.bytes_sent < 36 * 1024 * 1024
+    assert len(server.requests) == 1 and breaker_failures(isolated_home) == 1
+
+
+@pytest.mark.parametrize("retry_after", ["1", "http-date"])
+def test_21_06a_a_429_is_retried_once_after_the_wait_its_retry_after_asks_for(retry_after):
+    from email.utils import formatdate
+
+    from fault_server import Status, reply
+
+    from localchat.events import Done, Notice
+    from localchat.remote.client import RemoteClient
+    from localchat.remote.settings import RemoteSettings
+
+    # An HTTP date has whole seconds: two seconds ahead is at least one second of waiting.
+    header = formatdate(__import__("time").time() + 2, usegmt=True) if retry_after == "http-date" else "1"
+    with FaultServer([Status(429, "slow down", {"Retry-After": header}), reply("ok")]) as server:
+        client = RemoteClient(RemoteSettings(mode="auto", base_url=server.base_url, timeout_s=5))
+        events = list(client.stream([{"role": "user", "content": "hi"}]))
+        client.close()
+    assert isinstance(events[-1], Done) and events[-1].reply == "ok"
+    notice = events[0]
+    assert isinstance(notice, Notice) and notice.kind == "retry"
+    assert "429: slow down; retrying once in" in notice.message and "(Retry-After)" in notice.message
+    assert len(server.requests) == 2
+    assert server.request_times[1] - server.request_times[0] >= 0.95
+
+
+def test_21_06b_a_retry_after_beyond_the_turns_budget_is_not_retried_and_says_when_to_try_again(test_model_path, capsys, isolated_home):
+    import re
+
+    from fault_server import Status
+
+    with FaultServer([Status(429, "slow down", {"Retry-After": "120"})]) as server:
+        remote_config(isolated_home, server.base_url, "timeout_s = 5")
+        code, _, err = ask_here(capsys, test_model_path, "--route", "remote", "hi")
+    assert code == 1 and len(server.requests) == 1
+    assert re.fullmatch(r"localchat: error: remote answered 429: slow down; the remote asks to "
+                        r"wait 120 s; try again after (\d{4}-\d\d-\d\d )?\d\d:\d\d", the_error(err))
