@@ -799,3 +799,27 @@ def test_21_06b_a_retry_after_beyond_the_turns_budget_is_not_retried_and_says_wh
     assert code == 1 and len(server.requests) == 1
     assert re.fullmatch(r"localchat: error: remote answered 429: slow down; the remote asks to "
                         r"wait 120 s; try again after (\d{4}-\d\d-\d\d )?\d\d:\d\d", the_error(err))
+
+
+def test_21_turn_after_stop_the_reader_gets_only_the_final_event_from_the_real_engine(engine):
+    from localchat.engine.options import Sampling
+    from localchat.events import Done, Token
+
+    messages = [{"role": "user", "content": "Write a long story about a dragon."}]
+    # Stopped while running: the engine is ahead of the reader (the flaky case of issue 21).
+    handle = engine.submit(messages, Sampling(temperature=0, max_tokens=64))
+    events = iter(handle)
+    first = next(e for e in events if isinstance(e, Token) and e.text)
+    handle.stop()
+    final = next(events)
+    assert isinstance(final, Done) and final.finish_reason == "aborted"
+    assert final.reply.startswith(first.text)
+    # Stopped after the engine ended it: every token is queued, and none is delivered.
+    handle = engine.submit(messages, Sampling(temperature=0, max_tokens=16))
+    events = iter(handle)
+    first = next(e for e in events if isinstance(e, Token) and e.text)
+    assert handle.wait(60) is not None
+    handle.stop()
+    final = next(events)
+    assert isinstance(final, Done) and final.finish_reason == "length"
+    assert final.reply.startswith(first.text) and len(final.reply) > len(first.text)

@@ -235,6 +235,12 @@ def stream(handle: Turn, out: PlainText | JsonEvents) -> Done | Failed:
         signal.signal(signal.SIGINT, previous)
 
 
+def _unread(shown: str, whole: str) -> str:
+    """The end of a stopped reply that was not shown: a stop drops the tokens still queued (see
+    ``events.Turn``), and the final ``Done`` holds them."""
+    return whole[len(shown):] if whole.startswith(shown) else ""
+
+
 class PlainText:
     """Reply text on stdout, summary on stderr (on a terminal, the CLI's guard neutralises
     control sequences in both: see localchat.terminal)."""
@@ -270,6 +276,8 @@ class PlainText:
         elif isinstance(event, Done):
             if self._unshown_reply and event.reply:
                 self._write(event.reply)
+            elif event.finish_reason == "aborted":
+                self._write(_unread(self._remote_text, event.answer))
             self.stdout.write("\n")
             self.stdout.flush()
             if event.finish_reason == "aborted":
@@ -323,6 +331,8 @@ class JsonEvents:
     - ``retract`` (before a fallback notice) voids the token text since the escalate notice: the
       remote reply that failed part-way. If a local reply was superseded, a ``restore`` with its
       text follows: it is the reply kept after all.
+    - A stopped reply's ``done`` follows a ``token`` with id -1 holding the text the stop left
+      unread, if any (the tokens still queued when it came).
     """
 
     def __init__(self, stdout: TextIO, hide_thinking: bool = False) -> None:
@@ -356,9 +366,13 @@ class JsonEvents:
                 if self._superseded:
                     self._write({"event": "restore", "text": self._superseded})
             if event.kind in ("escalate", "fallback"):
-                self._remote_text = ""
+                # Token text since the notice; a restored reply counts as such text.
+                self._remote_text = self._superseded if event.kind == "fallback" else ""
             self._write({"event": "notice", "kind": event.kind, "message": event.message})
         elif isinstance(event, Done):
+            unread = _unread(self._remote_text, event.answer) if event.finish_reason == "aborted" else ""
+            if unread:
+                self._write({"event": "token", "text": unread, "id": -1})
             self._write({"event": "done", "finish_reason": event.finish_reason,
                          "route": event.timings.route, "route_reason": event.timings.route_reason,
                          "timings": event.timings.to_dict()})

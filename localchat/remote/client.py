@@ -5,8 +5,8 @@ Contract of a :class:`RemoteTurn` (a ``localchat.events.Turn``):
 
 - The request starts when the turn is created; iterating blocks per event.
 - ``stop()`` may be called from any thread. It shuts the socket down at once (the server sees the
-  connection close within milliseconds, even mid-stall) and the iterator ends with
-  ``Done(finish_reason="aborted", reply=<text yielded so far>)``.
+  connection close within milliseconds, even mid-stall) and the next event is the final one,
+  ``Done(finish_reason="aborted", reply=<text received so far>)`` (see ``events.Turn``).
 - A failed request is retried at most once, and only while no reply text has arrived; 4xx answers
   other than 408/429 are not retried (they will not change), nor are timeouts (a retry would
   double the wait). A ``Retry-After`` (seconds or an HTTP date) on a retryable answer is waited
@@ -169,6 +169,9 @@ class RemoteTurn(TurnEnd):
         self._thread.start()
 
     def __iter__(self) -> Iterator[Event]:
+        return self._read(self._produced())
+
+    def _produced(self) -> Iterator[Event]:
         reply: list[str] = []
         thinking: list[str] = []
         while True:
@@ -192,6 +195,7 @@ class RemoteTurn(TurnEnd):
         """Abort: close the connection now; the iterator ends with Done(aborted)."""
         if self._stop.is_set():
             return
+        self._stop_reading()
         self._stop.set()
         with self._lock:
             sockets = list(self._sockets)

@@ -137,7 +137,7 @@ class EscalatedTurn(TurnEnd):
         self.outcome: TurnOutcome | None = None  # set when the final event is yielded
 
     def __iter__(self) -> Iterator[Event]:
-        for event in self._events():
+        for event in self._read(self._events()):
             if isinstance(event, (Done, Failed)):
                 yield self._finish(event)
                 return
@@ -152,6 +152,7 @@ class EscalatedTurn(TurnEnd):
 
     def stop(self) -> None:
         """Stop whichever reply is running; no escalation starts after this."""
+        self._stop_reading()
         with self._lock:
             self._stopped = True
             current = self._current
