@@ -823,3 +823,31 @@ def test_21_turn_after_stop_the_reader_gets_only_the_final_event_from_the_real_e
     final = next(events)
     assert isinstance(final, Done) and final.finish_reason == "length"
     assert final.reply.startswith(first.text) and len(final.reply) > len(first.text)
+
+
+def test_21_leftover_a_remote_failing_after_a_mid_reply_hand_over_keeps_the_local_reply_and_exits_0(test_model_path, capsys, isolated_home):
+    from fault_server import Status
+
+    with FaultServer([Status(500), Status(500)]) as server:
+        # Any real start is "uncertain" against these limits: the hand-over comes at the 4th token.
+        remote_config(isolated_home, server.base_url,
+                      "[remote.confidence]", "min_tokens = 4", "max_entropy = 0.0001")
+        args = ("--max-tokens", "24", "What is the capital of France?")
+        code, out, err = ask_here(capsys, test_model_path, "--json", *args)
+        events = [json.loads(line) for line in out.splitlines()]
+        kinds = [e["event"] for e in events]
+        assert code == 0, err
+        # The local reply stands: the text shown before the hand-over is restored, then what the
+        # local model wrote before it stopped (unshown so far) comes as one last token.
+        after = kinds[kinds.index("retract"):]
+        assert after in (["retract", "restore", "notice", "done"],
+                         ["retract", "restore", "notice", "token", "done"])
+        notice = events[kinds.index("retract") + 2]
+        assert notice["message"].endswith("; keeping the local reply up to the hand-over")
+        assert events[-1]["route"] == "local" and events[kinds.index("restore")]["text"]
+
+        code, out, err = ask_here(capsys, test_model_path, *args)
+    assert code == 0 and "[stopped]" not in err
+    assert "keeping the local reply up to the hand-over" in err
+    local, marker, kept = out.split("\n", 2)
+    assert marker.startswith("[local reply superseded") and kept.strip()

@@ -271,7 +271,9 @@ class EscalatedTurn(TurnEnd):
             fallback = f"fallback: remote failed ({event.message})"
             outcome = replace(spent, route_reason=fallback, escalated=True, fell_back=True)
             if local_done is not None:
-                yield Notice(f"{event.message}; keeping the local reply", kind="fallback")
+                # Not "stopped": the hand-over cut it, and it is the answer now.
+                cut = " up to the hand-over" if local_done.finish_reason == "aborted" else ""
+                yield Notice(f"{event.message}; keeping the local reply{cut}", kind="fallback")
                 self.outcome = outcome
                 yield self._labelled(local_done, "local", fallback)
             else:
