@@ -17,7 +17,7 @@ Timing field names follow llama.cpp's server (``cache_n``, ``prompt_n``, ``promp
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Protocol
 
@@ -169,7 +169,12 @@ class Turn(Protocol):
     - Iterate once: the events above, ending with exactly one ``Done`` or ``Failed``; each step
       blocks until the next event.
     - ``stop()`` may be called from any thread, any number of times: the turn ends soon with
-      ``Done(finish_reason="aborted")`` holding the reply so far.
+      ``Done(finish_reason="aborted")`` holding the reply so far. Once ``stop()`` has returned,
+      the next event the reader gets is the final one: no ``Token``, ``Thinking`` or ``Notice``
+      that was still on its way. The final event still holds everything the producer made: a
+      stopped ``Done.reply`` (and ``thinking``) may go on past the text the reader was given, so
+      whoever shows the reply shows ``Done`` in the end (the text read is always its start).
+      Unless the turn had already ended, the final event is that aborted ``Done``.
     - ``on_finish(callback)``: ``callback(final)`` runs once, on the thread that ends the turn,
       before the final event reaches the reader, so whoever reads ``Done`` already sees its
       effects (the reply in the history); at once if the turn has already ended.
@@ -198,6 +203,7 @@ class TurnEnd:
         self._callbacks: list[FinishCallback] = []
         self._ended = threading.Event()
         self._result: Final | None = None
+        self._stop_seen = threading.Event()
 
     @property
     def result(self) -> Final | None:
@@ -219,6 +225,21 @@ class TurnEnd:
                 return
             final = self._result
         callback(final)  # the turn ended before anyone asked
+
+    def _stop_reading(self) -> None:
+        """Called by ``stop()`` before it returns: from now on the reader gets the final event only."""
+        self._stop_seen.set()
+
+    def _read(self, events: Iterable[Event]) -> Iterator[Event]:
+        """``events`` (the producer's, in order) as the reader gets them: up to the final one, and
+        after ``stop()`` nothing but it. The one place the stop contract is kept, for every kind of
+        turn: a producer's queue may hold events made just before it saw the stop."""
+        for event in events:
+            if isinstance(event, (Done, Failed)):
+                yield event
+                return
+            if not self._stop_seen.is_set():
+                yield event
 
     def _finish(self, event: Final) -> Final:
         """Make ``event`` the turn's final event (unless one already is) and run the callbacks;

@@ -3,11 +3,14 @@
 Each request to ``POST /v1/chat/completions`` takes the next reply from the script (the last one
 repeats when the script runs out). Replies:
 
-- ``Status(code, error="...")``: a plain JSON error answer (500, 401, ...).
+- ``Status(code, error="...", headers={...})``: a plain JSON error answer (500, 401, 429 with a
+  ``Retry-After``, ...).
 - ``Stream(steps)``: a 200 ``text/event-stream`` sent with chunked encoding. A step is a payload
   string (sent as ``data: <payload>\\n\\n``), a ``RawBytes`` (sent as is), ``Stall()`` (send nothing
-  until the client goes away or the server closes), or ``Drop()`` (cut the TCP connection without
-  finishing the body).
+  until the client goes away or the server closes), ``Drop()`` (cut the TCP connection without
+  finishing the body), ``Trickle()`` (a line that never ends, a byte at a time) or ``HugeLine()``
+  (one line of many megabytes). The last two stop at a bound of their own, or when the client
+  goes away: ``bytes_sent`` tells how much it took.
 
 It counts TCP connections, records each request (path, headers, JSON body) and notices when a
 client closes its connection during a stall, so tests can assert what happened on the wire.
@@ -20,6 +23,7 @@ import select
 import socket
 import socketserver
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 
@@ -28,6 +32,22 @@ from http.server import BaseHTTPRequestHandler
 class Status:
     code: int
     error: str = "scripted failure"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Trickle:
+    """Send ``data: xxx…`` one byte every ``interval_s`` and never a newline, for ``limit_s``."""
+
+    interval_s: float = 0.05
+    limit_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class HugeLine:
+    """Send ``data: `` then ``size`` bytes of ``x`` in 64 KB writes, with no newline."""
+
+    size: int = 300 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -97,6 +117,8 @@ class FaultServer:
     def __init__(self, script: list | None = None) -> None:
         self.script = list(script or [reply("ok")])
         self.requests: list[RecordedRequest] = []
+        self.request_times: list[float] = []  # time.monotonic() as each request arrived
+        self.bytes_sent = 0  # by Trickle and HugeLine steps
         self.connections = 0
         self._lock = threading.Lock()
         self._shutdown = threading.Event()
@@ -164,9 +186,11 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = {"unparsed": raw.decode("utf-8", "replace")}
         fault.requests.append(RecordedRequest(self.path, dict(self.headers.items()), body))
+        fault.request_times.append(time.monotonic())
         answer = fault.next_reply()
         if isinstance(answer, Status):
-            self._send_json(answer.code, {"error": {"message": answer.error, "type": "server_error"}})
+            self._send_json(answer.code, {"error": {"message": answer.error, "type": "server_error"}},
+                            answer.headers)
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -180,6 +204,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if isinstance(step, KeepAlives):
                 self._keep_alive(step.interval_s)
+                return
+            if isinstance(step, Trickle):
+                self._trickle(step)
+                return
+            if isinstance(step, HugeLine):
+                self._huge_line(step.size)
                 return
             if isinstance(step, Drop):
                 self.connection.shutdown(socket.SHUT_RDWR)
@@ -206,6 +236,28 @@ class _Handler(BaseHTTPRequestHandler):
             if not self._write_chunk(b": keep-alive\n\n"):
                 return
 
+    def _trickle(self, step: Trickle) -> None:
+        fault = self.server.fault
+        self.close_connection = True
+        if not self._write_chunk(b"data: "):
+            return
+        deadline = time.monotonic() + step.limit_s
+        while time.monotonic() < deadline and not fault._shutdown.wait(step.interval_s):
+            if not self._write_chunk(b"x"):
+                return
+            fault.bytes_sent += 1
+
+    def _huge_line(self, size: int) -> None:
+        fault = self.server.fault
+        self.close_connection = True
+        if not self._write_chunk(b"data: "):
+            return
+        piece = b"x" * 65536
+        while fault.bytes_sent < size and not fault._shutdown.is_set():
+            if not self._write_chunk(piece):
+                return
+            fault.bytes_sent += len(piece)
+
     def _stall(self) -> None:
         # Wait until the client closes (the socket turns readable and reads as EOF) or shutdown.
         fault = self.server.fault
@@ -223,9 +275,11 @@ class _Handler(BaseHTTPRequestHandler):
                 fault.client_closed_during_stall.set()
                 return
 
-    def _send_json(self, code: int, payload: dict) -> None:
+    def _send_json(self, code: int, payload: dict, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
         self.send_response(code)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Connection", "close")

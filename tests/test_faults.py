@@ -910,3 +910,147 @@ def test_21_15_refused_asks_leave_no_empty_session(test_model_path, capsys, isol
     code, _, _ = ask_here(capsys, test_model_path, "--max-tokens", "2", "-s", "kept", "hi")
     with Store.open() as store:
         assert code == 0 and [s.name for s in store.list_sessions()] == ["kept"]
+
+
+# -- issue 21: remotes and the Turn contract ---------------------------------------------------
+
+
+def remote_config(home: Path, base_url: str, *lines: str) -> None:
+    write_config(home, f'[remote]\nmode = "auto"\nbase_url = "{base_url}"\n' + "".join(
+        line + "\n" for line in lines))
+
+
+def breaker_failures(home: Path) -> int:
+    return json.loads((home / "cache" / "remote_breaker.json").read_text())["consecutive_failures"]
+
+
+def test_21_04a_a_remote_trickling_a_line_that_never_ends_fails_after_timeout_s(test_model_path, capsys, isolated_home):
+    import time
+
+    from fault_server import Trickle
+
+    with FaultServer([Stream([chunk("Hel"), Trickle(interval_s=0.05)])]) as server:
+        remote_config(isolated_home, server.base_url, "timeout_s = 1")
+        started = time.monotonic()
+        code, out, err = ask_here(capsys, test_model_path, "--route", "remote", "hi")
+        elapsed = time.monotonic() - started
+        host = server.base_url.split("//")[1].split("/")[0]
+    # Bytes kept coming (each read within timeout_s), but no event was complete for timeout_s.
+    assert code == 1 and elapsed < 30
+    assert the_error(err) == (f"localchat: error: the remote at {host} sent no complete event "
+                              "for 1 s (timeout_s): only keep-alives or a line that never ends")
+    assert len(server.requests) == 1  # not retried: a retry would double the wait
+    assert breaker_failures(isolated_home) == 1
+
+
+def test_21_04b_a_remote_sending_one_huge_line_fails_at_the_cap_and_the_local_reply_answers(test_model_path, capsys, isolated_home):
+    from fault_server import HugeLine
+
+    with FaultServer([Stream([HugeLine(300 * 1024 * 1024)])]) as server:
+        remote_config(isolated_home, server.base_url)
+        # A prompt the router sends to the remote at once (long and "hard").
+        code, out, err = ask_here(
+            capsys, test_model_path, "--max-tokens", "4", "--json", "--route", "auto",
+            "Prove step by step that the square root of 2 is irrational, with a rigorous "
+            "proof by contradiction, and explain each step of the proof in detail.")
+        host = server.base_url.split("//")[1].split("/")[0]
+    events = [json.loads(line) for line in out.splitlines()]
+    fallback = [e for e in events if e["event"] == "notice" and e["kind"] == "fallback"]
+    assert code == 0 and "Traceback" not in err
+    assert len(fallback) == 1 and fallback[0]["message"] == (
+        f"the remote at {host} sent a line over 4 MB without an end; no chat stream needs that; "
+        "answering locally")
+    assert events[-1]["event"] == "done" and events[-1]["route"] == "local"
+    # The client stopped reading at the cap (4 MB): what the server got out is that plus what
+    # the sockets buffer, not 300 MB.
+    assert server.bytes_sent < 36 * 1024 * 1024
+    assert len(server.requests) == 1 and breaker_failures(isolated_home) == 1
+
+
+@pytest.mark.parametrize("retry_after", ["1", "http-date"])
+def test_21_06a_a_429_is_retried_once_after_the_wait_its_retry_after_asks_for(retry_after):
+    from email.utils import formatdate
+
+    from fault_server import Status, reply
+
+    from localchat.events import Done, Notice
+    from localchat.remote.client import RemoteClient
+    from localchat.remote.settings import RemoteSettings
+
+    # An HTTP date has whole seconds: two seconds ahead is at least one second of waiting.
+    header = formatdate(__import__("time").time() + 2, usegmt=True) if retry_after == "http-date" else "1"
+    with FaultServer([Status(429, "slow down", {"Retry-After": header}), reply("ok")]) as server:
+        client = RemoteClient(RemoteSettings(mode="auto", base_url=server.base_url, timeout_s=5))
+        events = list(client.stream([{"role": "user", "content": "hi"}]))
+        client.close()
+    assert isinstance(events[-1], Done) and events[-1].reply == "ok"
+    notice = events[0]
+    assert isinstance(notice, Notice) and notice.kind == "retry"
+    assert "429: slow down; retrying once in" in notice.message and "(Retry-After)" in notice.message
+    assert len(server.requests) == 2
+    assert server.request_times[1] - server.request_times[0] >= 0.95
+
+
+def test_21_06b_a_retry_after_beyond_the_turns_budget_is_not_retried_and_says_when_to_try_again(test_model_path, capsys, isolated_home):
+    import re
+
+    from fault_server import Status
+
+    with FaultServer([Status(429, "slow down", {"Retry-After": "120"})]) as server:
+        remote_config(isolated_home, server.base_url, "timeout_s = 5")
+        code, _, err = ask_here(capsys, test_model_path, "--route", "remote", "hi")
+    assert code == 1 and len(server.requests) == 1
+    assert re.fullmatch(r"localchat: error: remote answered 429: slow down; the remote asks to "
+                        r"wait 120 s; try again after (\d{4}-\d\d-\d\d )?\d\d:\d\d", the_error(err))
+
+
+def test_21_turn_after_stop_the_reader_gets_only_the_final_event_from_the_real_engine(engine):
+    from localchat.engine.options import Sampling
+    from localchat.events import Done, Token
+
+    messages = [{"role": "user", "content": "Write a long story about a dragon."}]
+    # Stopped while running: the engine is ahead of the reader (the flaky case of issue 21).
+    handle = engine.submit(messages, Sampling(temperature=0, max_tokens=64))
+    events = iter(handle)
+    first = next(e for e in events if isinstance(e, Token) and e.text)
+    handle.stop()
+    final = next(events)
+    assert isinstance(final, Done) and final.finish_reason == "aborted"
+    assert final.reply.startswith(first.text)
+    # Stopped after the engine ended it: every token is queued, and none is delivered.
+    handle = engine.submit(messages, Sampling(temperature=0, max_tokens=16))
+    events = iter(handle)
+    first = next(e for e in events if isinstance(e, Token) and e.text)
+    assert handle.wait(60) is not None
+    handle.stop()
+    final = next(events)
+    assert isinstance(final, Done) and final.finish_reason == "length"
+    assert final.reply.startswith(first.text) and len(final.reply) > len(first.text)
+
+
+def test_21_leftover_a_remote_failing_after_a_mid_reply_hand_over_keeps_the_local_reply_and_exits_0(test_model_path, capsys, isolated_home):
+    from fault_server import Status
+
+    with FaultServer([Status(500), Status(500)]) as server:
+        # Any real start is "uncertain" against these limits: the hand-over comes at the 4th token.
+        remote_config(isolated_home, server.base_url,
+                      "[remote.confidence]", "min_tokens = 4", "max_entropy = 0.0001")
+        args = ("--max-tokens", "24", "What is the capital of France?")
+        code, out, err = ask_here(capsys, test_model_path, "--json", *args)
+        events = [json.loads(line) for line in out.splitlines()]
+        kinds = [e["event"] for e in events]
+        assert code == 0, err
+        # The local reply stands: the text shown before the hand-over is restored, then what the
+        # local model wrote before it stopped (unshown so far) comes as one last token.
+        after = kinds[kinds.index("retract"):]
+        assert after in (["retract", "restore", "notice", "done"],
+                         ["retract", "restore", "notice", "token", "done"])
+        notice = events[kinds.index("retract") + 2]
+        assert notice["message"].endswith("; keeping the local reply up to the hand-over")
+        assert events[-1]["route"] == "local" and events[kinds.index("restore")]["text"]
+
+        code, out, err = ask_here(capsys, test_model_path, *args)
+    assert code == 0 and "[stopped]" not in err
+    assert "keeping the local reply up to the hand-over" in err
+    local, marker, kept = out.split("\n", 2)
+    assert marker.startswith("[local reply superseded") and kept.strip()

@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from localchat.remote.sse import RemoteStreamError, Usage, decode_chunk, iter_sse_data
+from localchat.remote.sse import (
+    RemoteStreamError,
+    StreamTooLarge,
+    Usage,
+    decode_chunk,
+    iter_lines,
+    iter_sse_data,
+)
 
 
 def test_events_are_split_on_blank_lines_and_comments_and_other_fields_ignored():
@@ -52,3 +59,24 @@ def test_errors_and_garbage_are_one_line_stream_errors(payload, fragment):
     with pytest.raises(RemoteStreamError) as excinfo:
         decode_chunk(payload)
     assert fragment in str(excinfo.value) and "\n" not in str(excinfo.value)
+
+
+def test_lines_end_at_cr_lf_or_crlf_even_split_across_chunks():
+    chunks = [b"data: a\r", b"\ndata: b\rdata: c\n\n", "data: \u00e9".encode()[:-1],
+              "data: \u00e9".encode()[-1:], b"\r\n"]
+    assert list(iter_lines(chunks)) == ["data: a", "data: b", "data: c", "", "data: \u00e9"]
+
+
+def test_a_line_or_an_event_over_the_cap_fails_before_the_rest_is_read():
+    sent = []
+
+    def endless():
+        while True:
+            sent.append(1)
+            yield b"x" * 1000
+
+    with pytest.raises(StreamTooLarge, match="a line over"):
+        list(iter_lines(endless(), max_bytes=10_000))
+    assert len(sent) == 11
+    with pytest.raises(StreamTooLarge, match="an event over"):
+        list(iter_sse_data(["data: " + "y" * 6000] * 2, max_bytes=10_000))

@@ -1,13 +1,15 @@
 """One Turn protocol (localchat.events.Turn) for every producer of a turn: the local engine's
 TurnHandle, the remote client's RemoteTurn and the escalator's EscalatedTurn. Whoever reads the
-final event already sees what ``on_finish`` did, and ``finished``/``result`` say the same."""
+final event already sees what ``on_finish`` did, and ``finished``/``result`` say the same; once
+``stop()`` has returned, the next event a reader gets is the final one, whatever the producer had
+queued (so these tests hold whatever the threads' timing)."""
 
 from __future__ import annotations
 
 import threading
 
 from fault_server import FaultServer, Stall, Stream, chunk, reply
-from remote_fixtures import LocalFactory, confident, settings_for
+from remote_fixtures import LocalFactory, confident, settings_for, wait_until
 
 from localchat.engine.turn import TurnHandle
 from localchat.events import Done, Failed, Token, Turn
@@ -76,3 +78,56 @@ def test_an_escalated_turn_runs_on_finish_before_its_final_event_is_read(tmp_pat
         esc.close()
     assert isinstance(final, Done) and final.timings.route_reason == "user: local"
     assert turn.outcome is not None and turn.outcome.route == "local"
+
+
+def test_after_stop_a_local_turn_delivers_its_final_event_and_no_queued_token():
+    handle = TurnHandle()
+    for text in ("one", " two", " three"):  # the engine is ahead of the reader
+        handle.emit(Token(text))
+    events = iter(handle)
+    assert next(events) == Token("one")
+    handle.stop()
+    handle.emit(Done("one two three", "aborted"))
+    final = next(events)
+    # The final event holds what the reader was not given: whoever shows the reply shows Done.
+    assert isinstance(final, Done) and final.finish_reason == "aborted"
+    assert final.reply == "one two three"
+
+
+def test_after_stop_a_remote_turn_delivers_its_final_event_and_no_queued_token():
+    with FaultServer([reply("one", " two", " three")]) as server:
+        turn = RemoteClient(settings_for(server.base_url)).stream(MESSAGES)
+        events = iter(turn)
+        assert next(events) == Token("one")
+        assert turn.wait(10) is not None  # ended: every token is queued
+        turn.stop()
+        final = next(events)
+    assert isinstance(final, Done) and final.finish_reason == "stop"  # it had ended first
+    assert final.reply == "one two three"
+
+    with FaultServer([Stream([chunk("one"), chunk(" two"), chunk(" three"), Stall()])]) as server:
+        turn = RemoteClient(settings_for(server.base_url, timeout_s=60)).stream(MESSAGES)
+        events = iter(turn)
+        assert next(events) == Token("one")
+        wait_until(server.stall_started.is_set, what="the server to stall")
+        turn.stop()
+        final = next(events)
+    assert isinstance(final, Done) and final.finish_reason == "aborted"
+    assert final.reply in ("one", "one two", "one two three")
+
+
+def test_after_stop_an_escalated_turn_delivers_its_final_event_and_no_queued_token(tmp_path):
+    local = LocalFactory(confident(" word", 5))
+    script = [Stream([chunk("one"), chunk(" two"), chunk(" three"), Stall()])]
+    with FaultServer(script) as server:
+        esc = Escalator.from_settings(settings_for(server.base_url, timeout_s=60),
+                                      breaker_file=tmp_path / "breaker.json")
+        turn = esc.start_turn(MESSAGES, local, route="remote")
+        events = iter(turn)
+        assert next(events) == Token("one")
+        wait_until(server.stall_started.is_set, what="the server to stall")
+        turn.stop()
+        final = next(events)
+        esc.close()
+    assert isinstance(final, Done) and final.finish_reason == "aborted"
+    assert final.reply.startswith("one") and turn.result is final

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             # The message as the context policy sent it (it may have cut an over-long one);
             # stored together with its reply. None: refused, nothing was sent.
             sent = chat.history[before].content if len(chat.history) > before else None
-            final = stream(handle, out)
+            final, user_stopped = stream(handle, out)
             if conversation is not None and sent is not None and isinstance(final, Done):
                 conversation.record_exchange(sent, final, engine.name)
                 for notice in conversation.take_notices():
@@ -116,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
         escalator.close()
     if isinstance(final, Failed):
         return 1
-    return EXIT_INTERRUPTED if final.finish_reason == "aborted" else 0
+    # Only the user's Ctrl+C is an interruption: a local reply cut by a hand-over to a remote
+    # that then failed is the answer kept (the fallback notice said so).
+    return EXIT_INTERRUPTED if user_stopped and final.finish_reason == "aborted" else 0
 
 
 def _with_files(prompt: str, paths: list[str], engine, sampling) -> str:
@@ -228,18 +230,29 @@ def _escaped_only(text: str) -> bool:
     return all(not "\ud800" <= ch <= "\udfff" or "\udc80" <= ch <= "\udcff" for ch in text)
 
 
-def stream(handle: Turn, out: PlainText | JsonEvents) -> Done | Failed:
+def stream(handle: Turn, out: PlainText | JsonEvents) -> tuple[Done | Failed, bool]:
     """Write each event as it arrives; Ctrl+C stops the reply instead of killing the process.
-    The turn's final event."""
-    previous = signal.signal(signal.SIGINT, lambda *_: handle.stop())
+    The turn's final event, and whether Ctrl+C stopped it."""
+
+    def on_interrupt(*_: object) -> None:
+        out.user_stopped = True  # before the stop, so the final event finds it set
+        handle.stop()
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
         for event in handle:
             out.event(event)
         final = handle.result
         assert final is not None, "a turn's events end with its final one"
-        return final
+        return final, out.user_stopped
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _unread(shown: str, whole: str) -> str:
+    """The end of a stopped reply that was not shown: a stop drops the tokens still queued (see
+    ``events.Turn``), and the final ``Done`` holds them."""
+    return whole[len(shown):] if whole.startswith(shown) else ""
 
 
 class PlainText:
@@ -253,6 +266,7 @@ class PlainText:
         self._unshown_reply = False  # a fallback kept a reply that is not on stdout after it
         self.hide_thinking = hide_thinking
         self._thinking_open = False  # reasoning was written to stderr and not yet ended
+        self.user_stopped = False  # Ctrl+C stopped the turn (set by ``stream``)
 
     def _write(self, text: str) -> None:
         self.stdout.write(text)
@@ -277,9 +291,11 @@ class PlainText:
         elif isinstance(event, Done):
             if self._unshown_reply and event.reply:
                 self._write(event.reply)
+            elif event.finish_reason == "aborted":
+                self._write(_unread(self._remote_text, event.answer))
             self.stdout.write("\n")
             self.stdout.flush()
-            if event.finish_reason == "aborted":
+            if event.finish_reason == "aborted" and self.user_stopped:
                 self.stderr.write("[stopped]\n")
             self.stderr.write(summary_line(event.timings) + "\n")
         elif isinstance(event, Failed):
@@ -330,6 +346,8 @@ class JsonEvents:
     - ``retract`` (before a fallback notice) voids the token text since the escalate notice: the
       remote reply that failed part-way. If a local reply was superseded, a ``restore`` with its
       text follows: it is the reply kept after all.
+    - A stopped reply's ``done`` follows a ``token`` with id -1 holding the text the stop left
+      unread, if any (the tokens still queued when it came).
     """
 
     def __init__(self, stdout: TextIO, hide_thinking: bool = False) -> None:
@@ -337,6 +355,7 @@ class JsonEvents:
         self._remote_text = ""  # token text since the last route notice
         self._superseded = ""  # the local partial reply set aside by a mid-reply escalation
         self.hide_thinking = hide_thinking
+        self.user_stopped = False  # Ctrl+C stopped the turn (set by ``stream``)
 
     def _write(self, obj: dict) -> None:
         self.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
@@ -363,9 +382,13 @@ class JsonEvents:
                 if self._superseded:
                     self._write({"event": "restore", "text": self._superseded})
             if event.kind in ("escalate", "fallback"):
-                self._remote_text = ""
+                # Token text since the notice; a restored reply counts as such text.
+                self._remote_text = self._superseded if event.kind == "fallback" else ""
             self._write({"event": "notice", "kind": event.kind, "message": event.message})
         elif isinstance(event, Done):
+            unread = _unread(self._remote_text, event.answer) if event.finish_reason == "aborted" else ""
+            if unread:
+                self._write({"event": "token", "text": unread, "id": -1})
             self._write({"event": "done", "finish_reason": event.finish_reason,
                          "route": event.timings.route, "route_reason": event.timings.route_reason,
                          "timings": event.timings.to_dict()})

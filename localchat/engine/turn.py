@@ -22,8 +22,9 @@ class TurnHandle(TurnEnd):
     """The local engine's :class:`~localchat.events.Turn`: PrefillProgress*, Thinking* and
     Token*, then exactly one Done or Failed, emitted by the engine thread.
 
-    Iterating blocks per event; ``poll()`` never blocks. ``stop()`` asks the producer to end
-    the turn; a Done with finish_reason "aborted" and the partial reply follows.
+    Iterating blocks per event. ``stop()`` asks the producer to end
+    the turn; a Done with finish_reason "aborted" and the partial reply follows, and nothing
+    before it (see ``Turn``).
     """
 
     def __init__(self, on_stop: Callable[[TurnHandle], None] | None = None) -> None:
@@ -34,22 +35,10 @@ class TurnHandle(TurnEnd):
         self._on_stop = on_stop
 
     def __iter__(self) -> Iterator[Event]:
-        while True:
-            event = self._events.get()
-            yield event
-            if isinstance(event, (Done, Failed)):
-                return
-
-    def poll(self) -> list[Event]:
-        """All events available now (possibly none)."""
-        events = []
-        while True:
-            try:
-                events.append(self._events.get_nowait())
-            except queue.Empty:
-                return events
+        return self._read(iter(self._events.get, None))
 
     def stop(self) -> None:
+        self._stop_reading()
         self._stopped.set()
         if self._on_stop is not None:
             self._on_stop(self)

@@ -5,25 +5,35 @@ Contract of a :class:`RemoteTurn` (a ``localchat.events.Turn``):
 
 - The request starts when the turn is created; iterating blocks per event.
 - ``stop()`` may be called from any thread. It shuts the socket down at once (the server sees the
-  connection close within milliseconds, even mid-stall) and the iterator ends with
-  ``Done(finish_reason="aborted", reply=<text yielded so far>)``.
+  connection close within milliseconds, even mid-stall) and the next event is the final one,
+  ``Done(finish_reason="aborted", reply=<text received so far>)`` (see ``events.Turn``).
 - A failed request is retried at most once, and only while no reply text has arrived; 4xx answers
   other than 408/429 are not retried (they will not change), nor are timeouts (a retry would
-  double the wait). A stream that sends no data event for ``timeout_s`` (keep-alive comments
-  do not count) is a failure.
+  double the wait). A ``Retry-After`` (seconds or an HTTP date) on a retryable answer is waited
+  out before that retry when it is at most ``timeout_s`` (the delay a silent server costs before
+  the fallback, so the turn's worst case stays the same); a longer one is not retried, and the
+  failure says when to try again.
+- Each data event must be complete within ``timeout_s`` of the previous one (or of the answer's
+  headers): keep-alive comments and the bytes of a line that never ends do not count, so a
+  trickling server fails like a silent one. A line or event over ``sse.MAX_EVENT_BYTES`` fails
+  at once, without reading the rest. Neither is retried.
 - Every failure is one ``Failed`` line written for the user; it never contains the API key.
 - The circuit breaker learns the outcome of each turn (a stopped turn teaches it nothing).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import queue
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -43,13 +53,21 @@ from localchat.events import (
 from localchat.reasoning import ReasoningSplitter, join_reply
 from localchat.remote.breaker import CircuitBreaker
 from localchat.remote.settings import RemoteSettings
-from localchat.remote.sse import RemoteStreamError, decode_chunk, error_text, iter_sse_data
+from localchat.remote.sse import (
+    RemoteStreamError,
+    StreamTooLarge,
+    decode_chunk,
+    error_text,
+    iter_lines,
+    iter_sse_data,
+)
 from localchat.remote.timing import ReplyClock
 
 log = logging.getLogger(__name__)
 
 _STOPPED = object()  # queue marker: stop() was called
 _RETRYABLE_STATUS = {408, 429}
+_ERROR_BODY_BYTES = 64 * 1024  # of a non-200 answer: enough for any error object, and a bound
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length"}
 
 
@@ -83,6 +101,16 @@ class RemoteClient:
         """Start a turn with ``messages`` (already trimmed to the remote's budget)."""
         return RemoteTurn(self, self._request_body(messages, sampling or Sampling()), route_reason)
 
+    @property
+    def where(self) -> str:
+        """The server as an error message names it: host[:port], never a user:password part."""
+        parts = urlsplit(self.settings.base_url)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        return f"{parts.hostname or '?'}:{port}" if port else parts.hostname or "?"
+
     def close(self) -> None:
         self._http.close()
 
@@ -115,9 +143,10 @@ class RemoteClient:
 
 
 class _AttemptFailed(Exception):
-    def __init__(self, message: str, retryable: bool) -> None:
+    def __init__(self, message: str, retryable: bool, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.retry_after_s = retry_after_s  # the server's Retry-After, when it sent one
 
 
 class RemoteTurn(TurnEnd):
@@ -140,6 +169,9 @@ class RemoteTurn(TurnEnd):
         self._thread.start()
 
     def __iter__(self) -> Iterator[Event]:
+        return self._read(self._produced())
+
+    def _produced(self) -> Iterator[Event]:
         reply: list[str] = []
         thinking: list[str] = []
         while True:
@@ -163,6 +195,7 @@ class RemoteTurn(TurnEnd):
         """Abort: close the connection now; the iterator ends with Done(aborted)."""
         if self._stop.is_set():
             return
+        self._stop_reading()
         self._stop.set()
         with self._lock:
             sockets = list(self._sockets)
@@ -199,10 +232,14 @@ class RemoteTurn(TurnEnd):
                 if self._stop.is_set():
                     return None
                 message = self._redact(str(exc))
-                if attempt == 1 and exc.retryable and not self._clock.arrivals:
-                    self._events.put(Notice(f"{message}; retrying once", kind="retry"))
-                    continue
-                return Failed(message)
+                wait = exc.retry_after_s or 0.0
+                if wait > self._client.settings.timeout_s or not (
+                        attempt == 1 and exc.retryable and not self._clock.arrivals):
+                    return Failed(message + _try_again_hint(exc.retry_after_s))
+                later = f" in {_seconds(wait)} s (Retry-After)" if wait else ""
+                self._events.put(Notice(f"{message}; retrying once{later}", kind="retry"))
+                if self._stop.wait(wait):
+                    return None
         raise AssertionError("unreachable")
 
     def _attempt(self) -> Done:
@@ -229,7 +266,8 @@ class RemoteTurn(TurnEnd):
         inline = ReasoningSplitter()
         finish_reason: str | None = None
         usage = None
-        for payload in iter_sse_data(self._until_silent(response.iter_lines())):
+        payloads = iter_sse_data(iter_lines(self._within_deadline(response.iter_bytes())))
+        for payload in _bounded(payloads, self._client.where):
             self._last_data = time.monotonic()
             try:
                 chunk = decode_chunk(payload)
@@ -271,29 +309,31 @@ class RemoteTurn(TurnEnd):
             reply.append(text)
             self._events.put(Token(text))
 
-    def _until_silent(self, lines: Iterator[str]) -> Iterator[str]:
-        """``lines``, failing once ``timeout_s`` passes without a data event: the read timeout
-        alone never fires on a server that sends only SSE keep-alive comments."""
+    def _within_deadline(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        """The body's bytes, failing once ``timeout_s`` passes without a complete data event:
+        the read timeout is per read, so it never fires on a server that keeps sending
+        keep-alive comments, or a line a few bytes at a time that never ends."""
         timeout = self._client.settings.timeout_s
         self._last_data = time.monotonic()
-        for line in lines:
+        for data in chunks:
             if time.monotonic() - self._last_data > timeout:
-                raise _AttemptFailed(f"the remote sent only keep-alives for {timeout:g} s "
-                                     "(timeout_s)", False)
-            yield line
+                raise _AttemptFailed(
+                    f"the remote at {self._client.where} sent no complete event for {timeout:g} s "
+                    "(timeout_s): only keep-alives or a line that never ends", False)
+            yield data
 
     def _status_failure(self, response: httpx.Response) -> _AttemptFailed:
-        response.read()
+        text = _read_at_most(response, _ERROR_BODY_BYTES)
         try:
-            detail = error_text(response.json().get("error") or response.text)
+            detail = error_text(json.loads(text).get("error") or text)
         except (ValueError, AttributeError):
-            detail = error_text(response.text or response.reason_phrase)
+            detail = error_text(text or response.reason_phrase)
         message = f"remote answered {response.status_code}: {detail}"
         if response.status_code in (401, 403):
             env = self._client.settings.api_key_env
             message += f" (check the key in ${env})" if env else " (set api_key_env in [remote])"
         retryable = response.status_code >= 500 or response.status_code in _RETRYABLE_STATUS
-        return _AttemptFailed(message, retryable)
+        return _AttemptFailed(message, retryable, _retry_after_s(response.headers.get("retry-after")))
 
     def _trace(self, event: str, info: dict[str, Any]) -> None:
         # httpcore reports each new connection; keep its socket so stop() can shut it down.
@@ -325,6 +365,59 @@ def _shut(sock: socket.socket) -> None:
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
     except OSError:
         pass  # already closed, or detached when TLS wrapped it (the TLS socket is shut instead)
+
+
+def _bounded(payloads: Iterator[str], where: str) -> Iterator[str]:
+    """``payloads``, with a line or event over the size cap as a failure naming the remote."""
+    try:
+        yield from payloads
+    except StreamTooLarge as exc:
+        raise _AttemptFailed(f"the remote at {where} sent {exc}; no chat stream needs that",
+                             False) from None
+
+
+def _read_at_most(response: httpx.Response, limit: int) -> str:
+    """The start of a (non-200) body as text: a broken server's endless error page is not read."""
+    body = bytearray()
+    for data in response.iter_bytes():
+        body += data
+        if len(body) >= limit:
+            break
+    return bytes(body[:limit]).decode(response.encoding or "utf-8", errors="replace")
+
+
+def _retry_after_s(header: str | None, now: float | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (delta-seconds or an HTTP date); None when
+    absent or unreadable (then the usual immediate retry applies)."""
+    if not header:
+        return None
+    header = header.strip()
+    if header.isdigit():
+        return float(header)
+    try:
+        when = parsedate_to_datetime(header)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # HTTP dates are GMT; a zone-less one is read as such too
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _try_again_hint(retry_after_s: float | None) -> str:
+    """"; the remote asks to wait 120 s; try again after 14:03" for a failure with Retry-After."""
+    if not retry_after_s:
+        return ""
+    asks = f"; the remote asks to wait {_seconds(retry_after_s)} s"
+    if retry_after_s < 60:
+        return asks
+    until = time.localtime(math.ceil((time.time() + retry_after_s) / 60) * 60)
+    same_day = until[:3] == time.localtime()[:3]
+    clock = time.strftime("%H:%M" if same_day else "%Y-%m-%d %H:%M", until)
+    return f"{asks}; try again after {clock}"
+
+
+def _seconds(value: float) -> str:
+    return f"{math.ceil(value):d}" if value >= 1 else f"{value:.1g}"
 
 
 def _timeout_message(exc: httpx.TimeoutException, timeout_s: float) -> str:

@@ -137,7 +137,7 @@ class EscalatedTurn(TurnEnd):
         self.outcome: TurnOutcome | None = None  # set when the final event is yielded
 
     def __iter__(self) -> Iterator[Event]:
-        for event in self._events():
+        for event in self._read(self._events()):
             if isinstance(event, (Done, Failed)):
                 yield self._finish(event)
                 return
@@ -152,6 +152,7 @@ class EscalatedTurn(TurnEnd):
 
     def stop(self) -> None:
         """Stop whichever reply is running; no escalation starts after this."""
+        self._stop_reading()
         with self._lock:
             self._stopped = True
             current = self._current
@@ -270,7 +271,9 @@ class EscalatedTurn(TurnEnd):
             fallback = f"fallback: remote failed ({event.message})"
             outcome = replace(spent, route_reason=fallback, escalated=True, fell_back=True)
             if local_done is not None:
-                yield Notice(f"{event.message}; keeping the local reply", kind="fallback")
+                # Not "stopped": the hand-over cut it, and it is the answer now.
+                cut = " up to the hand-over" if local_done.finish_reason == "aborted" else ""
+                yield Notice(f"{event.message}; keeping the local reply{cut}", kind="fallback")
                 self.outcome = outcome
                 yield self._labelled(local_done, "local", fallback)
             else:

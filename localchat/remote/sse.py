@@ -1,22 +1,39 @@
 """Server-sent events as OpenAI-compatible servers send them, decoded into :class:`StreamChunk`.
 
-Two layers: :func:`iter_sse_data` turns lines into event payloads following the SSE rules that
-matter here (``data:`` fields joined by newlines, a blank line ends an event, ``:`` comments and
-other fields ignored); :func:`decode_chunk` turns one payload into what the client acts on.
+Three layers: :func:`iter_lines` cuts the body's bytes into lines, :func:`iter_sse_data` turns
+lines into event payloads following the SSE rules that matter here (``data:`` fields joined by
+newlines, a blank line ends an event, ``:`` comments and other fields ignored), and
+:func:`decode_chunk` turns one payload into what the client acts on.
+
+What a remote can make us hold is bounded: a line or an event over :data:`MAX_EVENT_BYTES` is
+:class:`StreamTooLarge`, raised as soon as the buffer passes the cap (never after reading the
+whole line). How long one event may take is the client's rule (``client.py``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 DONE_SENTINEL = "[DONE]"
 
+# One chat.completion.chunk is a few hundred bytes, a long reasoning or tool delta a few KB; even
+# a whole reply sent as one chunk stays far below this. 4 MiB leaves room for any real server and
+# bounds what a broken or hostile one makes us hold (a 300 MB line once took 1.5 GB of memory).
+MAX_EVENT_BYTES = 4 * 1024 * 1024
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
 
 class RemoteStreamError(Exception):
     """The remote sent something other than a chat completion stream. Message: one line."""
+
+
+class StreamTooLarge(RemoteStreamError):
+    """One line or event passed :data:`MAX_EVENT_BYTES`. Message: what was too large."""
 
 
 @dataclass(frozen=True)
@@ -38,25 +55,50 @@ class StreamChunk:
     done: bool = False
 
 
-def iter_sse_data(lines: Iterable[str]) -> Iterator[str]:
+def iter_lines(chunks: Iterable[bytes], max_bytes: int = MAX_EVENT_BYTES) -> Iterator[str]:
+    """The lines in a stream of byte chunks (CR, LF or CRLF ends one), decoded as UTF-8.
+    Raises :class:`RemoteStreamError` once an unfinished line holds more than ``max_bytes``."""
+    pending = bytearray()
+    for data in chunks:
+        pending += data
+        start = 0
+        for end in _LINE_END.finditer(pending):
+            if end.group() == b"\r" and end.end() == len(pending):
+                break  # maybe the first half of a CRLF: wait for the next chunk
+            yield pending[start:end.start()].decode("utf-8", errors="replace")
+            start = end.end()
+        del pending[:start]
+        if len(pending) > max_bytes:
+            raise StreamTooLarge(f"a line over {_mib(max_bytes)} without an end")
+    if pending:
+        yield pending.rstrip(b"\r").decode("utf-8", errors="replace")
+
+
+def iter_sse_data(lines: Iterable[str], max_bytes: int = MAX_EVENT_BYTES) -> Iterator[str]:
     """Yield the data payload of each event in ``lines`` (line terminators already removed).
+    Raises :class:`RemoteStreamError` once one event's data passes ``max_bytes`` (counted as
+    characters, close enough for a cap).
 
     An event still open when the lines end is yielded too: servers that close the connection
     right after the last ``data:`` line without a blank line still delivered it.
     """
     data: list[str] = []
+    size = 0
     for line in lines:
         line = line.rstrip("\r")
         if not line:
             if data:
                 yield "\n".join(data)
-                data = []
+                data, size = [], 0
             continue
         if line.startswith(":"):
             continue  # comment / keep-alive
         name, _, value = line.partition(":")
         if name == "data":
             data.append(value.removeprefix(" "))
+            size += len(data[-1]) + 1
+            if size > max_bytes:
+                raise StreamTooLarge(f"an event over {_mib(max_bytes)}")
         # "event", "id", "retry" and unknown fields carry nothing a chat stream needs.
     if data:
         yield "\n".join(data)
@@ -113,3 +155,7 @@ def _usage(raw: Any) -> Usage | None:
 def _preview(text: str, limit: int = 80) -> str:
     one_line = " ".join(text.split())
     return one_line if len(one_line) <= limit else one_line[: limit - 1] + "…"
+
+
+def _mib(n_bytes: int) -> str:
+    return f"{n_bytes / (1024 * 1024):g} MB"
