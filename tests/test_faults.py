@@ -543,3 +543,82 @@ class _NoSleep:
     @staticmethod
     def sleep(seconds: float) -> None:
         pass
+
+
+# -- issue 21: the engine, the store's exact text and the app ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def looping_template_model(test_model_path, tmp_path_factory) -> Path:
+    """The test model with a chat template that never finishes rendering: 10^10 steps of two
+    nested loops (each range under the sandbox's cap), padded to the original's length."""
+    data = bytearray(test_model_path.read_bytes())
+    key = b"tokenizer.chat_template"
+    at = data.index(key) + len(key) + 4  # the value's type (a u32: string) is skipped
+    (length,) = struct.unpack_from("<Q", data, at)
+    loop = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    template = (loop + "{#").ljust(length - 2, "-") + "#}"
+    assert len(template.encode()) == length
+    data[at + 8:at + 8 + length] = template.encode()
+    path = tmp_path_factory.mktemp("gguf") / "looping-template.gguf"
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_i21_05a_ask_with_a_template_that_never_finishes_is_one_line_within_seconds(looping_template_model, tmp_path):
+    import time
+
+    started = time.monotonic()
+    code, _, err = localchat("ask", "-m", str(looping_template_model), "hi", home=tmp_path, timeout=60)
+    assert code == 1 and "did not finish rendering" in the_error(err)
+    assert time.monotonic() - started < 30
+
+
+async def test_i21_05b_the_app_shows_a_template_that_never_finishes_and_ctrl_q_exits(looping_template_model):
+    from fake_engine import SIZE, wait_until
+
+    from localchat.engine.engine import Engine
+    from localchat.engine.options import EngineOptions
+    from localchat.store import Store
+    from localchat.tui.app import LocalChatApp
+
+    with Store.open() as store:
+        app = LocalChatApp(store=store, list_models=list, sampling_factory=lambda: None,
+                           engine_factory=lambda ref: Engine(looping_template_model,
+                                                             EngineOptions(n_ctx=512), name="looper"))
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.status.info.state == "no model", "the load to fail",
+                             timeout=30)
+            assert "did not finish rendering" in app.model_error
+            await pilot.press("ctrl+q")
+            await wait_until(pilot, lambda: not app.is_running, "the app to exit", timeout=10)
+
+
+def test_i21_05c_ctrl_q_while_the_template_loops_ends_the_app_process(looping_template_model, tmp_path):
+    import pty
+    import select
+    import time
+
+    controller, terminal = pty.openpty()
+    env = {**os.environ, "LOCALCHAT_HOME": str(tmp_path), "PYTHONPATH": str(REPO), "TERM": "xterm"}
+    proc = subprocess.Popen([sys.executable, "-m", "localchat", "-m", str(looping_template_model)],
+                            stdin=terminal, stdout=terminal, stderr=terminal, env=env,
+                            start_new_session=True)
+    os.close(terminal)
+    try:
+        drawn = b""
+        while b"loading" not in drawn:  # the window is up and its model load has begun
+            assert select.select([controller], [], [], 60)[0], "the app never drew its window"
+            drawn += os.read(controller, 65536)
+        os.write(controller, b"\x11")  # Ctrl+Q while the template is still rendering
+        deadline = time.monotonic() + 30  # generous: it must not hang, however slow the machine
+        while proc.poll() is None and time.monotonic() < deadline:
+            if select.select([controller], [], [], 0.2)[0]:
+                with contextlib.suppress(OSError):
+                    os.read(controller, 65536)  # keep the terminal drained
+        assert proc.poll() == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(controller)

@@ -49,6 +49,7 @@ from localchat.tui.pacing import FramePacer
 from localchat.tui.prompt import CommandHints, PromptInput
 from localchat.tui.screens import ConfirmScreen
 from localchat.tui.session_actions import SessionActions
+from localchat.tui.shutdown import exit_now, run_until_quit
 from localchat.tui.sidebar import SessionSidebar
 from localchat.tui.status import LiveMeter, StatusBar
 from localchat.tui.turn import ActiveTurn
@@ -440,4 +441,7 @@ def run_app(model: str | None = None, continue_last: bool = False, session: str 
             store.resolve_session(session, create=True)  # an unknown id: one line, before the window opens
         logs.attach()  # the app's own failures (a turn, a model load) keep their tracebacks too
         app = LocalChatApp(store=store, model=model, continue_last=continue_last, session=session)
-        return app.run() or 0
+        code, stuck = run_until_quit(app)
+    if stuck:  # a worker that never returns must not keep the process alive after a quit
+        exit_now(code)
+    return code
