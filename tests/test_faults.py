@@ -622,3 +622,23 @@ def test_i21_05c_ctrl_q_while_the_template_loops_ends_the_app_process(looping_te
             proc.kill()
             proc.wait()
         os.close(controller)
+
+
+def test_i21_12_a_reply_cut_inside_a_character_stores_what_was_shown(engine, greedy):
+    from dataclasses import replace
+
+    from localchat.events import Done, Token
+
+    # Greedy SmolLM2 answers this with emoji, each several tokens of partial UTF-8; every cut
+    # length is tried, so some end inside a character whatever the model writes.
+    messages = [{"role": "user", "content": "Reply with three emoji only: 🐉🔥🍜"}]
+    cut_inside = 0
+    for max_tokens in range(1, 13):
+        events = list(engine.submit(messages, replace(greedy, max_tokens=max_tokens)))
+        done = events[-1]
+        assert isinstance(done, Done)
+        shown = "".join(e.text for e in events if isinstance(e, Token))
+        assert done.reply == shown and "\ufffd" not in done.reply
+        ids = [e.token_id for e in events if isinstance(e, Token) and e.token_id >= 0]
+        cut_inside += engine.detokenize(ids).endswith("\ufffd")
+    assert cut_inside  # the case under test was met
