@@ -642,3 +642,49 @@ def test_i21_12_a_reply_cut_inside_a_character_stores_what_was_shown(engine, gre
         ids = [e.token_id for e in events if isinstance(e, Token) and e.token_id >= 0]
         cut_inside += engine.detokenize(ids).endswith("\ufffd")
     assert cut_inside  # the case under test was met
+
+
+_HOLD_A_SNAPSHOT_WRITE = """
+import sys, time
+from pathlib import Path
+from localchat.atomic import atomic_writer
+with atomic_writer(Path(sys.argv[1])) as f:
+    f.write(b"k" * int(sys.argv[2]))
+    f.flush()
+    print("writing", flush=True)
+    time.sleep(600)
+"""
+
+
+def _snapshot_writer(target: Path, size: int) -> subprocess.Popen:
+    """Another process in the middle of writing the snapshot ``target`` (``size`` bytes so far)."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD_A_SNAPSHOT_WRITE, str(target), str(size)],
+                            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout is not None and proc.stdout.readline() == b"writing\n"
+    return proc
+
+
+def test_i21_13_a_snapshot_temp_of_a_killed_writer_is_swept_and_one_being_written_counts_to_the_cap(
+        test_model_path, capsys, isolated_home):
+    import signal
+
+    kv = isolated_home / "cache" / "kv"
+    code, _, err = ask_here(capsys, test_model_path, "--max-tokens", "2", "-s", "older", "hi")
+    assert code == 0, err
+    older = kv / "session-1.kvsnap"
+    size = older.stat().st_size
+    killed = _snapshot_writer(kv / "session-7.kvsnap", 800_000)  # SIGTERM mid-write:
+    killed.send_signal(signal.SIGTERM)
+    killed.wait(timeout=30)
+    assert len(list(kv.glob(".session-7.kvsnap.*.tmp"))) == 1  # its temp file stays behind
+    live = _snapshot_writer(kv / "session-8.kvsnap", 3 * size)
+    try:
+        # Room for two snapshots like the first, not for them and the one being written too.
+        write_config(isolated_home, f"[snapshots]\nmax_bytes = {3 * size}\n")
+        code, _, err = ask_here(capsys, test_model_path, "--max-tokens", "2", "-s", "newer", "hi")
+        assert code == 0, err
+        assert [p.name.split(".tmp")[0][:18] for p in kv.glob(".*.tmp")] == [".session-8.kvsnap."]
+        assert (kv / "session-2.kvsnap").is_file() and not older.exists()
+    finally:
+        live.kill()
+        live.wait()
