@@ -688,3 +688,28 @@ def test_i21_13_a_snapshot_temp_of_a_killed_writer_is_swept_and_one_being_writte
     finally:
         live.kill()
         live.wait()
+
+
+async def test_i21_16_turns_an_ask_stored_while_the_app_was_open_are_shown_before_its_reply(
+        test_model_path, isolated_home):
+    from fake_engine import FakeEngine, make_app, reply_finished, send, wait_until
+
+    from localchat.store import Store
+    from localchat.tui.chat_log import ReplyView, UserMessage
+
+    with Store.open() as store:
+        session = store.open_named_session("shared")
+        store.add_exchange(session.id, "U1 in the app", "A1 in the app", model="m")
+        engine = FakeEngine(reply="A3 in the app")
+        app = make_app(store, engine, session="shared")
+        async with app.run_test() as pilot:
+            await wait_until(pilot, lambda: app.engine is not None, "the model to load")
+            code, out, err = localchat("ask", "-m", str(test_model_path), "--max-tokens", "4",
+                                       "-s", "shared", "U2 from ask", home=isolated_home)
+            assert code == 0, err
+            await send(pilot, "U3 in the app")
+            await reply_finished(pilot)
+            shown = [w.text for w in app.chat_log.children if isinstance(w, (UserMessage, ReplyView))]
+        stored = [t.content for t in store.turns(session.id)]
+    assert stored[2] == "U2 from ask" and stored == shown
+    assert [m["content"] for m in engine.submitted[-1]][:4] == stored[:4]

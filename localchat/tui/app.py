@@ -41,6 +41,7 @@ from localchat.tui.messages import (
     ThinkingRun,
     TokenRun,
     TurnMailbox,
+    TurnsArrived,
     TurnWake,
 )
 from localchat.tui.model_loading import ModelLoader
@@ -291,7 +292,9 @@ class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, Mod
     @work(thread=True, group="turn", exit_on_error=False)
     def _generate(self, turn: ActiveTurn, text: str, model: str, route: str = "auto") -> None:
         try:
-            with turn.conversation.turn_lock():
+            with turn.conversation.turn_lock() as arrived:
+                if arrived:  # before any event of this turn: shown above its prompt
+                    self.post_message(TurnsArrived(turn.id, arrived))
                 turn.handle = turn.conversation.send(text, route)
                 for notice in turn.conversation.take_notices():
                     turn.mailbox.put(notice)
@@ -310,6 +313,11 @@ class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, Mod
 
     def on_session_changed(self, message: SessionChanged) -> None:
         self.refresh_sidebar()
+
+    async def on_turns_arrived(self, message: TurnsArrived) -> None:
+        turn = self.turn
+        if turn is not None and turn.id == message.turn_id and turn.reply is not None:
+            await self.chat_log.add_turns_before_prompt(message.turns, turn.reply)
 
     async def on_turn_wake(self, message: TurnWake) -> None:
         turn = self.turn
