@@ -37,7 +37,7 @@ def within(seconds: float, fn: Callable[[], T]) -> T:
                 _raise_in(target, DeadlineExceeded)
 
     watchdog = threading.Timer(seconds, expire)
-    watchdog.daemon = True
+    watchdog.name, watchdog.daemon = "localchat-deadline", True
     watchdog.start()
     try:
         return fn()

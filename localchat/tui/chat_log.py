@@ -257,6 +257,8 @@ class ChatLog(VerticalScroll):
         """Show stored ``turns`` just above the prompt that ``reply`` answers (turns another
         process stored before that prompt was sent)."""
         children = list(self.children)
+        if reply not in children:  # the log was redrawn meanwhile (from the store: it has them)
+            return
         index = children.index(reply)
         prompt = children[index - 1] if index and isinstance(children[index - 1], UserMessage) else reply
         widgets = [UserMessage(t.content, None, t.seq) if t.role == "user" else self._stored_reply(t)
