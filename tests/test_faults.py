@@ -1054,3 +1054,173 @@ def test_21_leftover_a_remote_failing_after_a_mid_reply_hand_over_keeps_the_loca
     assert "keeping the local reply up to the hand-over" in err
     local, marker, kept = out.split("\n", 2)
     assert marker.startswith("[local reply superseded") and kept.strip()
+
+
+# -- issue 21: the engine, the store's exact text and the app ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def looping_template_model(test_model_path, tmp_path_factory) -> Path:
+    """The test model with a chat template that never finishes rendering: 10^10 steps of two
+    nested loops (each range under the sandbox's cap), padded to the original's length."""
+    data = bytearray(test_model_path.read_bytes())
+    key = b"tokenizer.chat_template"
+    at = data.index(key) + len(key) + 4  # the value's type (a u32: string) is skipped
+    (length,) = struct.unpack_from("<Q", data, at)
+    loop = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    template = (loop + "{#").ljust(length - 2, "-") + "#}"
+    assert len(template.encode()) == length
+    data[at + 8:at + 8 + length] = template.encode()
+    path = tmp_path_factory.mktemp("gguf") / "looping-template.gguf"
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_i21_05a_ask_with_a_template_that_never_finishes_is_one_line_within_seconds(looping_template_model, tmp_path):
+    import time
+
+    started = time.monotonic()
+    code, _, err = localchat("ask", "-m", str(looping_template_model), "hi", home=tmp_path, timeout=60)
+    assert code == 1 and "did not finish rendering" in the_error(err)
+    assert time.monotonic() - started < 30
+
+
+async def test_i21_05b_the_app_shows_a_template_that_never_finishes_and_ctrl_q_exits(looping_template_model):
+    from fake_engine import SIZE, wait_until
+
+    from localchat.engine.engine import Engine
+    from localchat.engine.options import EngineOptions
+    from localchat.store import Store
+    from localchat.tui.app import LocalChatApp
+
+    with Store.open() as store:
+        app = LocalChatApp(store=store, list_models=list, sampling_factory=lambda: None,
+                           engine_factory=lambda ref: Engine(looping_template_model,
+                                                             EngineOptions(n_ctx=512), name="looper"))
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.status.info.state == "no model", "the load to fail",
+                             timeout=30)
+            assert "did not finish rendering" in app.model_error
+            await pilot.press("ctrl+q")
+            await wait_until(pilot, lambda: not app.is_running, "the app to exit", timeout=10)
+
+
+def test_i21_05c_ctrl_q_while_the_template_loops_ends_the_app_process(looping_template_model, tmp_path):
+    import pty
+    import select
+    import time
+
+    controller, terminal = pty.openpty()
+    env = {**os.environ, "LOCALCHAT_HOME": str(tmp_path), "PYTHONPATH": str(REPO), "TERM": "xterm"}
+    proc = subprocess.Popen([sys.executable, "-m", "localchat", "-m", str(looping_template_model)],
+                            stdin=terminal, stdout=terminal, stderr=terminal, env=env,
+                            start_new_session=True)
+    os.close(terminal)
+    try:
+        drawn = b""
+        while b"loading" not in drawn:  # the window is up and its model load has begun
+            assert select.select([controller], [], [], 60)[0], "the app never drew its window"
+            drawn += os.read(controller, 65536)
+        os.write(controller, b"\x11")  # Ctrl+Q while the template is still rendering
+        deadline = time.monotonic() + 30  # generous: it must not hang, however slow the machine
+        while proc.poll() is None and time.monotonic() < deadline:
+            if select.select([controller], [], [], 0.2)[0]:
+                with contextlib.suppress(OSError):
+                    os.read(controller, 65536)  # keep the terminal drained
+        assert proc.poll() == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(controller)
+
+
+def test_i21_12_a_reply_cut_inside_a_character_stores_what_was_shown(engine, greedy):
+    from dataclasses import replace
+
+    from localchat.events import Done, Token
+
+    # Greedy SmolLM2 answers this with emoji, each several tokens of partial UTF-8; every cut
+    # length is tried, so some end inside a character whatever the model writes.
+    messages = [{"role": "user", "content": "Reply with three emoji only: 🐉🔥🍜"}]
+    cut_inside = 0
+    for max_tokens in range(1, 13):
+        events = list(engine.submit(messages, replace(greedy, max_tokens=max_tokens)))
+        done = events[-1]
+        assert isinstance(done, Done)
+        shown = "".join(e.text for e in events if isinstance(e, Token))
+        assert done.reply == shown and "\ufffd" not in done.reply
+        ids = [e.token_id for e in events if isinstance(e, Token) and e.token_id >= 0]
+        cut_inside += engine.detokenize(ids).endswith("\ufffd")
+    assert cut_inside  # the case under test was met
+
+
+_HOLD_A_SNAPSHOT_WRITE = """
+import sys, time
+from pathlib import Path
+from localchat.atomic import atomic_writer
+with atomic_writer(Path(sys.argv[1])) as f:
+    f.write(b"k" * int(sys.argv[2]))
+    f.flush()
+    print("writing", flush=True)
+    time.sleep(600)
+"""
+
+
+def _snapshot_writer(target: Path, size: int) -> subprocess.Popen:
+    """Another process in the middle of writing the snapshot ``target`` (``size`` bytes so far)."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD_A_SNAPSHOT_WRITE, str(target), str(size)],
+                            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout is not None and proc.stdout.readline() == b"writing\n"
+    return proc
+
+
+def test_i21_13_a_snapshot_temp_of_a_killed_writer_is_swept_and_one_being_written_counts_to_the_cap(
+        test_model_path, capsys, isolated_home):
+    import signal
+
+    kv = isolated_home / "cache" / "kv"
+    code, _, err = ask_here(capsys, test_model_path, "--max-tokens", "2", "-s", "older", "hi")
+    assert code == 0, err
+    older = kv / "session-1.kvsnap"
+    size = older.stat().st_size
+    killed = _snapshot_writer(kv / "session-7.kvsnap", 800_000)  # SIGTERM mid-write:
+    killed.send_signal(signal.SIGTERM)
+    killed.wait(timeout=30)
+    assert len(list(kv.glob(".session-7.kvsnap.*.tmp"))) == 1  # its temp file stays behind
+    live = _snapshot_writer(kv / "session-8.kvsnap", 3 * size)
+    try:
+        # Room for two snapshots like the first, not for them and the one being written too.
+        write_config(isolated_home, f"[snapshots]\nmax_bytes = {3 * size}\n")
+        code, _, err = ask_here(capsys, test_model_path, "--max-tokens", "2", "-s", "newer", "hi")
+        assert code == 0, err
+        assert [p.name.split(".tmp")[0][:18] for p in kv.glob(".*.tmp")] == [".session-8.kvsnap."]
+        assert (kv / "session-2.kvsnap").is_file() and not older.exists()
+    finally:
+        live.kill()
+        live.wait()
+
+
+async def test_i21_16_turns_an_ask_stored_while_the_app_was_open_are_shown_before_its_reply(
+        test_model_path, isolated_home):
+    from fake_engine import FakeEngine, make_app, reply_finished, send, wait_until
+
+    from localchat.store import Store
+    from localchat.tui.chat_log import ReplyView, UserMessage
+
+    with Store.open() as store:
+        session = store.open_named_session("shared")
+        store.add_exchange(session.id, "U1 in the app", "A1 in the app", model="m")
+        engine = FakeEngine(reply="A3 in the app")
+        app = make_app(store, engine, session="shared")
+        async with app.run_test() as pilot:
+            await wait_until(pilot, lambda: app.engine is not None, "the model to load")
+            code, out, err = localchat("ask", "-m", str(test_model_path), "--max-tokens", "4",
+                                       "-s", "shared", "U2 from ask", home=isolated_home)
+            assert code == 0, err
+            await send(pilot, "U3 in the app")
+            await reply_finished(pilot)
+            shown = [w.text for w in app.chat_log.children if isinstance(w, (UserMessage, ReplyView))]
+        stored = [t.content for t in store.turns(session.id)]
+    assert stored[2] == "U2 from ask" and stored == shown
+    assert [m["content"] for m in engine.submitted[-1]][:4] == stored[:4]

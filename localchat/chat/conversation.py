@@ -100,20 +100,27 @@ class Conversation:
             self._notices.append(Notice(restored.notice, kind="snapshot"))
 
     @contextmanager
-    def turn_lock(self) -> Iterator[None]:
+    def turn_lock(self) -> Iterator[list[TurnRecord]]:
         """Hold the session's lock across processes for one turn, from reading its history to
         storing the reply: an ``ask --session`` on it meanwhile waits for this turn, and while
         such a run holds it this one is refused. Turns another process stored since this
-        session was opened are loaded first, so no reply is generated without them."""
+        session was opened are loaded first, so no reply is generated without them; the block
+        receives them (usually none), for the screen to show before this turn's reply."""
         lock = SessionLock(self.session_id)
         if not lock.try_acquire():
             raise UserError("This session is answering in another localchat process; "
                             "send again when it is done.")
         try:
-            if self.chat is not None and self._engine is not None \
-                    and self.record.turn_count != len(self.chat.history):
-                self.attach(self._engine, self.chat.sampling)
-            yield
+            arrived: list[TurnRecord] = []
+            chat = self.chat
+            if chat is not None and self._engine is not None \
+                    and self.record.turn_count != len(chat.history):
+                stored = self.turns()
+                known = len(chat.history)
+                if [_message(t) for t in stored[:known]] == chat.history:
+                    arrived = stored[known:]  # appended by another process (an ``ask -s``)
+                self.attach(self._engine, chat.sampling)
+            yield arrived
         finally:
             lock.release()
 
@@ -225,7 +232,7 @@ class Conversation:
         return True
 
     def _stored_history(self) -> list[Message]:
-        return [Message(t.role, t.content, stopped=t.stopped) for t in self.turns()]
+        return [_message(t) for t in self.turns()]
 
     def _resync(self) -> None:
         """The model's history becomes the turns now on screen (the store's)."""
@@ -283,6 +290,11 @@ class Conversation:
         if self.chat is None:
             raise UserError("The model is not loaded yet.")
         return self.chat
+
+
+def _message(turn: TurnRecord) -> Message:
+    """A stored turn as the model's history holds it."""
+    return Message(turn.role, turn.content, stopped=turn.stopped)
 
 
 class _ReplyFields(TypedDict):

@@ -223,7 +223,11 @@ class ConversationCache:
         runtime = self.runtime
         reply_record = self.records[-1]
         position = self.n_tokens
+        # One decoder makes both what is streamed and what is stored: it holds back the bytes of
+        # a character not yet complete, so a reply cut inside one (max_tokens, a stop) keeps
+        # exactly the text that was shown, never a U+FFFD for the missing half.
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        shown: list[str] = []
         sampled: list[bytes] = []
         evaluated_bytes = 0
         sampler = runtime.new_sampler(sampling)
@@ -238,7 +242,9 @@ class ConversationCache:
                          if len(sampled) < confidence_tokens else None)
                 piece = runtime.piece(token)
                 sampled.append(piece)
-                on_token(decoder.decode(piece), token, stats)
+                text = decoder.decode(piece)
+                shown.append(text)
+                on_token(text, token, stats)
                 if len(sampled) >= sampling.max_tokens or position + 1 >= runtime.n_ctx:
                     break
                 if should_stop():
@@ -259,11 +265,11 @@ class ConversationCache:
                 position += 1
         finally:
             sampler.close()
-        reply_bytes = b"".join(sampled)
-        reply = reply_bytes.decode("utf-8", errors="replace")
+        reply = "".join(shown)
         with self._lock:
             reply_record.content = reply
-            reply_record.text += reply_bytes[:evaluated_bytes].decode("utf-8", errors="replace")
+            # The cells' own text (a half character as U+FFFD: it cannot match a later prompt).
+            reply_record.text += b"".join(sampled)[:evaluated_bytes].decode("utf-8", errors="replace")
         return reply, finish
 
     def keep_evaluated(self) -> None:

@@ -11,6 +11,10 @@ llama.cpp's sequence state, followed by a sha256 of both. Files are written to a
 renamed, so a crash mid-write never leaves a file that loads wrong data; a damaged, stale or
 foreign file is refused with a reason and the caller rebuilds by prefilling. The folder is kept
 under a byte cap by evicting the least recently used files.
+
+A writer killed mid-write (SIGTERM while a snapshot is saved) leaves its temp file behind. Each
+save sweeps the temp files no live writer holds (``atomic.abandoned_temps``: the writer's lock
+died with it, so no grace period is needed), and the cap counts the ones still being written.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from localchat.atomic import atomic_writer
+from localchat.atomic import abandoned_temps, atomic_writer
 from localchat.engine.layout import CachedMessage
 
 # Version 2 records which cells are exact (``exact_n``). Version 1 files may hold cells that were
@@ -33,6 +37,7 @@ from localchat.engine.layout import CachedMessage
 MAGIC = b"LCKVSNP2"
 _OLD_MAGICS = (b"LCKVSNP1",)
 SUFFIX = ".kvsnap"
+_TEMPS = f".*{SUFFIX}.*.tmp"  # atomic_writer's temp files for snapshots
 _LENGTH = struct.Struct("<Q")
 DEFAULT_CAP_BYTES = 2 * 1024**3
 
@@ -158,21 +163,37 @@ class SnapshotStore:
             return []
         return sorted(self.directory.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime)
 
+    def temp_files(self) -> list[Path]:
+        """Snapshots being written now (or left by a writer that died: see ``evict``)."""
+        if not self.directory.is_dir():
+            return []
+        return list(self.directory.glob(_TEMPS))
+
     def total_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.files())
+        return sum(_size(p) for p in self.files() + self.temp_files())
 
     def evict(self, keep: Path | None = None) -> list[Path]:
-        """Delete least recently used snapshots until the folder is under the cap (best effort:
-        a stray folder or a file removed meanwhile is skipped)."""
+        """Delete temp files left by writers that died, then least recently used snapshots until
+        the folder, with the snapshots still being written, is under the cap (best effort: a
+        stray folder or a file removed meanwhile is skipped)."""
         try:
-            return self._evict(keep)
+            return self._sweep_abandoned() + self._evict(keep)
         except OSError:
             return []
+
+    def _sweep_abandoned(self) -> list[Path]:
+        if not self.directory.is_dir():
+            return []
+        removed = []
+        for path in abandoned_temps(self.directory, _TEMPS):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+        return removed
 
     def _evict(self, keep: Path | None) -> list[Path]:
         removed = []
         files = self.files()
-        total = sum(p.stat().st_size for p in files)
+        total = sum(_size(p) for p in files + self.temp_files())
         for path in files:
             if total <= self.cap_bytes:
                 break
@@ -184,16 +205,20 @@ class SnapshotStore:
         return removed
 
     def prune(self, keep_keys: set[str] | None = None) -> tuple[int, int]:
-        """Delete every snapshot (or every one not in ``keep_keys``) and stray temp files;
-        returns (files removed, bytes freed)."""
+        """Delete every snapshot (or every one not in ``keep_keys``) and the temp files of
+        writers that died (not those of a save in progress); returns (files removed, bytes freed)."""
         count = freed = 0
         keep = {self.path_for(k) for k in keep_keys or ()}
         if not self.directory.is_dir():
             return 0, 0
-        for path in list(self.directory.glob(f"*{SUFFIX}")) + list(self.directory.glob(".*.tmp")):
+        for path in self.directory.glob(f"*{SUFFIX}"):
             if path in keep:
                 continue
-            freed += path.stat().st_size
+            freed += _size(path)
+            path.unlink(missing_ok=True)
+            count += 1
+        for path in abandoned_temps(self.directory):
+            freed += _size(path)
             path.unlink(missing_ok=True)
             count += 1
         return count, freed
@@ -221,6 +246,14 @@ def _parse(data: bytes) -> tuple[dict, bytes]:
     if header.get("state_bytes") != len(state):
         raise SnapshotUnusable("the saved context is truncated")
     return header, state
+
+
+def _size(path: Path) -> int:
+    """Bytes of ``path``; 0 once it is gone (a temp renamed or swept meanwhile)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _cause(exc: OSError) -> str:

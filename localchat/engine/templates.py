@@ -8,13 +8,21 @@ Templates of models with a thinking switch (Qwen3 style) read an ``enable_thinki
 true or unset lets the model reason first, false makes the template write an empty reasoning block
 so that it answers at once. ``render`` passes it only when asked to, so "auto" is the template's
 own default.
+
+A render has a time limit (``RENDER_LIMIT_S``): a template that loops for ever (it is data from a
+downloaded file) fails with a one-line EngineError instead of hanging the turn or the app's
+model load; ``check_renders`` proves a template finishes on a small conversation at load.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from localchat.engine.deadline import DeadlineExceeded, within
 from localchat.errors import EngineError
+
+# Rendering even a long conversation takes milliseconds; seconds mean the template loops.
+RENDER_LIMIT_S = 5.0
 
 # Named formats for GGUFs that carry no template. Written as Jinja so every format goes through
 # one renderer and the same prefix-stability handling.
@@ -91,11 +99,22 @@ def make_renderer(template: str, bos_token: str, eos_token: str) -> Render:
         extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         try:
             # llama-cpp-python passes extra keywords on to the template as variables.
-            return formatter(messages=messages, **extra).prompt  # type: ignore[arg-type]
+            return within(RENDER_LIMIT_S,
+                          lambda: formatter(messages=messages, **extra).prompt)  # type: ignore[arg-type]
+        except DeadlineExceeded:
+            raise EngineError(f"the chat template did not finish rendering within {RENDER_LIMIT_S:g} s "
+                              "(it loops); set a working chat_template or chat_format for this "
+                              "model in models.toml") from None
         except Exception as exc:  # templates raise for role orders they do not support
             raise EngineError(f"the chat template rejected the conversation: {exc}") from None
 
     return render
+
+
+def check_renders(render: Render) -> None:
+    """Raise EngineError unless ``render`` finishes a one-message conversation in time (it
+    raises in the template's own words or says that it loops)."""
+    render([{"role": "user", "content": "x"}], True)
 
 
 def with_thinking(render: Render, thinking: str, supported: bool) -> Render:

@@ -41,6 +41,7 @@ from localchat.tui.messages import (
     ThinkingRun,
     TokenRun,
     TurnMailbox,
+    TurnsArrived,
     TurnWake,
 )
 from localchat.tui.model_loading import ModelLoader
@@ -49,6 +50,7 @@ from localchat.tui.pacing import FramePacer
 from localchat.tui.prompt import CommandHints, PromptInput
 from localchat.tui.screens import ConfirmScreen
 from localchat.tui.session_actions import SessionActions
+from localchat.tui.shutdown import exit_now, run_until_quit
 from localchat.tui.sidebar import SessionSidebar
 from localchat.tui.status import LiveMeter, StatusBar
 from localchat.tui.turn import ActiveTurn
@@ -301,7 +303,9 @@ class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, Mod
     @work(thread=True, group="turn", exit_on_error=False)
     def _generate(self, turn: ActiveTurn, text: str, model: str, route: str = "auto") -> None:
         try:
-            with turn.conversation.turn_lock():
+            with turn.conversation.turn_lock() as arrived:
+                if arrived:  # before any event of this turn: shown above its prompt
+                    self.post_message(TurnsArrived(turn.id, arrived))
                 turn.handle = turn.conversation.send(text, route)
                 for notice in turn.conversation.take_notices():
                     turn.mailbox.put(notice)
@@ -320,6 +324,11 @@ class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, Mod
 
     def on_session_changed(self, message: SessionChanged) -> None:
         self.refresh_sidebar()
+
+    async def on_turns_arrived(self, message: TurnsArrived) -> None:
+        turn = self.turn
+        if turn is not None and turn.id == message.turn_id and turn.reply is not None:
+            await self.chat_log.add_turns_before_prompt(message.turns, turn.reply)
 
     async def on_turn_wake(self, message: TurnWake) -> None:
         turn = self.turn
@@ -451,10 +460,10 @@ def run_app(model: str | None = None, continue_last: bool = False, session: str 
             store.resolve_session(session, create=True)  # an unknown id: one line, before the window opens
         logs.attach()  # the app's own failures (a turn, a model load) keep their tracebacks too
         app = LocalChatApp(store=store, model=model, continue_last=continue_last, session=session)
-        app.run()
-        # Textual sets 1 when the app ended on an error (one at start, or no terminal to run in);
-        # run()'s own result would be None then, which read as success.
-        return app.return_code or 0
+        code, stuck = run_until_quit(app)
+    if stuck:  # a worker that never returns must not keep the process alive after a quit
+        exit_now(code)
+    return code
 
 
 def _open_store() -> Store:

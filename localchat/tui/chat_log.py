@@ -253,6 +253,18 @@ class ChatLog(VerticalScroll):
             if not block.streaming:
                 block.collapsed = not show
 
+    async def add_turns_before_prompt(self, turns: list[TurnRecord], reply: ReplyView) -> None:
+        """Show stored ``turns`` just above the prompt that ``reply`` answers (turns another
+        process stored before that prompt was sent)."""
+        children = list(self.children)
+        if reply not in children:  # the log was redrawn meanwhile (from the store: it has them)
+            return
+        index = children.index(reply)
+        prompt = children[index - 1] if index and isinstance(children[index - 1], UserMessage) else reply
+        widgets = [UserMessage(t.content, None, t.seq) if t.role == "user" else self._stored_reply(t)
+                   for t in turns]
+        await self.mount_all(widgets, before=prompt)
+
     async def add_prompt(self, text: str) -> ReplyView:
         """Show a sent prompt and an empty reply below it, and follow the new text."""
         reply = ReplyView(finished=False, show_thinking=self.show_thinking)

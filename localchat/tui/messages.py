@@ -18,6 +18,7 @@ from localchat.events import Event, Loaded, Thinking, Token
 if TYPE_CHECKING:
     from localchat.engine.engine import Engine
     from localchat.engine.options import Sampling
+    from localchat.store import TurnRecord
 
 
 @dataclass
@@ -52,6 +53,15 @@ class ModelFailed(Message):
 
 class SessionChanged(Message):
     """The store's record of the open session changed (a prompt titled it): refresh labels."""
+
+
+@dataclass
+class TurnsArrived(Message):
+    """Turn ``turn_id`` found ``turns`` another process stored (an ``ask -s``) since the screen
+    was drawn; the model sees them, so they are shown above its prompt."""
+
+    turn_id: int
+    turns: list[TurnRecord]
 
 
 @dataclass

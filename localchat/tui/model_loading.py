@@ -122,7 +122,7 @@ def check_loadable(engine: object) -> None:
 
     if not isinstance(engine, Engine):
         return
-    from localchat.engine.templates import choose_template, make_renderer
+    from localchat.engine.templates import check_renders, choose_template, make_renderer
     from localchat.errors import EngineError
     from localchat.models.gguf import read_gguf
 
@@ -132,6 +132,6 @@ def check_loadable(engine: object) -> None:
     template = choose_template(engine.name, gguf.chat_template, engine.options.chat_template,
                                engine.options.chat_format)
     try:
-        make_renderer(template, "", "")([{"role": "user", "content": "x"}], True)
+        check_renders(make_renderer(template, "", ""))  # within a time limit: it may loop
     except Exception as exc:  # a Jinja error, in the template's own words
         raise EngineError(f"{engine.name}'s chat template does not work: {exc}") from None
