@@ -769,7 +769,8 @@ def test_21_09b_the_app_ending_on_an_error_at_start_exits_non_zero(monkeypatch):
         raise RuntimeError("broken at start")
 
     monkeypatch.setattr(tui.LocalChatApp, "_initial_session", broken_start)
-    monkeypatch.setattr(tui.LocalChatApp, "run", lambda self: App.run(self, headless=True))
+    monkeypatch.setattr(tui.LocalChatApp, "run",
+                        lambda self, **options: App.run(self, headless=True, **options))
     assert tui.run_app() != 0
 
 
