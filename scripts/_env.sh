@@ -18,4 +18,25 @@ if [ -z "${CMAKE_ARGS:-}" ] && [ "$(uname -s)" = Linux ] && [ "$(uname -m)" = x8
   done
   export CMAKE_ARGS="$args"
 fi
+# Build only what localchat loads (issue 24: 547 s -> see README). The image library (mtmd, ~40
+# sources: clip and the vision models) is for image chat, which localchat does not support yet, and
+# libllama-common is loaded by nothing (scripts/llama-cpp-text-only.cmake). Added to the user's own
+# CMAKE_ARGS (CUDA, Metal, Vulkan), never instead of them; a user who asks for LLAVA_BUILD keeps it.
+# These only matter when pip has to build: an installed llama-cpp-python or a cached wheel is used
+# as it is.
+case " ${CMAKE_ARGS:-} " in
+  *LLAVA_BUILD*) ;;
+  *) CMAKE_ARGS="${CMAKE_ARGS:-} -DLLAVA_BUILD=OFF"
+     CMAKE_ARGS="$CMAKE_ARGS '-DCMAKE_PROJECT_llama.cpp_INCLUDE=$PWD/scripts/llama-cpp-text-only.cmake'" ;;
+esac
+export CMAKE_ARGS="${CMAKE_ARGS# }"
+# With ccache (ggml uses it by itself when it is on PATH), a second build (a version bump, another
+# venv) compiles almost nothing, if the compile lines repeat: pip unpacks the source into a new
+# random folder under the temp dir each time, so the build folder sits at a fixed place inside the
+# source and ccache rewrites paths under the temp dir as relative ones. Never required.
+if command -v ccache >/dev/null 2>&1; then
+  [ -n "${SKBUILD_BUILD_DIR:-}" ] || export SKBUILD_BUILD_DIR='build/{wheel_tag}'
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-${TMPDIR:-/tmp}}"
+  export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
+fi
 python -m pip install -q --upgrade pip

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
+from types import SimpleNamespace
 
 import llama_cpp
 import pytest
@@ -15,6 +17,7 @@ from localchat.engine.gpu import (
     DeviceInfo,
     backend_info,
     detect_gpus,
+    has_bundled_library,
     offload_problem,
     parse_nvidia_smi,
     parse_system_info,
@@ -50,6 +53,9 @@ def test_doctor_json_reports_build_paths_disk_and_models(capsys):
     assert isinstance(llama["gpu_offload"], bool)
     assert llama["gpu_offload"] == (llama["offload_problem"] is None)
     assert isinstance(llama["cpu_features"], list)
+    # Whether this build carries the image library: read from the package's lib/ folder.
+    lib = Path(llama_cpp.__file__).parent / "lib"
+    assert llama["multimodal"] == any(lib.glob("libmtmd.*"))
     assert {"name", "description", "kind", "total_mib", "free_mib"} <= set(llama["devices"][0])
     assert isinstance(report["gpus"], list)
     assert report["paths"]["config_file"] == str(paths.config_file())
@@ -137,6 +143,17 @@ def test_backend_info_describes_this_build():
     if not info.gpu_offload:
         assert info.backend == "CPU"
         assert "CMAKE_ARGS=" in info.offload_problem and "\n" not in info.offload_problem
+
+
+def test_multimodal_support_is_read_from_the_bundled_libraries(tmp_path):
+    package = tmp_path / "llama_cpp"
+    (package / "lib").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "lib" / "libllama.so").write_bytes(b"")
+    fake = SimpleNamespace(__file__=str(package / "__init__.py"))
+    assert not has_bundled_library(fake, "mtmd")
+    (package / "lib" / "libmtmd.so.0").write_bytes(b"")
+    assert has_bundled_library(fake, "mtmd")
 
 
 def test_offload_problem_explains_each_case():

@@ -54,6 +54,7 @@ def collect_report() -> dict[str, Any]:
             "cpu_threads": os.cpu_count(),
             "cpu_features": backend.cpu_features,
             "devices": [asdict(d) for d in backend.devices],
+            "multimodal": backend.multimodal,
         },
         "gpus": [asdict(gpu) for gpu in detect_gpus()],
         **_paths_section(),
@@ -143,6 +144,8 @@ def render_report(report: dict[str, Any]) -> str:
         built_in = ", ".join(llama["backends"])
         lines.append(("llama.cpp", f"llama-cpp-python {llama['version']}, backend "
                                    f"{llama['backend']} (built in: {built_in})"))
+        lines.append(("multimodal", "built (unused: localchat is text-only)" if llama["multimodal"]
+                      else "not built (localchat is text-only; scripts/_env.sh leaves it out)"))
     lines.append(("CPU", f"{llama['cpu']}, {llama['cpu_threads']} threads"))
     lines.append(("CPU features", " ".join(llama["cpu_features"]) or "none reported"))
     lines.append(("GPU offload", "yes" if llama["gpu_offload"]

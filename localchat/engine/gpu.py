@@ -12,6 +12,8 @@ import platform
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 NVIDIA_SMI_QUERY = ["--query-gpu=name,memory.total,memory.free", "--format=csv,noheader,nounits"]
 
@@ -60,6 +62,9 @@ class BackendInfo:
     features: dict[str, dict[str, str]] = field(default_factory=dict)  # per backend, as printed
     devices: list[DeviceInfo] = field(default_factory=list)
     offload_problem: str | None = None
+    # Whether llama-cpp-python's image library (mtmd) was built. localchat is text-only and never
+    # loads it; scripts/_env.sh leaves it out of the build (issue 24), so this is a fact for doctor.
+    multimodal: bool = False
 
 
 def detect_gpus(timeout: float = 5.0) -> list[GpuInfo]:
@@ -115,9 +120,17 @@ def backend_info() -> BackendInfo:
         cpu_features=[name for name, value in features.get("CPU", {}).items() if value == "1"],
         features=features,
         devices=devices,
+        multimodal=has_bundled_library(llama_cpp, "mtmd"),
     )
     info.offload_problem = offload_problem(info)
     return info
+
+
+def has_bundled_library(package: Any, name: str) -> bool:
+    """Whether llama-cpp-python's ``lib/`` folder holds ``lib{name}`` (checked on disk, never
+    loaded: loading mtmd would map a library the app has no use for)."""
+    folder = Path(package.__file__).parent / "lib"
+    return any(folder.glob(f"lib{name}.*")) or any(folder.glob(f"{name}.dll"))
 
 
 def parse_system_info(text: str) -> dict[str, dict[str, str]]:
