@@ -10,7 +10,6 @@ thread workers that report through typed messages (``localchat.tui.messages``).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -25,7 +24,6 @@ from localchat.chat.conversation import Conversation
 from localchat.chat.services import ChatServices, build_services
 from localchat.errors import UserError
 from localchat.store import Store
-from localchat.tui import slash
 from localchat.tui.chat_log import ChatLog
 from localchat.tui.commands import Commands
 from localchat.tui.composer import AttachmentChips, Composer
@@ -52,9 +50,6 @@ from localchat.tui.typeahead import TypeAhead
 
 if TYPE_CHECKING:
     from localchat.engine.options import Sampling
-
-GIL_SWITCH_INTERVAL_S = 0.001
-
 
 class LocalChatApp(App[int]):
     CSS_PATH = "app.tcss"
@@ -88,7 +83,6 @@ class LocalChatApp(App[int]):
         self.store = store
         self.conversation: Conversation | None = None  # the open session's (see ``Sessions.open``)
         self._notices_by_cause: dict[str, list[Notification]] = {}
-        self._previous_switch_interval = sys.getswitchinterval()
         self.models = ModelState(self, model, engine_factory, sampling_factory)
         self.downloads = ModelDownloads(self, downloads or RegistryDownloads())
         self.turns = Turns(self)
@@ -129,19 +123,12 @@ class LocalChatApp(App[int]):
         return self.query_one(SessionSidebar)
 
     async def on_mount(self) -> None:
-        # The engine thread needs the GIL back after every llama_decode; with Python's default 5 ms
-        # switch interval a redrawing UI thread could hold it that long per token.
-        self._previous_switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        self.turns.start()
         self.chat_log.show_thinking = self.store.get_setting("show_thinking") == "yes"
         saved_theme = self.store.get_setting("theme")
         if saved_theme in self.available_themes:
             self.theme = saved_theme
         self.theme_changed_signal.subscribe(self, lambda theme: self._save_setting("theme", theme.name))
-        if self.store.read_only:
-            self.notify("The disk is full or read-only: your history is shown, but nothing new "
-                        f"can be saved in {self.store.path.parent}.", title="History is read-only",
-                        severity="warning", timeout=30)
         self.prompt.border_subtitle = "Enter send · Ctrl+J newline · PgUp/PgDn scroll · F1 help"
         await self.sessions.start()
         self.prompt.focus()
@@ -163,11 +150,6 @@ class LocalChatApp(App[int]):
         self.status.info.state = state
         self.status.refresh()
 
-    def require_conversation(self) -> Conversation:
-        if self.conversation is None:
-            raise UserError("No session is open.")
-        return self.conversation
-
     def notify(self, message: str, *, title: str = "", severity: str = "information",
                timeout: float | None = None, markup: bool = False, cause: str = "") -> None:
         """Toasts show plain text: error messages and names carry brackets such as [remote]
@@ -188,23 +170,7 @@ class LocalChatApp(App[int]):
     # --- messages ---------------------------------------------------------------------------
 
     async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
-        text = message.text
-        if slash.is_command(text):
-            if " " in text.strip():  # "/model qwen" is worth recalling; a bare "/retry" is not
-                self.prompt.remember(text)
-            self.prompt.clear()
-            await self.commands.run(text)
-            return
-        typed = text[1:] if text.startswith("//") else text
-        try:
-            text = await self.composer.message_with_files(typed)
-        except UserError as exc:  # the message stays in the input
-            self.notify(str(exc), severity="error")
-            return
-        if self.message_actions.editing is not None:
-            await self.message_actions.send_edited(text)
-        else:
-            await self.turns.send(text, recall=typed)
+        await self.composer.submit(message.text)
 
     def on_text_area_changed(self, event: PromptInput.Changed) -> None:
         self.composer.changed(event.text_area.text)
@@ -283,6 +249,5 @@ class LocalChatApp(App[int]):
         self._closed = True
         self.draft.cancel()
         self.sessions.close()
-        sys.setswitchinterval(self._previous_switch_interval)
-        if self.models.engine is not None:
-            self.models.engine.close()
+        self.turns.close()
+        self.models.close()

@@ -75,7 +75,7 @@ class Commands:
     async def _system(self, text: str) -> None:
         """``/system TEXT`` sets the prompt from the next turn on, ``/system`` shows it,
         ``/system clear`` removes it."""
-        conversation = self._app.require_conversation()
+        conversation = self._app.sessions.require()
         if not text:
             current = conversation.record.system
             self._app.push_screen(PageScreen("# System prompt\n\n" + (
@@ -97,7 +97,7 @@ class Commands:
             return
         if self._app.turns.current is not None:
             raise UserError("Stop the reply (Esc) before clearing.")
-        self._app.require_conversation().clear()
+        self._app.sessions.require().clear()
         await self._app.chat_log.show_turns([])
         self._app.sessions.show_numbers([])
         self._app.sessions.refresh_sidebar()
@@ -106,7 +106,7 @@ class Commands:
         app = self._app
         if not app.turns.ready():
             return
-        conversation = app.require_conversation()
+        conversation = app.sessions.require()
         seq = conversation.last_prompt().seq
         prompt = conversation.take_back_last_prompt()  # the old reply stays a branch
         await app.sessions.show_conversation()
@@ -116,7 +116,7 @@ class Commands:
     async def _copy(self, argument: str) -> None:
         if argument not in ("", "code"):
             raise UserError("Usage: /copy [code] — the last reply, or its last code block.")
-        conversation = self._app.require_conversation()
+        conversation = self._app.sessions.require()
         text = conversation.last_code_block() if argument == "code" else conversation.last_reply()
         copy_text(self._app, text)
 
@@ -141,12 +141,12 @@ class Commands:
         self._app.prompt.focus()
 
     async def _rename(self, name: str) -> None:
-        record = self._app.require_conversation().rename(name)
+        record = self._app.sessions.require().rename(name)
         self._app.sessions.refresh_sidebar()
         self._app.notify(f"Session renamed to “{record.label}”.")
 
     async def _export(self, path_text: str) -> None:
-        conversation = self._app.require_conversation()
+        conversation = self._app.sessions.require()
         path = Path(path_text).expanduser() if path_text else Path.cwd() / export_file_name(conversation.record)
         if path.is_dir():
             path = path / export_file_name(conversation.record)
@@ -158,7 +158,7 @@ class Commands:
         self._app.notify(f"Exported to {path}")
 
     async def _summary(self, argument: str) -> None:
-        summary = self._app.require_conversation().summary
+        summary = self._app.sessions.require().summary
         self._app.push_screen(PageScreen(
             "# Context summary\n\n" + (summary or "_No summary yet: every turn of this session still "
                                                  "fits in the model's context._")
@@ -169,7 +169,7 @@ class Commands:
 
         # Off the event loop: it reads every stored reply.
         text = await asyncio.to_thread(session_speed_markdown, self._app.store,
-                                       self._app.require_conversation().session_id)
+                                       self._app.sessions.require().session_id)
         self._app.push_screen(PageScreen(text))
 
     async def _help(self, argument: str) -> None:

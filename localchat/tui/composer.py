@@ -21,6 +21,7 @@ from localchat.attachments import (
     read_attachment,
     with_attachments,
 )
+from localchat.errors import UserError
 from localchat.tui import slash
 from localchat.tui.prompt import CommandHints
 from localchat.tui.slash import Completion
@@ -47,6 +48,27 @@ class Composer:
         self.attachments: list[Attachment] = []  # files going with the next message
         self.model_choices: list[tuple[str, bool]] = []
         self._typing_model = False  # the input starts with /model (model names are re-read)
+
+    async def submit(self, text: str) -> None:
+        """Enter: run a command, or send the message (with its files; resent from the prompt
+        being edited, if one is)."""
+        app = self._app
+        if slash.is_command(text):
+            if " " in text.strip():  # "/model qwen" is worth recalling; a bare "/retry" is not
+                app.prompt.remember(text)
+            app.prompt.clear()
+            await app.commands.run(text)
+            return
+        typed = text[1:] if text.startswith("//") else text
+        try:
+            text = await self.message_with_files(typed)
+        except UserError as exc:  # the message stays in the input
+            app.notify(str(exc), severity="error")
+            return
+        if app.message_actions.editing is not None:
+            await app.message_actions.send_edited(text)
+        else:
+            await app.turns.send(text, recall=typed)
 
     # --- completions ------------------------------------------------------------------------
 

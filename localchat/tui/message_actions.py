@@ -71,7 +71,7 @@ class MessageActions:
         if message.seq is not None:
             return message.seq
         index = self._app.chat_log.query(UserMessage).nodes.index(message)
-        users = [t for t in self._app.require_conversation().turns() if t.role == "user"]
+        users = [t for t in self._app.sessions.require().turns() if t.role == "user"]
         if index >= len(users):
             raise UserError("That message is not saved yet.")
         return users[index].seq
@@ -95,7 +95,7 @@ class MessageActions:
         keeps exactly the cells before it, and only the edited message is prefilled."""
         index, self.editing = self.editing, None
         assert index is not None  # only called while editing
-        conversation = self._app.require_conversation()
+        conversation = self._app.sessions.require()
         seq = self._prompt_seq(self._app.chat_log.query(UserMessage).nodes[index])
         conversation.fork_at(seq)
         await self._app.sessions.show_conversation()
@@ -105,7 +105,7 @@ class MessageActions:
 
     def mark_new_version(self, seq: int) -> None:
         """The prompt just sent at fork ``seq`` is its newest version: say so on screen."""
-        versions = branches.branches_at(self._app.store, self._app.require_conversation().session_id, seq)
+        versions = branches.branches_at(self._app.store, self._app.sessions.require().session_id, seq)
         prompts = self._app.chat_log.query(UserMessage)
         if prompts:
             prompts.last().show_versions(versions.count - 1, versions.count)
@@ -114,12 +114,12 @@ class MessageActions:
         if self._app.turns.current is not None:
             raise UserError("Wait for the reply (or press Esc) before switching versions.")
         index = self._app.chat_log.query(UserMessage).nodes.index(message)
-        if not self._app.require_conversation().switch_branch(self._prompt_seq(message), step):
+        if not self._app.sessions.require().switch_branch(self._prompt_seq(message), step):
             raise UserError("No other version of this message." if step else "")
         await self._app.sessions.show_conversation()
         prompts = self._app.chat_log.query(UserMessage).nodes
         self._app.chat_log.select(prompts[min(index, len(prompts) - 1)] if prompts else None)
-        self._app.sessions.show_numbers(self._app.require_conversation().turns())
+        self._app.sessions.show_numbers(self._app.sessions.require().turns())
 
     def toggle_thinking(self) -> None:
         """Ctrl+T: open or fold the reasoning blocks of every reply (remembered)."""

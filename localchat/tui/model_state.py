@@ -148,6 +148,11 @@ class ModelState:
         await app.chat_log.add_notice(f"{message.message}. Pick another with /model NAME.")
         app.notify(message.message, title="Model not loaded", severity="error", timeout=15, cause="model")
 
+    def close(self) -> None:
+        """At unmount: the loaded model's memory is freed."""
+        if self.engine is not None:
+            self.engine.close()
+
     def set_thinking(self, mode: str) -> str:
         """``/think MODE``: set the thinking switch for the next turns; the line to show the user."""
         from localchat.engine.options import THINKING_MODES, Sampling

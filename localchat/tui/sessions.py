@@ -51,11 +51,22 @@ class Sessions:
 
     async def start(self) -> None:
         """At mount: the chat services from config.toml, then the first session shown."""
+        store = self._app.store
+        if store.read_only:
+            self._app.notify("The disk is full or read-only: your history is shown, but nothing new "
+                             f"can be saved in {store.path.parent}.", title="History is read-only",
+                             severity="warning", timeout=30)
         try:
             self.services = self._services_factory(ask_user=self._ask_user)
         except UserError as exc:  # a malformed config.toml: chat still works, without extras
             self._app.notify(str(exc), title="Settings not loaded", severity="error", timeout=15)
         await self.open(self._initial())
+
+    def require(self) -> Conversation:
+        """The open session's conversation; raises ``UserError`` when none is open."""
+        if self._app.conversation is None:
+            raise UserError("No session is open.")
+        return self._app.conversation
 
     def _initial(self) -> SessionRecord:
         continue_last, name = self._start
@@ -198,7 +209,7 @@ class Sessions:
 
     async def show_conversation(self) -> None:
         """Show the open session's turns, forked prompts marked with their versions."""
-        conversation = self._app.require_conversation()
+        conversation = self.require()
         forks = {seq: (b.current, b.count)
                  for seq, b in branches.fork_points(self._app.store, conversation.session_id).items()}
         await self._app.chat_log.show_turns(conversation.turns(), forks)

@@ -7,6 +7,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from localchat.tui.app import LocalChatApp
 
 log = logging.getLogger(__name__)
+
+GIL_SWITCH_INTERVAL_S = 0.001
 
 
 @dataclass
@@ -85,6 +88,17 @@ class Turns:
         self._ids = itertools.count(1)
         self.pacer = FramePacer()
         self.quit_when_idle = False  # the user quit while a reply streamed: exit once it is saved
+        self._previous_switch_interval = sys.getswitchinterval()
+
+    def start(self) -> None:
+        """At mount. The engine thread needs the GIL back after every llama_decode; with Python's
+        default 5 ms switch interval a redrawing UI thread could hold it that long per token."""
+        self._previous_switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+
+    def close(self) -> None:
+        """At unmount: the process's switch interval as it was."""
+        sys.setswitchinterval(self._previous_switch_interval)
 
     @property
     def current(self) -> ActiveTurn | None:
