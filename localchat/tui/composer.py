@@ -3,7 +3,8 @@
 Files attached to the next message: ``/file PATH`` or an ``@path`` in the message (Tab completes
 paths after ``@``). Each shows as a chip above the input with its token count; ``/file clear``
 removes them. Completions: command names after ``/``, model names after ``/model ``, paths after
-``@``, shown as hints under the input while typing.
+``@``, shown as hints under the input while typing. Enter (``submit``) runs a command or sends
+the message with its files.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ class AttachmentChips(Static):
 
 
 class Composer:
-    """What the input is composing: the files going with the next message, and the completions
-    offered while typing (model names are re-read each time the input starts with ``/model``)."""
+    """What the input is composing: the files going with the next message, the completions
+    offered while typing (model names are re-read each time the input starts with ``/model``),
+    and what Enter does with it."""
 
     def __init__(self, app: LocalChatApp, list_models: Callable[[], list[tuple[str, bool]]]) -> None:
         self._app = app
