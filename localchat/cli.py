@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_app(args: argparse.Namespace) -> int:
     from localchat.store.store import check_session_name
-    from localchat.tui.app import run_app
+    from localchat.tui.launch import run_app
 
     if args.session is not None:
         check_session_name(args.session)  # `--session ""` would otherwise be ignored silently

@@ -252,7 +252,7 @@ def notices(app) -> list[str]:
 
 
 async def ready(pilot) -> None:
-    await wait_until(pilot, lambda: pilot.app.engine is not None, "the model to load")
+    await wait_until(pilot, lambda: pilot.app.models.engine is not None, "the model to load")
 
 
 async def send(pilot, text: str) -> None:
@@ -272,6 +272,6 @@ async def reply_finished(pilot) -> None:
 
     def finished() -> bool:
         reply = pilot.app.chat_log.last_reply()
-        return pilot.app.turn is None and reply is not None and reply.finished
+        return pilot.app.turns.current is None and reply is not None and reply.finished
 
     await wait_until(pilot, finished, "the reply to finish")

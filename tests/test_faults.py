@@ -763,12 +763,13 @@ def test_21_09b_the_app_ending_on_an_error_at_start_exits_non_zero(monkeypatch):
     # app starts. Textual shows it and ends the app; the exit status must say so too.
     from textual.app import App
 
-    from localchat.tui import app as tui
+    from localchat.tui import launch as tui
+    from localchat.tui.sessions import Sessions
 
     def broken_start(self):
         raise RuntimeError("broken at start")
 
-    monkeypatch.setattr(tui.LocalChatApp, "_initial_session", broken_start)
+    monkeypatch.setattr(Sessions, "_initial", broken_start)
     monkeypatch.setattr(tui.LocalChatApp, "run",
                         lambda self, **options: App.run(self, headless=True, **options))
     assert tui.run_app() != 0
@@ -851,14 +852,14 @@ def test_21_14b_history_stays_readable_in_a_read_only_home(tmp_path):
 async def test_21_14c_the_app_shows_history_on_a_full_disk_and_says_nothing_new_is_saved(isolated_home):
     from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send
 
-    from localchat.tui.app import _open_store
     from localchat.tui.chat_log import UserMessage
+    from localchat.tui.launch import open_store
 
     data = isolated_home / "data"
     with tmpfs(data, "2m"):
         _history(data)
         fill(data)
-        with _open_store() as store:
+        with open_store() as store:
             app = make_app(store, FakeEngine(reply="not kept"))
             async with app.run_test(size=SIZE) as pilot:
                 await ready(pilot)
@@ -1101,7 +1102,7 @@ async def test_i21_05b_the_app_shows_a_template_that_never_finishes_and_ctrl_q_e
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: app.status.info.state == "no model", "the load to fail",
                              timeout=30)
-            assert "did not finish rendering" in app.model_error
+            assert "did not finish rendering" in app.models.error
             await pilot.press("ctrl+q")
             await wait_until(pilot, lambda: not app.is_running, "the app to exit", timeout=10)
 
@@ -1215,7 +1216,7 @@ async def test_i21_16_turns_an_ask_stored_while_the_app_was_open_are_shown_befor
         engine = FakeEngine(reply="A3 in the app")
         app = make_app(store, engine, session="shared")
         async with app.run_test() as pilot:
-            await wait_until(pilot, lambda: app.engine is not None, "the model to load")
+            await wait_until(pilot, lambda: app.models.engine is not None, "the model to load")
             code, out, err = localchat("ask", "-m", str(test_model_path), "--max-tokens", "4",
                                        "-s", "shared", "U2 from ask", home=isolated_home)
             assert code == 0, err

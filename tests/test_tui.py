@@ -66,10 +66,10 @@ async def test_the_first_token_is_shown_at_once_even_when_redraws_are_held_back(
     app = make_app(store, engine)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        app._pacer = _CostlyFrames()
+        app.turns.pacer = _CostlyFrames()
         await send(pilot, "count")
         await wait_until(pilot, lambda: app.chat_log.last_reply().text == "one", "the first token")
-        assert app.turn.meter.first_token_at is not None
+        assert app.turns.current.meter.first_token_at is not None
         await pilot.press("escape")
 
 
@@ -283,11 +283,11 @@ async def test_messages_sent_while_a_reply_streams_are_queued_in_order_and_esc_r
 
         await pilot.press("escape")  # takes back the newest queued message, not the reply
         assert [q.text for q in app.chat_log.query(QueuedPrompt)] == ["second", "third"]
-        assert app.prompt.text == "oops" and app.turn is not None
+        assert app.prompt.text == "oops" and app.turns.current is not None
         app.prompt.text = ""
 
         release.set()
-        await wait_until(pilot, lambda: len(engine.submitted) == 3 and app.turn is None, "the queue to drain")
+        await wait_until(pilot, lambda: len(engine.submitted) == 3 and app.turns.current is None, "the queue to drain")
         await reply_finished(pilot)
     assert [m[-1]["content"] for m in engine.submitted] == ["first", "second", "third"]
     assert [t.content for t in store.turns(store.last_session().id)] == [

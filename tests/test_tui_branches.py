@@ -52,7 +52,7 @@ async def test_editing_an_earlier_prompt_forks_there_and_left_right_show_both_br
         await pilot.press("up", "up", "up")  # reply two, prompt two... up to prompt "two"
         assert app.chat_log.selected.text == "two"
         await pilot.press("e")
-        assert app.prompt.text == "two" and app.editing is not None
+        assert app.prompt.text == "two" and app.message_actions.editing is not None
         app.prompt.text = "TWO"
         await pilot.press("enter")
         await reply_finished(pilot)

@@ -143,7 +143,7 @@ async def test_model_switches_in_the_background_and_closes_the_old_one(store):
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await command(pilot, "/model other-model")
-        await wait_until(pilot, lambda: app.engine is engines["other-model"], "the new model")
+        await wait_until(pilot, lambda: app.models.engine is engines["other-model"], "the new model")
         assert engines["fake-model"].closed
         assert app.status.info.model == "other-model"
         await send(pilot, "who are you?")

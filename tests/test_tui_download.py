@@ -53,7 +53,7 @@ async def test_a_missing_model_is_offered_for_download_and_loads_when_done(store
                          "the offer")
         assert "smollm2-135m (98.0 MB) is not downloaded yet" in str(app.screen.query_one("Label").content)
         await pilot.press("y")
-        await wait_until(pilot, lambda: app.engine is engine, "the downloaded model to load")
+        await wait_until(pilot, lambda: app.models.engine is engine, "the downloaded model to load")
         assert any("smollm2-135m is downloaded" in n for n in notices(app))
         assert downloads.seen[-1] == 10
 
@@ -72,7 +72,7 @@ async def test_cancel_stops_the_download_and_says_it_resumes(store):
         await wait_until(pilot, lambda: any("resumes where it stopped" in n for n in notices(app)), "the stop")
         seen = len(downloads.seen)
         await pilot.pause(0.1)
-        assert len(downloads.seen) == seen and app.engine is None
+        assert len(downloads.seen) == seen and app.models.engine is None
 
 
 def test_only_known_models_that_are_not_on_disk_are_offered(tmp_path):

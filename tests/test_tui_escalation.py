@@ -10,7 +10,7 @@ from pathlib import Path
 from fake_engine import SIZE, FakeEngine, make_app, ready, reply_finished, send, wait_until
 from fault_server import FaultServer, Status, reply
 
-from localchat.tui.superseded import SupersededReply
+from localchat.tui.superseded_reply import SupersededReply
 
 # The fake model gets stuck repeating itself: the loop rule hands the reply over mid-way.
 LOOPING = "Sure." + " I can help with that." * 8

@@ -24,7 +24,7 @@ from fake_engine import (
 from localchat.errors import ModelNotFound
 from localchat.events import Timings
 from localchat.tui import clipboard
-from localchat.tui.model_loading import check_loadable
+from localchat.tui.model_state import check_loadable
 from localchat.tui.screens import PageScreen
 
 pytestmark = pytest.mark.usefixtures("no_clipboard_tools")
@@ -43,7 +43,7 @@ async def test_switching_to_a_model_that_is_not_downloaded_keeps_the_current_one
         await ready(pilot)
         await command(pilot, "/model missing")
         await wait_until(pilot, lambda: any("Keeping fake-model" in n for n in notices(app)), "the notice")
-        assert app.engine is working and not working.closed
+        assert app.models.engine is working and not working.closed
         assert app.status.info.model == "fake-model" and app.status.info.state == "idle"
         await send(pilot, "still there?")
         await reply_finished(pilot)
@@ -57,7 +57,7 @@ async def test_a_model_that_fails_to_load_brings_the_previous_one_back(store):
         await ready(pilot)
         await command(pilot, "/model broken")
         await wait_until(pilot, lambda: any("out of memory" in n for n in notices(app)), "the failure")
-        await wait_until(pilot, lambda: app.engine is engines[None], "the previous model back")
+        await wait_until(pilot, lambda: app.models.engine is engines[None], "the previous model back")
         assert app.status.info.model == "fake-model" and app.status.info.state == "idle"
 
 
@@ -110,7 +110,7 @@ async def test_the_status_bar_follows_the_session_on_screen_and_a_clear(store):
         assert (info.n_ctx_used, info.ttft_ms) == (0, None)
         await command(pilot, "/model fake-model")  # any state: now back to the old one and clear it
         await ready(pilot)
-        await app.open_session(store.session(old.id))
+        await app.sessions.open(store.session(old.id))
         assert info.n_ctx_used == 792
         await command(pilot, "/clear")
         await pilot.press("y")

@@ -22,7 +22,7 @@ MAX_TOKENS = 400  # greedy SmolLM2 writes the dragon story to this limit: it is 
 
 def finished(app: LocalChatApp) -> bool:
     reply = app.chat_log.last_reply()
-    return app.turn is None and reply is not None and reply.finished
+    return app.turns.current is None and reply is not None and reply.finished
 
 
 async def test_the_real_model_streams_stops_on_esc_and_the_next_turn_reuses_the_cache(test_model_path):
@@ -34,7 +34,7 @@ async def test_the_real_model_streams_stops_on_esc_and_the_next_turn_reuses_the_
             list_models=list,
         )
         async with app.run_test(size=SIZE) as pilot:
-            await wait_until(pilot, lambda: app.engine is not None, "the model to load", timeout=SLOW)
+            await wait_until(pilot, lambda: app.models.engine is not None, "the model to load", timeout=SLOW)
             assert render_status(app.status.info)[0].startswith("smollm2-135m · CPU │ idle │ ctx ")
 
             await send(pilot, "Write a long story about a dragon who learns to cook.")
@@ -76,12 +76,12 @@ async def test_reopened_session_restores_its_kv_cache_instead_of_prefilling(test
     with Store.open() as store:
         app = real_app(store, test_model_path)
         async with app.run_test(size=SIZE) as pilot:
-            await wait_until(pilot, lambda: app.engine is not None, "the model to load", timeout=SLOW)
+            await wait_until(pilot, lambda: app.models.engine is not None, "the model to load", timeout=SLOW)
             await send(pilot, "My name is Ada and I live in Lisbon.")
             await wait_until(pilot, lambda: finished(app), "the reply", timeout=SLOW)
         app = real_app(store, test_model_path, continue_last=True)
         async with app.run_test(size=SIZE) as pilot:
-            await wait_until(pilot, lambda: app.engine is not None, "the model to load", timeout=SLOW)
+            await wait_until(pilot, lambda: app.models.engine is not None, "the model to load", timeout=SLOW)
             await send(pilot, "Where do I live?")
             await wait_until(pilot, lambda: finished(app), "the reply", timeout=SLOW)
         turns = store.turns(store.last_session().id)
@@ -97,7 +97,7 @@ async def test_big_sends_the_message_to_the_remote_model(test_model_path, llama_
     with Store.open() as store:
         app = real_app(store, test_model_path)
         async with app.run_test(size=SIZE) as pilot:
-            await wait_until(pilot, lambda: app.engine is not None, "the model to load", timeout=SLOW)
+            await wait_until(pilot, lambda: app.models.engine is not None, "the model to load", timeout=SLOW)
             await send(pilot, "/big Say hello in French.")
             await wait_until(pilot, lambda: finished(app), "the remote reply", timeout=SLOW)
             assert app.status.info.route == "remote"

@@ -129,7 +129,7 @@ async def test_switching_sessions_while_a_reply_streams_stops_and_saves_it(store
         await wait_until(pilot, lambda: app.chat_log.last_reply().text == "one two", "two tokens")
         await pilot.press("ctrl+b", "down", "enter")
         await wait_until(pilot, lambda: app.conversation.session_id == other.id, "the switch")
-        await wait_until(pilot, lambda: app.turn is None, "the stopped reply to be saved")
+        await wait_until(pilot, lambda: app.turns.current is None, "the stopped reply to be saved")
         assert not app.chat_log.query(ReplyView)
     saved = store.turns(streaming)[-1]
     assert (saved.content, saved.stopped) == ("one two", True)

@@ -100,7 +100,7 @@ async def test_think_command_sets_the_switch_for_the_next_turns(store):
 
         await send(pilot, "/model other-model")  # a model switch keeps the choice
         await ready(pilot)
-        await wait_until(pilot, lambda: app.loading_model is None, "the model to load again")
+        await wait_until(pilot, lambda: app.models.loading is None, "the model to load again")
         await send(pilot, "Again")
         await reply_finished(pilot)
         assert engine.samplings[-1].thinking == "off"

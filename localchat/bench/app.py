@@ -88,15 +88,15 @@ async def _through_app(engine: Engine, prompt: str, sampling: Sampling, store: S
                     sampling_factory=lambda: sampling, list_models=list)
     latencies: list[float] = []
     async with app.run_test(size=(100, 40)) as pilot:
-        while app.engine is None:
+        while app.models.engine is None:
             await pilot.pause(0.05)
         app.prompt.text = prompt
         await pilot.press("enter")
-        while app.turn is None:
+        while app.turns.current is None:
             await pilot.pause(0.01)
-        while app.turn is not None:
+        while app.turns.current is not None:
             await asyncio.sleep(KEYPRESS_INTERVAL_S)
-            if app.turn is None or app.turn.meter.first_token_at is None:
+            if app.turns.current is None or app.turns.current.meter.first_token_at is None:
                 continue  # only keypresses during streaming count
             seen = len(app.prompt_changed_at)
             pressed_at = time.perf_counter()

@@ -36,10 +36,10 @@ async def _turn_ttft(app: LocalChatApp, pilot: Any, store: Store, text: str, del
     await asyncio.sleep(delay_s)
     steps = app.conversation.chat.draft.steps if app.conversation and app.conversation.chat else 0
     await pilot.press("enter")
-    while app.turn is None or app.turn.reply is None:  # the turn starts before its reply is shown
+    while app.turns.current is None or app.turns.current.reply is None:  # the turn starts before its reply is shown
         await asyncio.sleep(0.01)
-    turn, reply = app.turn, app.turn.reply
-    while app.turn is not None or not reply.finished:  # finished on screen, not only stored
+    turn, reply = app.turns.current, app.turns.current.reply
+    while app.turns.current is not None or not reply.finished:  # finished on screen, not only stored
         await asyncio.sleep(0.02)
     timings = store.turns(store.last_session().id)[-1].timings
     meter = turn.meter  # on screen: from the Enter key to the first token shown
@@ -52,11 +52,11 @@ async def _round(engine: Engine, store: Store, sampling: Sampling, delay_s: floa
     app = LocalChatApp(store=store, engine_factory=lambda ref: lend(engine),
                        sampling_factory=lambda: sampling, list_models=list)
     async with app.run_test(size=(100, 40)) as pilot:
-        while app.engine is None:
+        while app.models.engine is None:
             await asyncio.sleep(0.05)
         await _turn_ttft(app, pilot, store, "Hello! I will ask you about some crates.", 0.0)
         if not prefill:
-            app.schedule_draft_prefill = lambda text: None  # type: ignore[method-assign]
+            app.draft.schedule = lambda text: None  # type: ignore[method-assign]
         short = await _turn_ttft(app, pilot, store, SHORT, 0.0)
         paste = await _turn_ttft(app, pilot, store, PASTE, delay_s)
     return {"short": short, "paste": paste}

@@ -1,1 +1,21 @@
-"""The terminal app: chat log, prompt, status bar, sessions (run with `localchat`)."""
+"""The terminal app: chat log, prompt, status bar, sessions (run with `localchat`).
+
+``app.LocalChatApp`` is the Textual app: layout, bindings, mount, and the routing of messages
+and actions to its collaborators, plain objects that each own one part of the app's state:
+
+- ``app.models`` (``model_state.ModelState``): the loaded model, the one loading, why none is,
+  its sampling and the ``/think`` choice;
+- ``app.downloads`` (``download.ModelDownloads``): offering and pulling a model not on disk;
+- ``app.turns`` (``turn.Turns``): the reply in flight, from send to saved, and stopping it;
+- ``app.queue`` (``typeahead.TypeAhead``): messages waiting for the engine;
+- ``app.draft`` (``draft.DraftPrefiller``): when the draft being typed is prefilled;
+- ``app.composer`` (``composer.Composer``): the input's attachments and completions;
+- ``app.message_actions`` (``message_actions.MessageActions``): copy, edit and versions of the
+  messages on screen;
+- ``app.sessions`` (``sessions.Sessions``): the open session, the sidebar, the chat services;
+- ``app.commands`` (``commands.Commands``): the slash commands, each with its handler.
+
+Widgets and screens (``chat_log``, ``prompt``, ``status``, ``sidebar``, ``screens``,
+``thinking``, ``superseded_reply``) hold no app state; ``launch.run_app`` opens the store and runs
+the app until it quits.
+"""

@@ -20,7 +20,7 @@ from textual.widgets.markdown import MarkdownStream
 from localchat.events import Timings
 from localchat.reasoning import split_reply
 from localchat.store import TurnRecord
-from localchat.tui.superseded import SupersededReply
+from localchat.tui.superseded_reply import SupersededReply
 from localchat.tui.thinking import ThinkingBlock, thinking_title
 
 

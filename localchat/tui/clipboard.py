@@ -15,9 +15,13 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from localchat.atomic import write_text_atomic
 from localchat.paths import cache_dir
+
+if TYPE_CHECKING:
+    from textual.app import App
 
 # First one found wins. Each reads the text on stdin.
 CLIPBOARD_TOOLS: tuple[tuple[str, ...], ...] = (
@@ -76,3 +80,20 @@ def osc52_sequence(text: str) -> str:
     if in_tmux():
         return "\x1bPtmux;" + sequence.replace("\x1b", "\x1b\x1b") + "\x1b\\"
     return sequence
+
+
+def copy_text(app: App[Any], text: str) -> None:
+    """Copy ``text``: OSC 52 (tmux passthrough inside tmux), then a fallback that says where
+    the text surely went."""
+    if in_tmux():  # Textual's plain OSC 52 would stop at tmux
+        app._clipboard = text
+        if app._driver is not None:
+            app._driver.write(osc52_sequence(text))  # on this thread: it writes to the terminal
+    else:
+        app.copy_to_clipboard(text)
+
+    def copy() -> None:
+        message = copy_fallback(text)
+        app.call_from_thread(app.notify, message)
+
+    app.run_worker(copy, thread=True, group="clipboard", exit_on_error=False)

@@ -1,16 +1,16 @@
 """First run with no model: the app offers the download itself, as ``ollama run`` does, instead
 of telling the user to quit and run ``localchat pull``. A question with the model's size, then a
 dialog with a progress bar and Cancel; the pull is the CLI's (resumable, sha256-verified), so a
-cancelled download continues where it stopped next time. Mixed into ``LocalChatApp``."""
+cancelled download continues where it stopped next time. ``ModelDownloads`` is the app's side."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -96,7 +96,13 @@ class DownloadScreen(ModalScreen[str | None]):
 
 
 class ModelDownloads:
-    def offer_download(self: LocalChatApp, model_ref: str | None) -> bool:
+    """The app's side of a download: the question, the dialog, the pull off the UI thread."""
+
+    def __init__(self, app: LocalChatApp, downloads: Downloads) -> None:
+        self._app = app
+        self._downloads = downloads
+
+    def offer(self, model_ref: str | None) -> bool:
         """If ``model_ref`` failed only because it is not downloaded, ask to download it now."""
         offer = self._downloads.offer(model_ref)
         if offer is None:
@@ -104,18 +110,18 @@ class ModelDownloads:
         from localchat.models.download import format_bytes
 
         size = f" ({format_bytes(offer.size_bytes)})" if offer.size_bytes else ""
-        self.push_screen(ConfirmScreen(f"{offer.model}{size} is not downloaded yet. Download it now?",
-                                       yes="Download", no="Not now"),
-                         lambda yes: self._start_download(offer, model_ref) if yes else None)
+        self._app.push_screen(ConfirmScreen(f"{offer.model}{size} is not downloaded yet. Download it now?",
+                                            yes="Download", no="Not now"),
+                              lambda yes: self._start_download(offer, model_ref) if yes else None)
         return True
 
-    def _start_download(self: LocalChatApp, offer: Offer, model_ref: str | None) -> None:
+    def _start_download(self, offer: Offer, model_ref: str | None) -> None:
         screen = DownloadScreen(offer)
-        self.push_screen(screen, lambda error: self._downloaded(offer, model_ref, error))
-        self._download(screen)
+        self._app.push_screen(screen, lambda error: self._downloaded(offer, model_ref, error))
+        self._app.run_worker(functools.partial(self._download, screen), thread=True, group="download",
+                             exit_on_error=False)
 
-    @work(thread=True, group="download", exit_on_error=False)
-    def _download(self: LocalChatApp, screen: DownloadScreen) -> None:
+    def _download(self, screen: DownloadScreen) -> None:
         last = [0.0]
 
         def progress(done: int, total: int | None) -> None:
@@ -124,18 +130,18 @@ class ModelDownloads:
             now = time.monotonic()
             if now - last[0] > 0.1 or (total and done >= total):  # a repaint per chunk is too many
                 last[0] = now
-                self.call_from_thread(screen.show_progress, done, total)
+                self._app.call_from_thread(screen.show_progress, done, total)
 
         try:
             self._downloads.pull(screen.offer.model, progress)
             error = None
         except UserError as exc:
             error = str(exc)
-        self.call_from_thread(screen.dismiss, error)
+        self._app.call_from_thread(screen.dismiss, error)
 
-    async def _downloaded(self: LocalChatApp, offer: Offer, model_ref: str | None, error: str | None) -> None:
+    async def _downloaded(self, offer: Offer, model_ref: str | None, error: str | None) -> None:
         if error is not None:
-            self.notify(error, title="Download stopped", severity="warning", timeout=10)
+            self._app.notify(error, title="Download stopped", severity="warning", timeout=10)
             return
-        self.notify(f"{offer.model} is downloaded.")
-        self.load_model(model_ref)
+        self._app.notify(f"{offer.model} is downloaded.")
+        self._app.models.load(model_ref)

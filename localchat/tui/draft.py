@@ -1,8 +1,8 @@
 """The app's side of prefill while typing (``localchat.session.draft``): hand the draft to the
 session's ``DraftPrefill`` after a short pause in typing, at once after a paste, and at least
 every ``TYPING_MAX_WAIT_S`` while typing goes on without a pause (a fast typist, or a paste a
-terminal delivers as separate key presses). Mixed into ``LocalChatApp``; never while a reply
-streams, a model loads or the input holds a command.
+terminal delivers as separate key presses). Never while a reply streams, a model loads or the
+input holds a command.
 """
 
 from __future__ import annotations
@@ -28,48 +28,55 @@ _clock = time.monotonic  # tests replace it
 
 
 class DraftPrefiller:
-    _draft_timer: Timer | None = None
-    _draft_seen = ""
-    _draft_waiting_since: float | None = None  # the first change not yet handed over
+    """When the draft in the input is handed to the open session's ``DraftPrefill``."""
 
-    def schedule_draft_prefill(self: LocalChatApp, text: str) -> None:
+    def __init__(self, app: LocalChatApp) -> None:
+        self._app = app
+        self._timer: Timer | None = None
+        self._seen = ""
+        self._waiting_since: float | None = None  # the first change not yet handed over
+
+    def schedule(self, text: str) -> None:
         """The input changed to ``text``."""
-        if self._draft_timer is not None:
-            self._draft_timer.stop()
-            self._draft_timer = None
-        pasted = abs(len(text) - len(self._draft_seen)) >= PASTE_CHARS
-        self._draft_seen = text
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        pasted = abs(len(text) - len(self._seen)) >= PASTE_CHARS
+        self._seen = text
         now = _clock()
-        if self._draft_waiting_since is None:
-            self._draft_waiting_since = now
-        if pasted or now - self._draft_waiting_since >= TYPING_MAX_WAIT_S:
-            self._prefill_draft()
+        if self._waiting_since is None:
+            self._waiting_since = now
+        if pasted or now - self._waiting_since >= TYPING_MAX_WAIT_S:
+            self._prefill()
         else:
-            self._draft_timer = self.set_timer(TYPING_PAUSE_S, self._prefill_draft)
+            self._timer = self._app.set_timer(TYPING_PAUSE_S, self._prefill)
 
-    def _prefill_draft(self: LocalChatApp) -> None:
-        self._draft_timer = None
-        self._draft_waiting_since = None
-        chat = self.conversation.chat if self.conversation is not None else None
-        if chat is None or self._closed or not self.is_running:
+    def _prefill(self) -> None:
+        self._timer = None
+        self._waiting_since = None
+        app = self._app
+        chat = app.conversation.chat if app.conversation is not None else None
+        if chat is None or app.closed or not app.is_running:
             return
-        text = self.prompt.text
-        if (not text.strip() and not self.attachments) or slash.is_command(text) or self.turn is not None \
-                or self.queued:
+        text = app.prompt.text
+        attachments = app.composer.attachments
+        if (not text.strip() and not attachments) or slash.is_command(text) or app.turns.current is not None \
+                or app.queue.items:
             chat.draft.cancel()
             return
         # As it will be sent: attached files first, so that they are prefilled too. Off the event
         # loop: sizing a step tokenizes the draft (and any attached file), which a long paste
         # would make keypresses wait for.
-        draft = with_attachments(text[1:] if text.startswith("//") else text, self.attachments)
-        self.run_worker(lambda: chat.draft.update(draft), thread=True, group="draft",
-                        exit_on_error=False)
+        draft = with_attachments(text[1:] if text.startswith("//") else text, attachments)
+        app.run_worker(lambda: chat.draft.update(draft), thread=True, group="draft",
+                       exit_on_error=False)
 
-    def cancel_draft_prefill(self: LocalChatApp) -> None:
-        if self._draft_timer is not None:
-            self._draft_timer.stop()
-            self._draft_timer = None
-        self._draft_waiting_since = None
-        chat = self.conversation.chat if self.conversation is not None else None
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        self._waiting_since = None
+        app = self._app
+        chat = app.conversation.chat if app.conversation is not None else None
         if chat is not None:
             chat.draft.cancel()

@@ -1,4 +1,4 @@
-"""Actions on any message of the conversation, with the keyboard. Mixed into ``LocalChatApp``.
+"""Actions on any message of the conversation, with the keyboard.
 
 Alt+Up (or Ctrl+Up) in the input selects the newest message; in the conversation Up/Down move
 the selection, ``c`` copies the message, ``1``–``9`` copy a reply's code block N, ``e`` edits a
@@ -23,122 +23,126 @@ from localchat.errors import UserError
 from localchat.reasoning import strip_reasoning
 from localchat.store import branches
 from localchat.tui.chat_log import ChatLog, ReplyView, UserMessage
+from localchat.tui.clipboard import copy_text
 
 if TYPE_CHECKING:
     from localchat.tui.app import LocalChatApp
 
 
 class MessageActions:
-    editing: int | None = None  # index among the prompts on screen of the one being edited
+    """Actions on the messages on screen, and the edit of an earlier prompt in progress."""
 
-    def action_select_messages(self: LocalChatApp) -> None:
-        self.chat_log.focus()
-        self.chat_log.action_select(0)
+    def __init__(self, app: LocalChatApp) -> None:
+        self._app = app
+        self.editing: int | None = None  # index among the prompts on screen of the one being edited
 
-    async def on_chat_log_action(self: LocalChatApp, event: ChatLog.Action) -> None:
+    def select_messages(self) -> None:
+        self._app.chat_log.focus()
+        self._app.chat_log.action_select(0)
+
+    async def act(self, event: ChatLog.Action) -> None:
         try:
             await self._message_action(event)
         except UserError as exc:
-            self.notify(str(exc), severity="error")
+            self._app.notify(str(exc), severity="error")
 
-    async def _message_action(self: LocalChatApp, event: ChatLog.Action) -> None:
+    async def _message_action(self, event: ChatLog.Action) -> None:
         message = event.message
         if event.action == "leave" or message is None:
-            self.prompt.focus()
+            self._app.prompt.focus()
             return
         if event.action == "copy":
-            self.copy_text(message.text if isinstance(message, UserMessage) else strip_reasoning(message.text))
+            copy_text(self._app, message.text if isinstance(message, UserMessage) else strip_reasoning(message.text))
         elif event.action == "code":
             blocks = code_blocks(message.text) if isinstance(message, ReplyView) else []
             if not blocks:
                 raise UserError("Select a reply with a code block to copy it (1 is its first block).")
             if event.number > len(blocks):
                 raise UserError(f"This reply has {len(blocks)} code block{'s' if len(blocks) > 1 else ''}.")
-            self.copy_text(blocks[event.number - 1])
+            copy_text(self._app, blocks[event.number - 1])
         elif isinstance(message, UserMessage) and event.action == "edit":
             self._start_edit(message)
         elif isinstance(message, UserMessage) and event.action in ("older", "newer"):
             await self._switch_version(message, -1 if event.action == "older" else 1)
 
-    def _prompt_seq(self: LocalChatApp, message: UserMessage) -> int:
+    def _prompt_seq(self, message: UserMessage) -> int:
         """The stored seq of a prompt on screen: as read from the store, or for a prompt sent
         since, by position (the n-th prompt is the n-th user turn)."""
         if message.seq is not None:
             return message.seq
-        index = self.chat_log.query(UserMessage).nodes.index(message)
-        users = [t for t in self._require_conversation().turns() if t.role == "user"]
+        index = self._app.chat_log.query(UserMessage).nodes.index(message)
+        users = [t for t in self._app.sessions.require().turns() if t.role == "user"]
         if index >= len(users):
             raise UserError("That message is not saved yet.")
         return users[index].seq
 
-    def _start_edit(self: LocalChatApp, message: UserMessage) -> None:
-        if self.turn is not None or self.queued:
+    def _start_edit(self, message: UserMessage) -> None:
+        if self._app.turns.current is not None or self._app.queue.items:
             raise UserError("Wait for the reply (or press Esc) before editing an earlier message.")
-        self.editing = self.chat_log.query(UserMessage).nodes.index(message)
-        self.prompt.text = message.text
-        self.prompt.move_cursor(self.prompt.document.end)
-        self.prompt.border_title = "Editing: Enter resends from this message (the old branch stays) · Esc cancels"
-        self.prompt.focus()
+        self.editing = self._app.chat_log.query(UserMessage).nodes.index(message)
+        self._app.prompt.text = message.text
+        self._app.prompt.move_cursor(self._app.prompt.document.end)
+        self._app.prompt.border_title = "Editing: Enter resends from this message (the old branch stays) · Esc cancels"
+        self._app.prompt.focus()
 
-    def cancel_edit(self: LocalChatApp) -> None:
+    def cancel_edit(self) -> None:
         self.editing = None
-        self.prompt.clear()
-        self.refresh_sidebar()  # the title back to the session's label
+        self._app.prompt.clear()
+        self._app.sessions.refresh_sidebar()  # the title back to the session's label
 
-    async def send_edited(self: LocalChatApp, text: str) -> None:
+    async def send_edited(self, text: str) -> None:
         """Resend an edited prompt: the turns from it on become a branch, the model's cache
         keeps exactly the cells before it, and only the edited message is prefilled."""
         index, self.editing = self.editing, None
         assert index is not None  # only called while editing
-        conversation = self._require_conversation()
-        seq = self._prompt_seq(self.chat_log.query(UserMessage).nodes[index])
+        conversation = self._app.sessions.require()
+        seq = self._prompt_seq(self._app.chat_log.query(UserMessage).nodes[index])
         conversation.fork_at(seq)
-        await self.show_conversation()
-        self.refresh_sidebar()
-        await self.send_prompt(text)
+        await self._app.sessions.show_conversation()
+        self._app.sessions.refresh_sidebar()
+        await self._app.turns.send(text)
         self.mark_new_version(seq)
 
-    def mark_new_version(self: LocalChatApp, seq: int) -> None:
+    def mark_new_version(self, seq: int) -> None:
         """The prompt just sent at fork ``seq`` is its newest version: say so on screen."""
-        versions = branches.branches_at(self.store, self._require_conversation().session_id, seq)
-        prompts = self.chat_log.query(UserMessage)
+        versions = branches.branches_at(self._app.store, self._app.sessions.require().session_id, seq)
+        prompts = self._app.chat_log.query(UserMessage)
         if prompts:
             prompts.last().show_versions(versions.count - 1, versions.count)
 
-    async def _switch_version(self: LocalChatApp, message: UserMessage, step: int) -> None:
-        if self.turn is not None:
+    async def _switch_version(self, message: UserMessage, step: int) -> None:
+        if self._app.turns.current is not None:
             raise UserError("Wait for the reply (or press Esc) before switching versions.")
-        index = self.chat_log.query(UserMessage).nodes.index(message)
-        if not self._require_conversation().switch_branch(self._prompt_seq(message), step):
+        index = self._app.chat_log.query(UserMessage).nodes.index(message)
+        if not self._app.sessions.require().switch_branch(self._prompt_seq(message), step):
             raise UserError("No other version of this message." if step else "")
-        await self.show_conversation()
-        prompts = self.chat_log.query(UserMessage).nodes
-        self.chat_log.select(prompts[min(index, len(prompts) - 1)] if prompts else None)
-        self.show_session_numbers(self._require_conversation().turns())
+        await self._app.sessions.show_conversation()
+        prompts = self._app.chat_log.query(UserMessage).nodes
+        self._app.chat_log.select(prompts[min(index, len(prompts) - 1)] if prompts else None)
+        self._app.sessions.show_numbers(self._app.sessions.require().turns())
 
-    async def show_conversation(self: LocalChatApp) -> None:
-        """Show the open session's turns, forked prompts marked with their versions."""
-        conversation = self._require_conversation()
-        forks = {seq: (b.current, b.count)
-                 for seq, b in branches.fork_points(self.store, conversation.session_id).items()}
-        await self.chat_log.show_turns(conversation.turns(), forks)
+    def toggle_thinking(self) -> None:
+        """Ctrl+T: open or fold the reasoning blocks of every reply (remembered)."""
+        show = not self._app.chat_log.show_thinking
+        self._app.chat_log.set_show_thinking(show)
+        self._app.store.set_setting("show_thinking", "yes" if show else "no")
 
-    def action_external_editor(self: LocalChatApp) -> None:
+    def external_editor(self) -> None:
         """Ctrl+E: write the input in $EDITOR (VISUAL, EDITOR, else vi); the text comes back."""
         editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "message.md"
-            path.write_text(self.prompt.text, encoding="utf-8")
+            path.write_text(self._app.prompt.text, encoding="utf-8")
             command = [*shlex.split(editor), str(path)]
             try:
                 try:
-                    with self.suspend():  # the editor gets the terminal until it exits
+                    with self._app.suspend():  # the editor gets the terminal until it exits
                         subprocess.run(command, check=False)
                 except SuspendNotSupported:  # no terminal to hand over (headless): a GUI editor may still run
                     subprocess.run(command, check=False, stdin=subprocess.DEVNULL)
             except (OSError, ValueError) as exc:
-                self.notify(f"Could not run {editor}: {exc}", severity="error")
+                self._app.notify(f"Could not run {editor}: {exc}", severity="error")
                 return
-            self.prompt.text = path.read_text(encoding="utf-8", errors="replace").rstrip("\n")
-        self.prompt.move_cursor(self.prompt.document.end)
-        self.prompt.focus()
+            self._app.prompt.text = path.read_text(encoding="utf-8", errors="replace").rstrip("\n")
+        self._app.prompt.move_cursor(self._app.prompt.document.end)
+        self._app.prompt.focus()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 from rich.text import Text
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
@@ -118,6 +121,20 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)
+
+
+def ask_from_worker(app: App[Any], question: str, yes: str, no: str) -> bool:
+    """Ask ``question`` with a ``ConfirmScreen`` from a worker thread, and wait for the answer
+    while the UI stays live."""
+    answered, answer = threading.Event(), []
+
+    def record(choice: bool | None) -> None:
+        answer.append(bool(choice))
+        answered.set()
+
+    app.call_from_thread(app.push_screen, ConfirmScreen(question, yes=yes, no=no), record)
+    answered.wait()
+    return answer[0]
 
 
 class AskTextScreen(ModalScreen[str | None]):

@@ -1,8 +1,9 @@
 """Slash commands: what the user can type after ``/``, with the help text shown while typing.
 
-Each command is a small record; the app runs ``/NAME ARG`` by calling its method
-``slash_NAME(argument)``. The same records feed the autocomplete hints, the help screen and the
-command palette, so a command added here shows up everywhere.
+Each command is a small record; ``localchat.tui.commands`` pairs each with its handler, and the
+app runs ``/NAME ARG`` as ``handler(ARG)``. The same records feed the autocomplete hints, the
+help screen and the command palette, so a command added here shows up everywhere (and one
+without a handler fails as the app starts).
 """
 
 from __future__ import annotations

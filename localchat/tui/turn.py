@@ -1,18 +1,40 @@
-"""The reply being generated, shared between the UI and the worker thread that runs it."""
+"""The reply being generated: ``ActiveTurn``, shared between the UI and the worker thread that
+runs it, and ``Turns``, the app's side of sending, streaming and stopping it."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import itertools
+import logging
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from localchat.chat.conversation import Conversation
-from localchat.events import PrefillProgress
-from localchat.tui.chat_log import ReplyView
-from localchat.tui.messages import ThinkingRun, TokenRun, TurnMailbox
+from localchat.errors import UserError
+from localchat.events import Done, Event, Failed, Notice, PrefillProgress
+from localchat.tui.chat_log import ReplyView, reply_caption
+from localchat.tui.messages import (
+    SessionChanged,
+    ThinkingRun,
+    TokenRun,
+    TurnMailbox,
+    TurnsArrived,
+    TurnWake,
+)
+from localchat.tui.pacing import FramePacer
+from localchat.tui.prompt import PromptInput
+from localchat.tui.screens import ConfirmScreen
 from localchat.tui.status import LiveMeter, StatusInfo
 
 if TYPE_CHECKING:
     from localchat.events import Turn
+    from localchat.tui.app import LocalChatApp
+
+log = logging.getLogger(__name__)
+
+GIL_SWITCH_INTERVAL_S = 0.001
 
 
 @dataclass
@@ -50,3 +72,240 @@ class ActiveTurn:
         info.n_ctx_used = self.context_before + self.prefill_total + self.meter.tokens
         if event.text and self.reply is not None:
             await (self.reply.think(event.text) if thinking else self.reply.append(event.text))
+
+
+class Turns:
+    """The turn in flight: sending a message, running it on a worker thread, showing its events
+    as they arrive (paced to the frame rate), and stopping it. At most one runs at a time.
+
+    Threads: the generation worker also commits the finished reply to the store before the UI
+    hears that it is done, so the screen never shows as saved what is not.
+    """
+
+    def __init__(self, app: LocalChatApp) -> None:
+        self._app = app
+        self._current: ActiveTurn | None = None
+        self._ids = itertools.count(1)
+        self.pacer = FramePacer()
+        self.quit_when_idle = False  # the user quit while a reply streamed: exit once it is saved
+        self._previous_switch_interval = sys.getswitchinterval()
+
+    def start(self) -> None:
+        """At mount. The engine thread needs the GIL back after every llama_decode; with Python's
+        default 5 ms switch interval a redrawing UI thread could hold it that long per token."""
+        self._previous_switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+
+    def close(self) -> None:
+        """At unmount: the process's switch interval as it was."""
+        sys.setswitchinterval(self._previous_switch_interval)
+
+    @property
+    def current(self) -> ActiveTurn | None:
+        """The reply being generated, if any."""
+        return self._current
+
+    @current.setter
+    def current(self, turn: ActiveTurn | None) -> None:
+        # Only here: refreshing bindings re-renders the footer, too costly to do per update.
+        if (turn is None) != (self._current is None):
+            self._current = turn
+            self._app.refresh_bindings()  # the footer's Stop key is live only while a reply runs
+        self._current = turn
+
+    # --- sending and streaming --------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """Whether a prompt can be sent now; if not, say why (the prompt stays in the input)."""
+        app, models = self._app, self._app.models
+        if self.current is not None:
+            app.notify("A reply is still streaming. Press Esc to stop it first.", severity="warning")
+        elif models.engine is None:
+            why = (f"The model is still loading ({app.status.info.state})." if models.loading
+                   else f"No model is loaded: {models.error}")
+            app.notify(why + " Your message stays in the input.", severity="warning")
+        else:
+            return True
+        return False
+
+    async def send(self, text: str, route: str = "auto", *, queued: bool = False,
+                   recall: str | None = None) -> None:
+        """Send ``text`` now, or queue it (type-ahead) while a reply streams or the model loads.
+        With no model and none loading it stays in the input, with a notice saying why.
+        ``recall``: what Up brings back (the typed text, without attached files)."""
+        app = self._app
+        recall = text if recall is None else recall
+        conversation = app.conversation
+        if conversation is None:
+            return
+        if not queued and app.queue.must_queue():
+            app.prompt.remember(recall)
+            app.prompt.clear()
+            await app.queue.add(text, route)
+            return
+        if not self.ready():
+            return
+        engine = app.models.engine
+        assert engine is not None  # checked by ready()
+        if not queued:
+            app.prompt.remember(recall)
+            app.prompt.clear()
+        app.draft.cancel()
+        turn_id = next(self._ids)
+
+        def wake() -> None:
+            app.post_message(TurnWake(turn_id))
+
+        mailbox = TurnMailbox(wake)
+        turn = ActiveTurn(turn_id, conversation, None, mailbox, LiveMeter(),
+                          context_before=app.status.info.n_ctx_used)
+        self.current = turn
+        app.set_state("prefilling")
+        # The model starts first: mounting the prompt and its empty reply takes tens of ms of UI
+        # time, which prefill overlaps (no event is shown before this handler returns).
+        app.run_worker(functools.partial(self._generate, turn, text, engine.name, route), thread=True,
+                       group="turn", exit_on_error=False)
+        await asyncio.sleep(0)  # lets the worker's task hand the turn to its thread now
+        turn.reply = await app.chat_log.add_prompt(text)
+
+    def _generate(self, turn: ActiveTurn, text: str, model: str, route: str = "auto") -> None:
+        app = self._app
+        try:
+            with turn.conversation.turn_lock() as arrived:
+                if arrived:  # before any event of this turn: shown above its prompt
+                    app.post_message(TurnsArrived(turn.id, arrived))
+                turn.handle = turn.conversation.send(text, route)
+                for notice in turn.conversation.take_notices():
+                    turn.mailbox.put(notice)
+                if turn.stop_requested:
+                    turn.handle.stop()
+                app.post_message(SessionChanged())  # the first prompt gives the session its title
+                for event in turn.handle:
+                    if isinstance(event, Done):
+                        turn.conversation.record_reply(event, model)
+                    turn.mailbox.put(event)
+        except UserError as exc:
+            turn.mailbox.put(Failed(str(exc)))
+        except Exception as exc:  # a store or engine bug must still end the turn on screen
+            log.exception("turn failed")
+            turn.mailbox.put(Failed(f"{type(exc).__name__}: {exc}"))
+
+    async def show_arrived(self, message: TurnsArrived) -> None:
+        """Turns another process stored meanwhile: shown above the prompt of the turn they preceded."""
+        turn = self.current
+        if turn is not None and turn.id == message.turn_id and turn.reply is not None:
+            await self._app.chat_log.add_turns_before_prompt(message.turns, turn.reply)
+
+    async def wake(self, message: TurnWake) -> None:
+        """The worker put events in the mailbox: show them now, or at the next frame."""
+        turn = self.current
+        if turn is None or message.turn_id != turn.id:
+            return
+        # The first token is never held back: TTFT is what the user feels most.
+        wait = self.pacer.wait() if turn.meter.first_token_at is not None else 0.0
+        if wait > 0:
+            self._app.set_timer(wait, lambda: self._show_events(turn))
+        else:
+            await self._show_events(turn)
+
+    async def _show_events(self, turn: ActiveTurn) -> None:
+        if turn is not self.current:
+            return
+        if turn.meter.first_token_at is None:
+            # Until the first token, the UI's CPU went to adding the prompt and prefill progress,
+            # not to streaming: it must not stretch the frames that follow.
+            self.pacer.start()
+        self.pacer.frame()
+        for event in turn.mailbox.take():
+            await self._show_event(turn, event)
+
+    async def _show_event(self, turn: ActiveTurn, event: Event | TokenRun | ThinkingRun) -> None:
+        app = self._app
+        if isinstance(event, TokenRun | ThinkingRun | PrefillProgress):
+            await turn.show_progress(event, app.status.info)
+            app.status.refresh()
+        elif isinstance(event, Notice):
+            if turn.reply is not None and event.kind in ("escalate", "fallback"):
+                await (turn.reply.supersede(event.message) if event.kind == "escalate"
+                       else turn.reply.unsupersede())
+            app.notify(event.message, severity="warning" if event.kind == "warning" else "information")
+        elif isinstance(event, Done):
+            await self._finish(turn, event)
+        elif isinstance(event, Failed):
+            await self._fail(turn, event)
+
+    async def _finish(self, turn: ActiveTurn, done: Done) -> None:
+        app = self._app
+        self.current = None
+        stopped = done.finish_reason == "aborted"
+        app.status.info.show_timings(done.timings)
+        app.set_state("stopped" if stopped else "idle")
+        if turn.reply is not None:
+            model = done.timings.model or app.status.info.model
+            await turn.reply.finish(done.answer, reply_caption(model, done.timings, stopped=stopped),
+                                    stopped=stopped, thinking=done.thinking, timings=done.timings)
+        if done.finish_reason == "length":
+            app.notify("The reply reached the max_tokens limit.", severity="warning")
+        if not stopped:
+            app.withdraw_notices("turn")  # an earlier failure no longer applies
+        await self._after()
+
+    async def _fail(self, turn: ActiveTurn, failed: Failed) -> None:
+        app = self._app
+        self.current = None
+        app.set_state("idle")
+        if turn.reply is not None:
+            await turn.reply.fail(failed.message)
+        app.notify(failed.message, title="The reply failed", severity="error", timeout=10, cause="turn")
+        await self._after()
+
+    async def _after(self) -> None:
+        app = self._app
+        app.sessions.refresh_sidebar()
+        if self.quit_when_idle:
+            app.exit(0)
+            return
+        await app.queue.send_next()
+        if self.current is None and app.prompt.text:
+            app.draft.schedule(app.prompt.text)  # typed while the reply streamed
+
+    # --- stopping ---------------------------------------------------------------------------
+
+    async def escape(self) -> None:
+        """Esc: cancel an edit, or take back the newest queued message, else stop the reply."""
+        app = self._app
+        if app.message_actions.editing is not None:
+            app.message_actions.cancel_edit()
+        elif app.queue.items:
+            await app.queue.remove_last()
+        else:
+            self.stop()
+
+    def interrupt(self) -> None:
+        """Ctrl+C: stop a streaming reply; when idle, ask before quitting."""
+        app = self._app
+        if self.current is not None:
+            self.stop()
+        elif isinstance(app.screen, ConfirmScreen):
+            app.screen.dismiss(True)
+        elif isinstance(app.focused, PromptInput) and app.focused.selected_text:
+            app.copy_to_clipboard(app.focused.selected_text)
+        else:
+            app.push_screen(ConfirmScreen("Quit localchat?", yes="Quit"), self._quit_if)
+
+    async def _quit_if(self, confirmed: bool | None) -> None:
+        if confirmed:
+            await self._app.action_quit()
+
+    def stop(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+            self._app.set_state("stopping")
+
+    async def quit(self) -> None:
+        """Quit; a streaming reply is stopped first so that it is saved (as stopped)."""
+        if self.current is None:
+            self._app.exit(0)
+            return
+        self.quit_when_idle = True
+        self.stop()

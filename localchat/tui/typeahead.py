@@ -1,6 +1,6 @@
 """Type-ahead: a message sent while the model loads or a reply streams waits in a queue, shown
 under the conversation as queued, and goes out as soon as the engine is free. Esc removes the
-newest queued message (before it stops a reply). Mixed into ``LocalChatApp``.
+newest queued message (before it stops a reply).
 
 Queued messages belong to the session they were typed in: leaving it puts their text back into
 the input rather than sending it to another conversation or dropping it.
@@ -25,50 +25,60 @@ class Queued:
 
 
 class TypeAhead:
-    def must_queue(self: LocalChatApp) -> bool:
+    """The queue of messages waiting for the engine, oldest first, each shown under the log."""
+
+    def __init__(self, app: LocalChatApp) -> None:
+        self._app = app
+        self.items: list[Queued] = []
+
+    def must_queue(self) -> bool:
         """Whether a message sent now waits: a reply streams, the model is loading, or earlier
         messages are still waiting (order is kept)."""
-        return self.turn is not None or bool(self.queued) or (self.engine is None and bool(self.loading_model))
+        models = self._app.models
+        return self._app.turns.current is not None or bool(self.items) \
+            or (models.engine is None and bool(models.loading))
 
-    async def queue_message(self: LocalChatApp, text: str, route: str) -> None:
-        view = await self.chat_log.add_queued(text, len(self.queued) + 1)
-        self.queued.append(Queued(text, route, view))
-        self.refresh_bindings()  # Esc now removes a queued message
+    async def add(self, text: str, route: str) -> None:
+        view = await self._app.chat_log.add_queued(text, len(self.items) + 1)
+        self.items.append(Queued(text, route, view))
+        self._app.refresh_bindings()  # Esc now removes a queued message
 
-    async def send_next_queued(self: LocalChatApp) -> None:
+    async def send_next(self) -> None:
         """Send the oldest queued message if the engine is free (after a reply or a load)."""
-        if not self.queued or self.turn is not None or self.engine is None:
+        if not self.items or self._app.turns.current is not None or self._app.models.engine is None:
             return
-        item = self.queued.pop(0)
+        item = self.items.pop(0)
         await item.view.remove()
-        self._renumber_queue()
-        await self.send_prompt(item.text, item.route, queued=True)
+        self._renumber()
+        await self._app.turns.send(item.text, item.route, queued=True)
 
-    async def remove_last_queued(self: LocalChatApp) -> None:
+    async def remove_last(self) -> None:
         """Esc: take back the newest queued message (its text returns to an empty input)."""
-        item = self.queued.pop()
+        item = self.items.pop()
         await item.view.remove()
-        if not self.prompt.text:
-            self.prompt.text = item.text
-            self.prompt.move_cursor(self.prompt.document.end)
-        self.refresh_bindings()
-        self.notify("Queued message removed.")
+        prompt = self._app.prompt
+        if not prompt.text:
+            prompt.text = item.text
+            prompt.move_cursor(prompt.document.end)
+        self._app.refresh_bindings()
+        self._app.notify("Queued message removed.")
 
-    async def drop_queued(self: LocalChatApp, why: str) -> None:
+    async def drop(self, why: str) -> None:
         """Nothing can send the queue (the model failed, the session was left): its texts go back
         into the input, so nothing typed is lost."""
-        if not self.queued:
+        if not self.items:
             return
-        texts = [item.text for item in self.queued]
-        for item in self.queued:
+        texts = [item.text for item in self.items]
+        for item in self.items:
             await item.view.remove()
-        self.queued.clear()
-        self.prompt.text = "\n\n".join([*texts, self.prompt.text] if self.prompt.text else texts)
-        self.prompt.move_cursor(self.prompt.document.end)
-        self.refresh_bindings()
-        self.notify(f"{why} Your queued message{'s are' if len(texts) > 1 else ' is'} back in the input.",
-                    severity="warning")
+        self.items.clear()
+        prompt = self._app.prompt
+        prompt.text = "\n\n".join([*texts, prompt.text] if prompt.text else texts)
+        prompt.move_cursor(prompt.document.end)
+        self._app.refresh_bindings()
+        self._app.notify(f"{why} Your queued message{'s are' if len(texts) > 1 else ' is'} back in the input.",
+                         severity="warning")
 
-    def _renumber_queue(self: LocalChatApp) -> None:
-        for position, item in enumerate(self.queued, 1):
+    def _renumber(self) -> None:
+        for position, item in enumerate(self.items, 1):
             item.view.set_position(position)

@@ -1,0 +1,200 @@
+"""The app's model: loading and switching it off the UI thread, and the state of both (``ModelState``).
+
+A switch (``/model X``) checks X first (it is known, downloaded, and its GGUF has a chat template
+that compiles) while the current model keeps working; only then is the current model closed (two
+models at once may not fit in memory) and X loaded. If loading X still fails, the previous model
+is loaded again, so a bad pick never leaves the app without a model.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from localchat.errors import UserError
+from localchat.tui.messages import ModelFailed, ModelLoading, ModelReady
+
+if TYPE_CHECKING:
+    from localchat.engine.engine import Engine
+    from localchat.engine.options import Sampling
+    from localchat.tui.app import LocalChatApp
+
+EngineFactory = Callable[[str | None], "Engine"]
+
+log = logging.getLogger(__name__)
+
+
+class ModelState:
+    """The model the app chats with, and the one on its way: every model field in one place.
+
+    ``engine`` and ``sampling`` are the loaded model's (None until one is loaded); ``loading``
+    names the model being loaded (None when none is); ``error`` says why none is loaded;
+    ``thinking_mode`` is the ``/think`` choice ("" = the config's ``[sampling] thinking``), which
+    outlives a model switch. The status bar's model name is only the display of these.
+    """
+
+    def __init__(self, app: LocalChatApp, model_ref: str | None, engine_factory: EngineFactory,
+                 sampling_factory: Callable[[], Sampling | None]) -> None:
+        self._app = app
+        self._engine_factory = engine_factory
+        self._sampling_factory = sampling_factory
+        self.requested = model_ref  # what the user asked for (``--model``, ``/model``)
+        self.loaded_ref = model_ref  # what the loaded model was called (reloaded if a switch fails)
+        self.engine: Engine | None = None
+        self.sampling: Sampling | None = None
+        self.thinking_mode = ""
+        self.loading: str | None = None
+        self.error = ""
+
+    def load(self, model_ref: str | None) -> None:
+        """Load ``model_ref`` off the UI thread; the model in use stays until ``model_ref`` is
+        known to be loadable, and comes back if loading it fails."""
+        self.loading = model_ref or "default model"
+        self._app.set_state("loading model")
+        self._load_in_background(model_ref, self.loaded_ref)
+
+    def switch(self, name: str) -> None:
+        """``/model NAME``."""
+        if self._app.turns.current is not None:
+            raise UserError("Stop the reply (Esc) before switching models.")
+        if self.loading:
+            raise UserError(f"{self.loading} is still loading; switch when it is ready.")
+        self.requested = name
+        self.load(name)
+
+    def _release_engine(self) -> Engine | None:
+        """Detach the current engine from the UI (called on the UI thread before it closes)."""
+        previous, self.engine = self.engine, None
+        if self._app.conversation is not None:
+            self._app.conversation.chat = None
+        return previous
+
+    def _load_in_background(self, model_ref: str | None, previous_ref: str | None) -> None:
+        self._app.run_worker(functools.partial(self._load, model_ref, previous_ref), thread=True,
+                             group="model", exit_on_error=False)
+
+    def _load(self, model_ref: str | None, previous_ref: str | None) -> None:
+        app = self._app
+        label = model_ref or "default model"
+        try:
+            sampling = self._sampling_factory()
+            engine = self._engine_factory(model_ref)  # a name that is not downloaded stops here
+            check_loadable(engine)  # and a GGUF without a usable chat template here
+        except UserError as exc:
+            app.post_message(ModelFailed(label, str(exc), kept=self.engine is not None, model_ref=model_ref))
+            return
+        previous = app.call_from_thread(self._release_engine)
+        if previous is not None:
+            previous.close()  # free its memory before the next model takes its share
+        try:
+            def progress(fraction: float) -> None:
+                app.post_message(ModelLoading(engine.name, fraction))
+
+            loaded = engine.load(on_progress=progress)
+        except Exception as exc:  # out of memory, a corrupt file: shown as a notice, not a traceback
+            if not isinstance(exc, UserError):
+                log.exception("loading %s failed", label)
+            message = str(exc) if isinstance(exc, UserError) else f"could not load {label}: {exc}"
+            if previous is not None and not app.closed:
+                app.post_message(ModelFailed(label, message, kept=True))
+                app.call_from_thread(self._load_in_background, previous_ref, previous_ref)  # the old one back
+            else:
+                app.post_message(ModelFailed(label, message))
+            return
+        if app.closed:  # the user quit while it loaded
+            engine.close()
+            return
+        app.post_message(ModelReady(engine, loaded, sampling, model_ref))
+
+    def show_progress(self, message: ModelLoading) -> None:
+        self._app.status.info.model = message.model
+        self._app.set_state(f"loading {message.fraction:.0%}")
+
+    async def ready(self, message: ModelReady) -> None:
+        app = self._app
+        await app.chat_log.clear_notices()  # an earlier "model not loaded" no longer applies
+        app.withdraw_notices("model")
+        self.engine, self.loading, self.error = message.engine, None, ""
+        self.loaded_ref = message.model_ref
+        self.sampling = message.sampling
+        if self.thinking_mode:  # /think outlives a model switch
+            from localchat.engine.options import Sampling
+
+            self.sampling = self.sampling or Sampling()
+            self.sampling.thinking = self.thinking_mode
+        app.status.info.show_loaded(message.loaded)
+        app.set_state("idle")
+        if app.conversation is not None:
+            app.conversation.attach(self.engine, self.sampling)
+        await app.queue.send_next()
+
+    async def failed(self, message: ModelFailed) -> None:
+        app = self._app
+        if message.kept:  # the model in use (or the one coming back) stays
+            app.notify(f"{message.message}. Keeping {app.status.info.model or 'the current model'}.",
+                       title="Model not switched", severity="error", timeout=15)
+            if self.engine is not None:
+                self.loading = None
+                app.set_state("idle")
+            return
+        self.loading, self.error = None, message.message
+        app.status.info.model = message.model
+        app.set_state("no model")
+        if app.downloads.offer(message.model_ref):  # not downloaded: offered here, no need to quit
+            return
+        await app.queue.drop("No model is loaded, so it was not sent.")
+        await app.chat_log.add_notice(f"{message.message}. Pick another with /model NAME.")
+        app.notify(message.message, title="Model not loaded", severity="error", timeout=15, cause="model")
+
+    def close(self) -> None:
+        """At unmount: the loaded model's memory is freed."""
+        if self.engine is not None:
+            self.engine.close()
+
+    def set_thinking(self, mode: str) -> str:
+        """``/think MODE``: set the thinking switch for the next turns; the line to show the user."""
+        from localchat.engine.options import THINKING_MODES, Sampling
+
+        engine = self.engine
+        has_switch = bool(getattr(engine, "supports_thinking", False))
+        model = engine.name if engine is not None else "the model"
+        if not mode:
+            current = self.sampling.thinking if self.sampling is not None else "auto"
+            switch = "has a thinking switch" if has_switch else "has no thinking switch"
+            return f"Thinking: {current} ({model} {switch})."
+        if mode not in THINKING_MODES:
+            raise UserError("Usage: /think on|off|auto")
+        if self.sampling is None:
+            self.sampling = Sampling()
+        self.sampling.thinking = self.thinking_mode = mode
+        chat = self._app.conversation.chat if self._app.conversation is not None else None
+        if chat is not None:
+            chat.sampling.thinking = mode
+        if mode != "auto" and not has_switch:
+            return f"{model} has no thinking switch: /think {mode} applies to models that have one."
+        return f"Thinking {mode} from the next message."
+
+
+def check_loadable(engine: object) -> None:
+    """Raise ``UserError`` if ``engine``'s model could not be chatted with: its GGUF has no chat
+    template (and its registry entry names none) or the template does not compile. Cheap: reads
+    the GGUF's metadata, loads no weights. Engines that are not llama.cpp's (test fakes) pass."""
+    from localchat.engine.engine import Engine
+
+    if not isinstance(engine, Engine):
+        return
+    from localchat.engine.templates import check_renders, choose_template, make_renderer
+    from localchat.errors import EngineError
+    from localchat.models.gguf import read_gguf
+
+    if not engine.model_path.is_file():
+        raise EngineError(f"model file not found: {engine.model_path}")
+    gguf = read_gguf(engine.model_path)
+    template = choose_template(engine.name, gguf.chat_template, engine.options.chat_template,
+                               engine.options.chat_format)
+    try:
+        check_renders(make_renderer(template, "", ""))  # within a time limit: it may loop
+    except Exception as exc:  # a Jinja error, in the template's own words
+        raise EngineError(f"{engine.name}'s chat template does not work: {exc}") from None
