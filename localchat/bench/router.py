@@ -27,8 +27,8 @@ from localchat.errors import UserError
 from localchat.events import Done, Event
 from localchat.remote.confidence import LATE_AFTER_TOKENS
 from localchat.remote.router import decide, rule_score_for
-from localchat.remote.settings import RemoteSettings, RouterThresholds
 from localchat.settings import Settings
+from localchat.settings.remote import RemoteSettings, RouterThresholds
 
 if TYPE_CHECKING:  # the rules alone (--rules-only) load neither llama.cpp nor the HTTP client
     from localchat.engine.engine import Engine

@@ -8,13 +8,8 @@ builds an engine directly (tests, benches) and equal the schema's (tests/test_co
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
 
-KvType = Literal["f16", "q8_0", "q4_0"]  # KV cache element types
-Thinking = Literal["auto", "on", "off"]  # enable_thinking for templates that take it (Qwen3 style)
-THINKING_MODES: tuple[str, ...] = get_args(Thinking)
-# "auto" fits layers into free VRAM, "all" offloads every layer, a number offloads that many.
-GpuLayers = Literal["auto", "all"] | int
+from localchat.settings import GpuLayers, KvType
 
 
 @dataclass

@@ -52,7 +52,6 @@ from localchat.events import (
 )
 from localchat.reasoning import ReasoningSplitter, join_reply
 from localchat.remote.breaker import CircuitBreaker
-from localchat.remote.settings import RemoteSettings
 from localchat.remote.sse import (
     RemoteStreamError,
     StreamTooLarge,
@@ -62,6 +61,7 @@ from localchat.remote.sse import (
     iter_sse_data,
 )
 from localchat.remote.timing import ReplyClock
+from localchat.settings.remote import RemoteSettings
 
 log = logging.getLogger(__name__)
 

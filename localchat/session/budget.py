@@ -30,12 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from localchat.session.overlong import (
-    DEFAULT_MARKER_TOKENS,
-    OverlongDecision,
-    OverlongPolicy,
-    overlong_message,
-)
+from localchat.session.overlong import DEFAULT_MARKER_TOKENS, OverlongDecision, overlong_message
+from localchat.settings import OverlongPolicy
 
 SummaryAction = Literal["keep", "remove"]
 

@@ -11,9 +11,14 @@ A missing file means all defaults. The file only needs the keys a user wants to 
 The frozen dataclasses below are the schema, one per section: a field is a key the section
 accepts, its annotation the type a value must have (a ``Literal`` lists the words allowed) and
 its default the value used when the file is silent. ``[remote]`` (with ``[remote.router]`` and
-``[remote.confidence]``) is :class:`~localchat.remote.settings.RemoteSettings`, which the remote
+``[remote.confidence]``) is :class:`~localchat.settings.remote.RemoteSettings`, which the remote
 package takes as it is; the engine and the session take their own runtime objects, built from
 these sections by ``engine.factory`` and ``session.factory``.
+
+This package is the bottom layer: it imports nothing from the rest of localchat but ``paths``
+and ``errors``. The words a setting allows (``KvType``, ``Thinking``, ``GpuLayers``,
+``OverlongPolicy``) are defined here and read by the engine and the session, so each setting's
+type, default and range has one home.
 
 :func:`load_config` reads the file once into a :class:`Settings` and is the only place values
 are checked: a malformed file, a value of the wrong type or out of range, and an unknown section
@@ -39,12 +44,19 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
 from localchat import paths
-from localchat.engine.options import GpuLayers, KvType, Thinking
 from localchat.errors import ConfigError, UserError
-from localchat.remote.settings import RemoteSettings
-from localchat.session.overlong import OverlongPolicy
+from localchat.settings.remote import RemoteSettings
 
 DEFAULT_MODEL = "smollm2-135m"
+
+KvType = Literal["f16", "q8_0", "q4_0"]  # KV cache element types
+Thinking = Literal["auto", "on", "off"]  # enable_thinking for templates that take it (Qwen3 style)
+THINKING_MODES: tuple[str, ...] = get_args(Thinking)
+# "auto" fits layers into free VRAM, "all" offloads every layer, a number offloads that many.
+GpuLayers = Literal["auto", "all"] | int
+# A message too long for even an empty context: refused with the numbers, or cut to its head and
+# tail around a visible marker (session/overlong.py).
+OverlongPolicy = Literal["refuse", "head_tail"]
 
 
 @dataclass(frozen=True)
