@@ -2,6 +2,7 @@
 
 - ``conversation``: one stored session plus the ``ChatSession`` that continues it; every change
   goes to both (the store is what the user saw, the chat session what the model sees).
+- ``escalation``: the router a turn that may go to the remote model is sent through.
 - ``services``: what a conversation uses besides its engine, built once from config.toml.
 - ``snapshots``: a session's KV cache saved after each reply and restored when it is reopened.
 
