@@ -295,7 +295,7 @@ class SessionActions:
         ))
 
     async def slash_stats(self: LocalChatApp, argument: str) -> None:
-        from localchat.store.stats import session_speed_markdown
+        from localchat.chat.speed import session_speed_markdown
 
         # Off the event loop: it reads every stored reply.
         text = await asyncio.to_thread(session_speed_markdown, self.store,
