@@ -225,7 +225,7 @@ def router_report(path: Path, model: str | None, config: Settings, *, rules_only
         rules = evaluate(path, settings.router, params)  # before the load: a bad file fails fast
         info = engine.load()
         sampling = Sampling(temperature=temperature, max_tokens=max_tokens or 128,
-                            seed=1 if temperature > 0 else None)
+                            seed=1 if temperature > 0 else -1)
         pipeline = simulate(path, engine, settings, sampling, params)
     finally:
         engine.close()

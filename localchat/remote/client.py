@@ -130,7 +130,7 @@ class RemoteClient:
         }
         if self.settings.model:
             body["model"] = self.settings.model
-        if sampling.seed is not None and sampling.seed >= 0:
+        if sampling.seed >= 0:  # a negative seed is random
             body["seed"] = sampling.seed
         return body
 
