@@ -24,7 +24,7 @@ from localchat.chat.escalation import Escalation
 from localchat.errors import UserError
 from localchat.events import Done, Notice, Timings, Turn
 from localchat.reasoning import strip_reasoning
-from localchat.session.chat import ChatSession, Message
+from localchat.session.session import ChatSession, Message
 from localchat.store import SessionRecord, Store, StoreError, TurnRecord, branches, export
 from localchat.store.locks import SessionLock
 

@@ -1,6 +1,6 @@
 """A turn that may be handed to the remote model: the session's router over an ``Escalator``.
 
-``ChatSession.send`` takes any :class:`~localchat.session.chat.TurnRouter` and knows no remote;
+``ChatSession.send`` takes any :class:`~localchat.session.session.TurnRouter` and knows no remote;
 this is the one the app and ``ask`` pass when ``[remote]`` is on. It is where the local model's
 parameter count is read (from its GGUF), since that sets how readily a turn escalates.
 """
