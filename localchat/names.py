@@ -11,42 +11,24 @@ stored or turned into a path.
   followed) still inside ``folder``.
 
 Each raises :class:`UnsafeName` (a :class:`UserError`) whose message names what was refused,
-with the offending characters made visible by :func:`localchat.terminal.visible`.
+with the offending characters made visible by :func:`localchat.terminal.visible`. Which characters
+are unsafe is :func:`localchat.terminal.unsafe_char`'s to say: one list for names and terminals.
 """
 
 from __future__ import annotations
 
-import unicodedata
 from pathlib import Path
 
 from localchat.errors import UserError
-
-# Invisible characters that reorder or hide text: bidi embeddings/overrides/isolates and marks,
-# zero-width space/joiners, word joiner and friends, the BOM.
-_INVISIBLE = frozenset(
-    [0x061C, 0x180E, 0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0xFEFF, 0x2028, 0x2029,
-     *range(0x202A, 0x202F), *range(0x2060, 0x2065), *range(0x2066, 0x206A)]
-)
+from localchat.terminal import unsafe_char, visible
 
 
 class UnsafeName(UserError):
     """A name that cannot be shown on one line or used as a file name as it is."""
 
 
-def unsafe_char(ch: str) -> bool:
-    """Whether ``ch`` must not appear in a name: a control, invisible or undecodable character."""
-    code = ord(ch)
-    if code < 0x20 or 0x7F <= code < 0xA0 or code in _INVISIBLE:
-        return True
-    if 0xD800 <= code < 0xE000:  # a lone surrogate: bytes that were not UTF-8 (surrogateescape)
-        return True
-    return unicodedata.category(ch) == "Cf"  # any other invisible format character
-
-
 def check_name(text: str, what: str = "name") -> str:
     """``text`` if it is a usable one-line name; else :class:`UnsafeName` saying why."""
-    from localchat.terminal import visible
-
     if not text.strip():
         raise UnsafeName(f"{what} cannot be empty")
     bad = sorted({ch for ch in text if unsafe_char(ch)})
@@ -59,8 +41,6 @@ def check_name(text: str, what: str = "name") -> str:
 
 def check_file_name(text: str, what: str = "file name") -> str:
     """``text`` if it can be one path component under a folder localchat owns."""
-    from localchat.terminal import visible
-
     check_name(text, what)
     if text in (".", "..", "~") or "/" in text or "\\" in text:
         raise UnsafeName(f"'{visible(text)}' is not a usable {what} "

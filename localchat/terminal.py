@@ -17,9 +17,26 @@ from __future__ import annotations
 
 import io
 import sys
+import unicodedata
 from typing import TextIO
 
-from localchat.names import unsafe_char
+# Invisible characters that reorder or hide text: bidi embeddings/overrides/isolates and marks,
+# zero-width space/joiners, word joiner and friends, the BOM.
+_INVISIBLE = frozenset(
+    [0x061C, 0x180E, 0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0xFEFF, 0x2028, 0x2029,
+     *range(0x202A, 0x202F), *range(0x2060, 0x2065), *range(0x2066, 0x206A)]
+)
+
+
+def unsafe_char(ch: str) -> bool:
+    """Whether ``ch`` must not appear in a name: a control, invisible or undecodable character
+    (``names`` refuses these; :func:`visible` shows them as inert text)."""
+    code = ord(ch)
+    if code < 0x20 or 0x7F <= code < 0xA0 or code in _INVISIBLE:
+        return True
+    if 0xD800 <= code < 0xE000:  # a lone surrogate: bytes that were not UTF-8 (surrogateescape)
+        return True
+    return unicodedata.category(ch) == "Cf"  # any other invisible format character
 
 
 def visible(text: str, *, newlines: bool = True) -> str:

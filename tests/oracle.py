@@ -20,7 +20,7 @@ from pathlib import Path
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.events import Done, Token
-from localchat.session.chat import ChatSession
+from localchat.session.session import ChatSession
 
 N_COMPARED = 24
 GREEDY = Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=N_COMPARED)

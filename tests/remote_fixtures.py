@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from localchat.events import Done, Event, Timings, Token
-from localchat.remote.settings import RemoteSettings
 from localchat.settings import parse_settings
+from localchat.settings.remote import RemoteSettings
 
 
 class ScriptedTurn:

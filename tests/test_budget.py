@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from localchat.remote.context import select_for_remote
 from localchat.session.budget import (
     ContextLayout,
     ContextSettings,
@@ -20,7 +21,6 @@ from localchat.session.budget import (
     should_prepare_summary,
 )
 from localchat.session.overlong import head_tail_cut, marker_text, overlong_message
-from localchat.session.remote_budget import select_for_remote
 
 
 def turns(*sizes: int, first: int = 0) -> tuple[TurnSpan, ...]:

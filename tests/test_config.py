@@ -126,12 +126,6 @@ def test_the_context_budgets_defaults_are_the_schemas():
     assert context_settings(Settings().context, 4096, 1024) == defaults
 
 
-def test_the_snapshot_cap_default_is_the_schemas():
-    from localchat.engine.snapshot_file import DEFAULT_CAP_BYTES
-
-    assert Settings().snapshots.max_bytes == DEFAULT_CAP_BYTES
-
-
 def test_precedence_is_config_then_registry_entry_then_flags():
     write_config('[engine]\nn_ctx = 8192\ngpu_layers = 4\nchat_format = "chatml"\n'
                  '[sampling]\nseed = 7\nmax_tokens = 64\n')
@@ -144,5 +138,5 @@ def test_precedence_is_config_then_registry_entry_then_flags():
     assert (options.n_ctx, options.gpu_layers, options.chat_format, options.kv_type) == \
         (8192, 10, "chatml", "q8_0")
     assert (sampling.seed, sampling.max_tokens, sampling.temperature) == (7, 64, 0.0)
-    assert sampling_options(Settings()).seed is None  # -1 in the file: random
+    assert sampling_options(Settings()).seed == -1  # -1 in the file: random
     assert engine_options(spec, Settings()).n_ctx == 2048  # 0 in the file: the registry's

@@ -8,8 +8,8 @@ import time
 
 from oracle import GREEDY, assert_matches_fresh, reply_tokens
 
-from localchat.session.chat import ChatSession
 from localchat.session.draft import STEP_CHARS, next_prefix
+from localchat.session.session import ChatSession
 
 PASTE = " ".join(f"Item {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} box holds {i * 7} marbles."
                  for i in range(40))  # ~1,900 characters, ~600 tokens

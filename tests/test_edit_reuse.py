@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from oracle import GREEDY, assert_matches_fresh, reply_tokens
 
-from localchat.session.chat import ChatSession
+from localchat.session.session import ChatSession
 
 
 def test_an_edited_prompt_prefills_only_itself_after_the_fork_and_is_exact(engine, fresh):

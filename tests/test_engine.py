@@ -11,7 +11,7 @@ from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.errors import EngineError
 from localchat.events import Done, Failed, PrefillProgress, Token
-from localchat.session.chat import ChatSession
+from localchat.session.session import ChatSession
 
 SYSTEM = "You are a helpful assistant."
 

@@ -26,8 +26,8 @@ from localchat.engine.engine import Engine
 from localchat.engine.options import Sampling
 from localchat.engine.snapshot_file import SnapshotStore
 from localchat.events import Done, PrefillProgress, Token
-from localchat.session.chat import ChatSession
 from localchat.session.factory import open_chat
+from localchat.session.session import ChatSession
 from localchat.settings import ContextSection, Settings
 
 SYSTEM = "You are a helpful assistant."

@@ -147,7 +147,7 @@ def test_02_a_bad_remote_url_is_a_config_error_with_its_line_and_the_breaker_nev
 def test_03_a_remote_sending_only_keep_alives_times_out_once_without_a_retry():
     from localchat.events import Failed
     from localchat.remote.client import RemoteClient
-    from localchat.remote.settings import RemoteSettings
+    from localchat.settings.remote import RemoteSettings
 
     with FaultServer([Stream([KeepAlives(0.02)])]) as server:
         client = RemoteClient(RemoteSettings(mode="auto", base_url=server.base_url, timeout_s=0.3))
@@ -977,7 +977,7 @@ def test_21_06a_a_429_is_retried_once_after_the_wait_its_retry_after_asks_for(re
 
     from localchat.events import Done, Notice
     from localchat.remote.client import RemoteClient
-    from localchat.remote.settings import RemoteSettings
+    from localchat.settings.remote import RemoteSettings
 
     # An HTTP date has whole seconds: two seconds ahead is at least one second of waiting.
     header = formatdate(__import__("time").time() + 2, usegmt=True) if retry_after == "http-date" else "1"

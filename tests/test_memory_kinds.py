@@ -21,8 +21,8 @@ from oracle import (
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.events import Done, Failed, PrefillProgress
-from localchat.session.chat import ChatSession
 from localchat.session.factory import open_chat
+from localchat.session.session import ChatSession
 from localchat.settings import ContextSection, Settings
 
 SYSTEM = "You are a helpful assistant."

@@ -12,7 +12,7 @@ from remote_fixtures import settings_for
 from localchat.engine.options import Sampling
 from localchat.events import Done, Failed, Notice, Token
 from localchat.remote.client import RemoteClient, RemoteOff
-from localchat.remote.settings import RemoteSettings
+from localchat.settings.remote import RemoteSettings
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from localchat.events import Done, Timings, Token
 from localchat.remote.confidence import ConfidenceMonitor, find_loop, scaled
-from localchat.remote.settings import ConfidenceThresholds
+from localchat.settings.remote import ConfidenceThresholds
 
 
 def feed(monitor: ConfidenceMonitor, tokens: list[Token]):

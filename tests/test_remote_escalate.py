@@ -9,7 +9,7 @@ from remote_fixtures import LocalFactory, confident, hesitant, settings_for, sur
 
 from localchat.events import Failed, Notice, Token
 from localchat.remote.escalate import Escalator
-from localchat.remote.settings import RemoteSettings
+from localchat.settings.remote import RemoteSettings
 
 EASY = [{"role": "user", "content": "What is the capital of France?"}]
 HARD = [{"role": "user", "content": "Prove by induction that the sum of the first n odd numbers "

@@ -149,7 +149,7 @@ def test_a_real_uncertain_start_is_handed_to_the_real_server_within_the_scored_t
         llama_server, test_model_path, tmp_path):
     from localchat.engine.engine import Engine
     from localchat.engine.options import EngineOptions
-    from localchat.session.chat import ChatSession
+    from localchat.session.session import ChatSession
 
     # Limits no real start meets, so the hand-over is certain; where it happens is the point.
     esc = Escalator.from_settings(

@@ -9,7 +9,7 @@ import pytest
 from localchat.bench.router import LABEL_LOCAL, LABEL_REMOTE, evaluate
 from localchat.errors import UserError
 from localchat.remote.router import LABELLED_PROMPTS, decide, rule_score_for
-from localchat.remote.settings import RouterThresholds
+from localchat.settings.remote import RouterThresholds
 
 PROMPTS = LABELLED_PROMPTS
 

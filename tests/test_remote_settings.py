@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from localchat.errors import ConfigError
-from localchat.remote.settings import RemoteSettings
 from localchat.settings import parse_settings
+from localchat.settings.remote import RemoteSettings
 
 
 def remote(section: dict) -> RemoteSettings:

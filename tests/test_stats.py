@@ -7,10 +7,11 @@ import json
 
 from fake_engine import SIZE, FakeEngine, make_app, ready, reply_finished, send, wait_until
 
+from localchat.chat.speed import sparkline
 from localchat.cli import main
 from localchat.events import Timings
 from localchat.percentiles import percentile
-from localchat.store.stats import model_stats, sparkline
+from localchat.store.stats import model_stats
 from localchat.tui.screens import PageScreen
 
 

@@ -22,8 +22,8 @@ from localchat.engine.factory import open_engine
 from localchat.engine.options import Sampling
 from localchat.events import Done, Timings
 from localchat.percentiles import percentile
-from localchat.session.chat import ChatSession
 from localchat.session.factory import open_chat
+from localchat.session.session import ChatSession
 from localchat.settings import Settings
 
 

@@ -12,7 +12,7 @@ from localchat.engine.engine import Engine
 from localchat.engine.options import Sampling
 from localchat.errors import UserError
 from localchat.events import Done, PrefillProgress, Token
-from localchat.session.chat import ChatSession
+from localchat.session.session import ChatSession
 
 STORY_PROMPT = "Tell me a long story about a lighthouse keeper."
 

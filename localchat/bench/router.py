@@ -27,8 +27,8 @@ from localchat.errors import UserError
 from localchat.events import Done, Event
 from localchat.remote.confidence import LATE_AFTER_TOKENS
 from localchat.remote.router import decide, rule_score_for
-from localchat.remote.settings import RemoteSettings, RouterThresholds
 from localchat.settings import Settings
+from localchat.settings.remote import RemoteSettings, RouterThresholds
 
 if TYPE_CHECKING:  # the rules alone (--rules-only) load neither llama.cpp nor the HTTP client
     from localchat.engine.engine import Engine
@@ -225,7 +225,7 @@ def router_report(path: Path, model: str | None, config: Settings, *, rules_only
         rules = evaluate(path, settings.router, params)  # before the load: a bad file fails fast
         info = engine.load()
         sampling = Sampling(temperature=temperature, max_tokens=max_tokens or 128,
-                            seed=1 if temperature > 0 else None)
+                            seed=1 if temperature > 0 else -1)
         pipeline = simulate(path, engine, settings, sampling, params)
     finally:
         engine.close()

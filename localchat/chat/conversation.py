@@ -20,10 +20,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypedDict, cast
 
+from localchat.chat.escalation import Escalation
 from localchat.errors import UserError
 from localchat.events import Done, Notice, Timings, Turn
 from localchat.reasoning import strip_reasoning
-from localchat.session.chat import ChatSession, Message
+from localchat.session.session import ChatSession, Message
 from localchat.store import SessionRecord, Store, StoreError, TurnRecord, branches, export
 from localchat.store.locks import SessionLock
 
@@ -137,8 +138,9 @@ class Conversation:
         escalator = self._escalator
         routed = escalator is not None and (escalator.client is not None or route == "remote")
         before = len(chat.history)
-        handle = chat.send(text, escalator=escalator if routed else None,
-                           route=cast("Route", route))
+        router = (Escalation(escalator, chat.engine, cast("Route", route))
+                  if escalator is not None and routed else None)
+        handle = chat.send(text, router=router)
         if len(chat.history) > before:
             self.store.add_user_turn(self.session_id, chat.history[before].content)
         return handle

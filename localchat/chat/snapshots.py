@@ -14,7 +14,7 @@ from localchat.engine.engine import Engine
 from localchat.engine.kv import KVSnapshot
 from localchat.engine.snapshot_file import SnapshotStore, SnapshotUnusable
 from localchat.errors import EngineError
-from localchat.session.chat import ChatSession
+from localchat.session.session import ChatSession
 
 
 @dataclass

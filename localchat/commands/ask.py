@@ -62,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from localchat.attachments import read_attachment
+    from localchat.chat.escalation import Escalation
     from localchat.engine.factory import open_engine, sampling_options
     from localchat.errors import UserError
     from localchat.remote.escalate import Escalator
@@ -100,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
             if chat is None:
                 chat = open_chat(engine, config, system=args.system, sampling=sampling)
             before = len(chat.history)
-            handle = chat.send(prompt, escalator=None if route == "local" else escalator, route=route)
+            router = Escalation(escalator, engine, route) if route != "local" else None
+            handle = chat.send(prompt, router=router)
             # The message as the context policy sent it (it may have cut an over-long one);
             # stored together with its reply. None: refused, nothing was sent.
             sent = chat.history[before].content if len(chat.history) > before else None

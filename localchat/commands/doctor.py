@@ -133,7 +133,7 @@ def _memory_kind(path) -> str | None:
 
 
 def render_report(report: dict[str, Any]) -> str:
-    from localchat.models.download import format_bytes
+    from localchat.models.progress import format_bytes
 
     llama, models = report["llama_cpp"], report["models"]
     lines = [("localchat", f"{report['localchat']['version']} (Python "

@@ -13,9 +13,9 @@ from typing import Any
 
 from localchat import paths
 from localchat.errors import UserError
-from localchat.models.download import format_bytes, part_files, pull
+from localchat.models.download import part_files, pull
 from localchat.models.gguf import read_gguf
-from localchat.models.progress import TerminalProgress
+from localchat.models.progress import TerminalProgress, format_bytes
 from localchat.models.registry import (
     IMPORTED_DIR,
     add_user_entry,

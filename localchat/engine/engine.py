@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from localchat import logs
-from localchat.engine.fill import fill_cache
 from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, plan_layout
 from localchat.engine.options import EngineOptions, Sampling
+from localchat.engine.reuse import fill_cache
 from localchat.engine.runtime import LlamaRuntime
 from localchat.engine.templates import (
     Render,
@@ -437,7 +437,7 @@ class Engine:
 
     def _fill(self, handle: TurnHandle, layout: Layout, timings: Timings,
               needs_logits: bool = True) -> bool:
-        """``fill.fill_cache`` for this turn (see there); False if a stop request ended it."""
+        """``reuse.fill_cache`` for this turn (see there); False if a stop request ended it."""
         runtime = self._require_runtime()
         chunk = runtime.n_batch if self.info and self.info.gpu_layers else CPU_PREFILL_CHUNK
         return fill_cache(self._require_kv(), layout, timings, chunk=min(chunk, runtime.n_batch),

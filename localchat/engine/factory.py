@@ -25,7 +25,6 @@ def engine_options(spec: ModelSpec, settings: Settings, **overrides: Any) -> Eng
     options = EngineOptions(**{
         **asdict(engine),
         "n_ctx": engine.n_ctx or spec.n_ctx,  # 0 in config = the model's own default
-        "n_threads": engine.n_threads or None,
         # Token probabilities feed the escalation router; they cost a softmax per token.
         "track_confidence": settings.remote.mode != "off",
     })
@@ -36,8 +35,7 @@ def engine_options(spec: ModelSpec, settings: Settings, **overrides: Any) -> Eng
 
 def sampling_options(settings: Settings, **overrides: Any) -> Sampling:
     """Sampling from ``[sampling]`` (seed -1 = random), then ``overrides`` (None = not given)."""
-    section = settings.sampling
-    sampling = Sampling(**{**asdict(section), "seed": section.seed if section.seed >= 0 else None})
+    sampling = Sampling(**asdict(settings.sampling))
     return replace(sampling, **_given(overrides))
 
 

@@ -388,7 +388,7 @@ class Sampler:
                             lib.llama_sampler_init_min_p(sampling.min_p, 1),
                             lib.llama_sampler_init_temp(sampling.temperature)):
                 lib.llama_sampler_chain_add(self._chain, sampler)
-            seed = sampling.seed if sampling.seed is not None else lib.LLAMA_DEFAULT_SEED
+            seed = sampling.seed if sampling.seed >= 0 else lib.LLAMA_DEFAULT_SEED
             lib.llama_sampler_chain_add(self._chain, lib.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
     def sample(self) -> int:

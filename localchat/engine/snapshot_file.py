@@ -31,6 +31,7 @@ from typing import Any
 
 from localchat.atomic import abandoned_temps, atomic_writer
 from localchat.engine.layout import CachedMessage
+from localchat.settings import SnapshotsSection
 
 # Version 2 records which cells are exact (``exact_n``). Version 1 files may hold cells that were
 # rotated into place and are refused: the session is rebuilt by prefilling.
@@ -39,7 +40,6 @@ _OLD_MAGICS = (b"LCKVSNP1",)
 SUFFIX = ".kvsnap"
 _TEMPS = f".*{SUFFIX}.*.tmp"  # atomic_writer's temp files for snapshots
 _LENGTH = struct.Struct("<Q")
-DEFAULT_CAP_BYTES = 2 * 1024**3
 
 
 @dataclass
@@ -66,7 +66,7 @@ class SavedSnapshot:
 
 
 class SnapshotStore:
-    def __init__(self, directory: Path, cap_bytes: int = DEFAULT_CAP_BYTES) -> None:
+    def __init__(self, directory: Path, cap_bytes: int = SnapshotsSection.max_bytes) -> None:
         self.directory = Path(directory)
         self.cap_bytes = cap_bytes
         self._lock = threading.Lock()

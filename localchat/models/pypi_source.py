@@ -22,8 +22,8 @@ from pathlib import Path
 
 from localchat import paths
 from localchat.errors import DownloadError
-from localchat.models.download import ProgressCallback, check_disk_space
 from localchat.models.gguf import GGUFError, read_gguf
+from localchat.models.progress import ProgressCallback, check_disk_space
 from localchat.models.registry import ModelSpec
 
 _PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")

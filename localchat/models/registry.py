@@ -26,7 +26,8 @@ from localchat import paths
 from localchat.atomic import write_text_atomic
 from localchat.errors import ConfigError, ModelNotFound, UserError
 from localchat.names import UnsafeName, check_file_name, path_under
-from localchat.settings import line_of, load_config, read_toml_file
+from localchat.settings import load_config
+from localchat.settings.toml import line_of, read_toml_file
 from localchat.terminal import visible
 
 # Context opened for models the registry knows nothing about (hf: references, plain paths).

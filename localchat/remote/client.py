@@ -52,7 +52,6 @@ from localchat.events import (
 )
 from localchat.reasoning import ReasoningSplitter, join_reply
 from localchat.remote.breaker import CircuitBreaker
-from localchat.remote.settings import RemoteSettings
 from localchat.remote.sse import (
     RemoteStreamError,
     StreamTooLarge,
@@ -62,6 +61,7 @@ from localchat.remote.sse import (
     iter_sse_data,
 )
 from localchat.remote.timing import ReplyClock
+from localchat.settings.remote import RemoteSettings
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class RemoteClient:
         }
         if self.settings.model:
             body["model"] = self.settings.model
-        if sampling.seed is not None and sampling.seed >= 0:
+        if sampling.seed >= 0:  # a negative seed is random
             body["seed"] = sampling.seed
         return body
 

@@ -28,7 +28,7 @@ from statistics import fmean
 from typing import Literal
 
 from localchat.events import Done, Token
-from localchat.remote.settings import ConfidenceThresholds
+from localchat.settings.remote import ConfidenceThresholds
 
 TriggerKind = Literal["low-confidence", "loop", "length"]
 

@@ -42,7 +42,7 @@ from localchat.remote.breaker import CircuitBreaker
 from localchat.remote.client import RemoteClient
 from localchat.remote.confidence import LATE_AFTER_TOKENS, ConfidenceMonitor, scaled
 from localchat.remote.context import trim_to_budget
-from localchat.remote.settings import RemoteSettings
+from localchat.settings.remote import RemoteSettings
 
 Route = Literal["local", "remote", "auto"]
 BREAKER_FILE = "remote_breaker.json"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localchat.remote.context import estimate_tokens
-from localchat.remote.settings import RouterThresholds
+from localchat.settings.remote import RouterThresholds
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
-from localchat.session.overlong import (
-    DEFAULT_MARKER_TOKENS,
-    OverlongDecision,
-    OverlongPolicy,
-    overlong_message,
-)
+from localchat.session.overlong import DEFAULT_MARKER_TOKENS, OverlongDecision, overlong_message
+from localchat.settings import ContextSection, OverlongPolicy, check_setting
 
 SummaryAction = Literal["keep", "remove"]
 
@@ -56,12 +52,13 @@ class ContextSettings:
 
     n_ctx: int
     reply_reserve: int
-    trim_fraction: float = 0.25
-    summary_max_tokens: int = 256
-    summarize: bool = True
-    overlong: OverlongPolicy = "refuse"
+    # The defaults and ranges of the settings ``[context]`` sets are the schema's (one home).
+    trim_fraction: float = ContextSection.trim_fraction
+    summary_max_tokens: int = ContextSection.summary_max_tokens
+    summarize: bool = ContextSection.summarize
+    overlong: OverlongPolicy = ContextSection.overlong
     overlong_marker: str = "[… {cut} tokens cut …]"
-    summarize_threshold: float = 0.75
+    summarize_threshold: float = ContextSection.summarize_threshold
 
     def __post_init__(self) -> None:
         # Programmer errors: settings come from ``for_reply`` or a validated config.
@@ -71,16 +68,15 @@ class ContextSettings:
             raise ValueError(
                 f"reply_reserve must be in [0, n_ctx={self.n_ctx}), got {self.reply_reserve}"
             )
-        if not 0 <= self.trim_fraction < 1:
-            raise ValueError(f"trim_fraction must be in [0, 1), got {self.trim_fraction}")
-        if self.summary_max_tokens < 0:
-            raise ValueError(f"summary_max_tokens must be >= 0, got {self.summary_max_tokens}")
-        if self.overlong not in ("refuse", "head_tail"):
+        for name in ("trim_fraction", "summary_max_tokens", "summarize_threshold"):
+            value = getattr(self, name)
+            problem = check_setting(f"context.{name}", value)
+            if problem:
+                raise ValueError(f"{name} {problem}, got {value}")
+        if self.overlong not in get_args(OverlongPolicy):
             raise ValueError(f'overlong must be "refuse" or "head_tail", got {self.overlong!r}')
         if not self.overlong_marker.strip():
             raise ValueError("overlong_marker must be visible text")
-        if not 0 < self.summarize_threshold <= 1:
-            raise ValueError(f"summarize_threshold must be in (0, 1], got {self.summarize_threshold}")
 
     @classmethod
     def for_reply(cls, n_ctx: int, max_tokens: int, **options) -> ContextSettings:

@@ -28,7 +28,7 @@ from localchat.events import Done, Failed
 
 if TYPE_CHECKING:
     from localchat.engine.turn import TurnHandle
-    from localchat.session.chat import ChatSession
+    from localchat.session.session import ChatSession
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from localchat.engine.engine import Engine
 from localchat.engine.options import Sampling
 from localchat.session.budget import ContextSettings
-from localchat.session.chat import ChatSession, Message
 from localchat.session.keeper import ContextKeeper
+from localchat.session.session import ChatSession, Message
 from localchat.settings import ContextSection, Settings
 
 

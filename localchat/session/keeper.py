@@ -30,7 +30,7 @@ from localchat.session.overlong import head_tail_cut, marker_text
 
 if TYPE_CHECKING:
     from localchat.engine.engine import Engine
-    from localchat.session.chat import ChatSession
+    from localchat.session.session import ChatSession
 
 SUMMARY_INSTRUCTION = (
     "Write a summary of our conversation so far (and of any earlier summary) in at most {words} "

@@ -1,5 +1,5 @@
 """Speed over stored turns: percentiles of TTFT, TPOT, inter-token latency and cache reuse per
-model (``localchat stats``), and sparklines of one session's turns (``/stats`` in the app)."""
+model (``localchat stats`` prints them; ``chat.speed`` draws the app's ``/stats`` page)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from localchat.events import Timings
 from localchat.percentiles import percentile
 from localchat.store.store import Store
-
-BARS = "▁▂▃▄▅▆▇█"
 
 
 @dataclass(frozen=True)
@@ -60,36 +58,3 @@ def _stats(model: str, timings: list[Timings]) -> ModelStats:
         spread([t.itl_p50_ms for t in decoded], [t.itl_p95_ms for t in decoded]),
         spread([100 * t.cache_n / (t.cache_n + t.prompt_n) for t in timings if t.cache_n + t.prompt_n]),
     )
-
-
-def sparkline(values: list[float]) -> str:
-    """One bar per value, scaled between the smallest and the largest (``▁`` … ``█``)."""
-    if not values:
-        return ""
-    low, high = min(values), max(values)
-    if high == low:
-        return BARS[0] * len(values)
-    return "".join(BARS[round((v - low) / (high - low) * (len(BARS) - 1))] for v in values)
-
-
-def session_speed_markdown(store: Store, session_id: int, width: int = 60) -> str:
-    """The ``/stats`` page: TTFT and TPOT of the session's last ``width`` local replies as
-    sparklines, then p50/p95 per model for this session and for all sessions."""
-    replies = [t.timings for t in store.turns(session_id)
-               if t.role == "assistant" and t.timings and t.timings.predicted_n and t.route != "remote"]
-    timings = [t for t in replies if t is not None][-width:]
-    lines = ["# Speed", ""]
-    if not timings:
-        return "\n".join(lines + ["_No local replies in this session yet._"])
-    ttft = [t.ttft_ms for t in timings]
-    tpot = [t.tpot_ms for t in timings]
-    lines += [f"Last {len(timings)} replies of this session, oldest first:", "", "```",
-              f"TTFT {sparkline(ttft)}  {min(ttft):,.0f}–{max(ttft):,.0f} ms",
-              f"TPOT {sparkline(tpot)}  {min(tpot):,.1f}–{max(tpot):,.1f} ms", "```", ""]
-    for title, sid in (("This session", session_id), ("All sessions", None)):
-        lines += [f"## {title} (p50 / p95)", "", "| model | replies | TTFT ms | TPOT ms | ITL ms | reuse % |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {s.model} | {s.turns} | {s.ttft_ms} | {s.tpot_ms} | {s.itl_ms} | {s.reuse_percent} |"
-                  for s in model_stats(store, sid)]
-        lines.append("")
-    return "\n".join(lines)

@@ -165,7 +165,7 @@ class Commands:
         ))
 
     async def _stats(self, argument: str) -> None:
-        from localchat.store.stats import session_speed_markdown
+        from localchat.chat.speed import session_speed_markdown
 
         # Off the event loop: it reads every stored reply.
         text = await asyncio.to_thread(session_speed_markdown, self._app.store,

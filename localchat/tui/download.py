@@ -21,7 +21,7 @@ from localchat.errors import DownloadError, UserError
 from localchat.tui.screens import ConfirmScreen
 
 if TYPE_CHECKING:
-    from localchat.models.download import ProgressCallback
+    from localchat.models.progress import ProgressCallback
     from localchat.tui.app import LocalChatApp
 
 
@@ -82,7 +82,7 @@ class DownloadScreen(ModalScreen[str | None]):
                 yield Button("Cancel (Esc)", id="cancel")
 
     def show_progress(self, done: int, total: int | None) -> None:
-        from localchat.models.download import format_bytes
+        from localchat.models.progress import format_bytes
 
         self.query_one(ProgressBar).update(total=total, progress=done)
         of = f" of {format_bytes(total)}" if total else ""
@@ -107,7 +107,7 @@ class ModelDownloads:
         offer = self._downloads.offer(model_ref)
         if offer is None:
             return False
-        from localchat.models.download import format_bytes
+        from localchat.models.progress import format_bytes
 
         size = f" ({format_bytes(offer.size_bytes)})" if offer.size_bytes else ""
         self._app.push_screen(ConfirmScreen(f"{offer.model}{size} is not downloaded yet. Download it now?",

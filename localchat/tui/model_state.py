@@ -155,7 +155,8 @@ class ModelState:
 
     def set_thinking(self, mode: str) -> str:
         """``/think MODE``: set the thinking switch for the next turns; the line to show the user."""
-        from localchat.engine.options import THINKING_MODES, Sampling
+        from localchat.engine.options import Sampling
+        from localchat.settings import THINKING_MODES
 
         engine = self.engine
         has_switch = bool(getattr(engine, "supports_thinking", False))

@@ -11,9 +11,14 @@ A missing file means all defaults. The file only needs the keys a user wants to 
 The frozen dataclasses below are the schema, one per section: a field is a key the section
 accepts, its annotation the type a value must have (a ``Literal`` lists the words allowed) and
 its default the value used when the file is silent. ``[remote]`` (with ``[remote.router]`` and
-``[remote.confidence]``) is :class:`~localchat.remote.settings.RemoteSettings`, which the remote
+``[remote.confidence]``) is :class:`~localchat.settings.remote.RemoteSettings`, which the remote
 package takes as it is; the engine and the session take their own runtime objects, built from
 these sections by ``engine.factory`` and ``session.factory``.
+
+This package is the bottom layer: it imports nothing from the rest of localchat but ``paths``
+and ``errors``. The words a setting allows (``KvType``, ``Thinking``, ``GpuLayers``,
+``OverlongPolicy``) are defined here and read by the engine and the session, so each setting's
+type, default and range has one home.
 
 :func:`load_config` reads the file once into a :class:`Settings` and is the only place values
 are checked: a malformed file, a value of the wrong type or out of range, and an unknown section
@@ -22,29 +27,35 @@ when one is close), so a typo is never silently ignored. Each number's range is 
 :class:`Limit` in ``_LIMITS``; a command-line flag that overrides a setting is checked against
 the same one (:func:`check_flag`), so a value the flag refuses is refused in the file too.
 
-This module also holds the TOML reading and line lookup the model registry shares.
+The TOML reading and line lookup, which the model registry shares, are ``settings.toml``'s.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
-import re
-import tomllib
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
 from localchat import paths
-from localchat.engine.options import GpuLayers, KvType, Thinking
 from localchat.errors import ConfigError, UserError
-from localchat.remote.settings import RemoteSettings
-from localchat.session.overlong import OverlongPolicy
+from localchat.settings.remote import RemoteSettings
+from localchat.settings.toml import find_line, read_toml_file
 
 DEFAULT_MODEL = "smollm2-135m"
+
+KvType = Literal["f16", "q8_0", "q4_0"]  # KV cache element types
+Thinking = Literal["auto", "on", "off"]  # enable_thinking for templates that take it (Qwen3 style)
+THINKING_MODES: tuple[str, ...] = get_args(Thinking)
+# "auto" fits layers into free VRAM, "all" offloads every layer, a number offloads that many.
+GpuLayers = Literal["auto", "all"] | int
+# A message too long for even an empty context: refused with the numbers, or cut to its head and
+# tail around a visible marker (session/overlong.py).
+OverlongPolicy = Literal["refuse", "head_tail"]
 
 
 @dataclass(frozen=True)
@@ -364,89 +375,3 @@ def _describe(kind: Any) -> str:
         else:
             words.append(_TYPE_NAMES.get(alternative, getattr(alternative, "__name__", "?")))
     return " or ".join(words)
-
-
-# --- TOML reading and line lookup, shared with the model registry ----------------------------
-
-_LINE_IN_MESSAGE = re.compile(r"\(at line (\d+), column \d+\)")
-
-
-def read_toml_file(path: Path) -> tuple[dict[str, Any], str]:
-    """Parse a TOML file; returns (data, text). Malformed TOML -> ConfigError "FILE:LINE: ..."."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a UTF-8 text file") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        return tomllib.loads(text), text
-    except tomllib.TOMLDecodeError as exc:
-        message = str(exc)
-        match = _LINE_IN_MESSAGE.search(message)
-        where = f"{path}:{match.group(1)}" if match else str(path)
-        reason = _LINE_IN_MESSAGE.sub("", message).strip()
-        raise ConfigError(f"{where}: invalid TOML: {reason}") from None
-    except RecursionError:  # tomllib recurses once per level of nested arrays and inline tables
-        raise ConfigError(f"{path}: invalid TOML: values are nested too deeply") from None
-
-
-def line_of(text: str, table: str | None, key: str | None = None) -> int:
-    """Line number (1-based) of ``key`` inside ``[table]`` (None = top level), or of the table's
-    header when ``key`` is None; falls back to the table's header, then to 1."""
-    return find_line(text, table, key) or find_line(text, table) or 1
-
-
-def find_line(text: str, table: str | None, key: str | None = None) -> int | None:
-    """Line number of ``key = ...`` inside ``[table]``, or of the ``[table]`` header when ``key``
-    is None; None when there is none.
-
-    tomllib reports no positions for valid documents, so this scans headers and ``key =`` lines.
-    ``table`` is a dotted path of plain names (quoted header parts such as
-    ``[models."qwen2.5-7b"]`` are matched after unquoting).
-    """
-    current: str | None = None
-    for number, line in enumerate(text.splitlines(), start=1):
-        header = _table_header(line)
-        if header is not None:
-            current = header
-            if key is None and header == table:
-                return number
-            continue
-        stripped = line.strip()
-        if (key is not None and current == table and "=" in stripped
-                and _unquote(stripped.split("=", 1)[0].strip()) == key):
-            return number
-    return None
-
-
-def _table_header(line: str) -> str | None:
-    """The dotted name of a ``[table]`` header line with quotes removed, else None."""
-    stripped = line.strip()
-    if not stripped.startswith("[") or stripped.startswith("[["):
-        return None
-    return ".".join(_unquote(part.strip()) for part in _header_parts(stripped))
-
-
-def _header_parts(stripped: str) -> Iterable[str]:
-    # A quoted part may itself contain "]", "." or "#", so split outside quotes only.
-    quote, part = None, ""
-    for char in stripped[1:]:
-        if quote:
-            quote = None if char == quote else quote
-        elif char in "\"'":
-            quote = char
-        elif char == "]":
-            break
-        elif char == ".":
-            yield part
-            part = ""
-            continue
-        part += char
-    yield part
-
-
-def _unquote(name: str) -> str:
-    if len(name) >= 2 and name[0] == name[-1] and name[0] in "\"'":
-        return name[1:-1]
-    return name

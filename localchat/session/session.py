@@ -9,6 +9,7 @@ removes those turns from its KV cache by shifting, so the kept turns are not eva
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -18,7 +19,6 @@ from localchat.events import Done, Failed, Turn
 from localchat.session.draft import DraftPrefill
 
 if TYPE_CHECKING:
-    from localchat.remote.escalate import Escalator, Route
     from localchat.session.keeper import ContextKeeper
 
 
@@ -40,6 +40,23 @@ class TurnEngine(Protocol):
     def prepare(self, messages: list[dict[str, str]]) -> TurnHandle: ...
 
     def stop(self) -> None: ...
+
+
+class TurnRouter(Protocol):
+    """Where a turn runs when it may leave the local engine. The session knows no remote: the
+    chat layer passes one in (``chat.escalation.Escalation``) for a turn that may be escalated."""
+
+    @property
+    def takes_overlong(self) -> bool:
+        """Whether a message the local context cannot hold goes elsewhere instead of being
+        refused."""
+        ...
+
+    def start(self, messages: list[dict[str, str]], local: Callable[[], Turn], *,
+              overlong: bool, sampling: Sampling) -> Turn:
+        """Start the turn over ``messages``; ``local`` starts the local reply (if it is to answer).
+        ``overlong``: the local context cannot hold the message."""
+        ...
 
 
 class ChatSession:
@@ -99,13 +116,13 @@ class ChatSession:
     # -- turns ---------------------------------------------------------------------------------
 
     def send(self, text: str, sampling: Sampling | None = None, *,
-             escalator: Escalator | None = None, route: Route = "auto") -> Turn:
-        """Add the user's message and start the reply (with an ``escalator``, a turn that may be
-        handed to the remote model). The reply, also a stopped one, is added to the history
+             router: TurnRouter | None = None) -> Turn:
+        """Add the user's message and start the reply (with a ``router``, a turn that may be
+        handed to another model). The reply, also a stopped one, is added to the history
         before the final event reaches the reader."""
         sampling = sampling or self.sampling
         self.draft.cancel()  # no more steps; the submit below stops a running one at once
-        remote_ready = escalator is not None and escalator.client is not None and route != "local"
+        remote_ready = router is not None and router.takes_overlong
         with self.state_lock:
             if self._current is not None and not self._current.finished:
                 raise RuntimeError("a reply is still running; stop it first")
@@ -118,25 +135,14 @@ class ChatSession:
             messages = self.model_messages()
             self.last_sent = messages
             handle: Turn
-            if escalator is None:
+            if router is None:
                 handle = self.engine.submit(messages, sampling)
             else:
-                # A message the local context cannot hold goes to the remote, if there is one.
-                how: Route = "remote" if refusal is not None else route
-                handle = escalator.start_turn(messages,
-                                              lambda: self.engine.submit(messages, sampling),
-                                              route=how, sampling=sampling,
-                                              local_params=self._local_params())
+                handle = router.start(messages, lambda: self.engine.submit(messages, sampling),
+                                      overlong=refusal is not None, sampling=sampling)
             handle.on_finish(self._record_reply)
             self._current = handle
         return handle
-
-    def _local_params(self) -> int | None:
-        """The local model's parameter count, which sets how readily a turn escalates."""
-        from localchat.models.gguf import parameter_count
-
-        path = getattr(self.engine, "model_path", None)  # test engines may have no file
-        return parameter_count(path) if path is not None else None
 
     def _record_reply(self, event: Done | Failed) -> None:
         if isinstance(event, Done) and self.pending_restore_ms is not None:

@@ -1,0 +1,99 @@
+"""Reading a TOML file, and finding the line a table or key is on, for error messages that
+point at it ("FILE:LINE: ..."): config.toml's and models.toml's.
+
+tomllib reports a position only for malformed documents; a valid one that holds a wrong value
+gets its line from :func:`find_line`, which scans headers and ``key =`` lines.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from localchat.errors import ConfigError
+
+_LINE_IN_MESSAGE = re.compile(r"\(at line (\d+), column \d+\)")
+
+
+def read_toml_file(path: Path) -> tuple[dict[str, Any], str]:
+    """Parse a TOML file; returns (data, text). Malformed TOML -> ConfigError "FILE:LINE: ..."."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        match = _LINE_IN_MESSAGE.search(message)
+        where = f"{path}:{match.group(1)}" if match else str(path)
+        reason = _LINE_IN_MESSAGE.sub("", message).strip()
+        raise ConfigError(f"{where}: invalid TOML: {reason}") from None
+    except RecursionError:  # tomllib recurses once per level of nested arrays and inline tables
+        raise ConfigError(f"{path}: invalid TOML: values are nested too deeply") from None
+
+
+def line_of(text: str, table: str | None, key: str | None = None) -> int:
+    """Line number (1-based) of ``key`` inside ``[table]`` (None = top level), or of the table's
+    header when ``key`` is None; falls back to the table's header, then to 1."""
+    return find_line(text, table, key) or find_line(text, table) or 1
+
+
+def find_line(text: str, table: str | None, key: str | None = None) -> int | None:
+    """Line number of ``key = ...`` inside ``[table]``, or of the ``[table]`` header when ``key``
+    is None; None when there is none.
+
+    tomllib reports no positions for valid documents, so this scans headers and ``key =`` lines.
+    ``table`` is a dotted path of plain names (quoted header parts such as
+    ``[models."qwen2.5-7b"]`` are matched after unquoting).
+    """
+    current: str | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = _table_header(line)
+        if header is not None:
+            current = header
+            if key is None and header == table:
+                return number
+            continue
+        stripped = line.strip()
+        if (key is not None and current == table and "=" in stripped
+                and _unquote(stripped.split("=", 1)[0].strip()) == key):
+            return number
+    return None
+
+
+def _table_header(line: str) -> str | None:
+    """The dotted name of a ``[table]`` header line with quotes removed, else None."""
+    stripped = line.strip()
+    if not stripped.startswith("[") or stripped.startswith("[["):
+        return None
+    return ".".join(_unquote(part.strip()) for part in _header_parts(stripped))
+
+
+def _header_parts(stripped: str) -> Iterable[str]:
+    # A quoted part may itself contain "]", "." or "#", so split outside quotes only.
+    quote, part = None, ""
+    for char in stripped[1:]:
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char == "]":
+            break
+        elif char == ".":
+            yield part
+            part = ""
+            continue
+        part += char
+    yield part
+
+
+def _unquote(name: str) -> str:
+    if len(name) >= 2 and name[0] == name[-1] and name[0] in "\"'":
+        return name[1:-1]
+    return name

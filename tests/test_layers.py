@@ -1,0 +1,212 @@
+"""The import layers: every arrow between localchat's packages points down the order below.
+
+The imports are read with ``ast`` from the source (nothing is imported), so a lazy import inside a
+function counts as much as one at the top of a module: it is a real dependency at run time, only
+a later one. Imports under ``if TYPE_CHECKING:`` are allowed in any direction: they exist for the
+type checker and never run. An exception needs a written reason in ``ALLOWED``.
+
+A package is a folder under ``localchat/``; the top-level modules (``errors.py``, ``paths.py``,
+...) and the ``settings`` package together form the base layer. A package may import its own
+modules and anything in a layer below it, never one above; the base layer's modules may import
+each other. No modules anywhere import each other in a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "localchat"
+
+# Bottom first. Each layer with the reason it sits where it does.
+LAYERS: list[tuple[str, set[str], str]] = [
+    ("base", {"__init__", "errors", "paths", "events", "reasoning", "names", "terminal", "atomic",
+              "logs", "percentiles", "attachments", "settings"},
+     "words every layer shares: the user's errors, where files live, the event vocabulary, "
+     "safe names and terminal output, and the settings' schema with each value's type, default "
+     "and range (the engine, the session and the remote read their settings, never the reverse)"),
+    ("models", {"models"},
+     "the model files on disk: the registry, the GGUF reader, pull; knows no engine"),
+    ("engine", {"engine"},
+     "owns the llama.cpp context: load, prefill, decode, KV cache; reads model files"),
+    ("session", {"session"},
+     "the context as data: the conversation the model sees, the token budget, trims and "
+     "summaries, over an engine"),
+    ("remote", {"remote"},
+     "an OpenAI-compatible model a turn may be handed to: it takes the session's messages and "
+     "emits the engine's events"),
+    ("store", {"store"},
+     "SQLite: stored conversations and their numbers; nothing below reads the database"),
+    ("chat", {"chat"},
+     "one stored conversation wired together: session, engine, remote escalation and store"),
+    ("tui", {"tui"}, "the Textual app over the chat layer"),
+    ("bench", {"bench"}, "measurements, some of them driving the app itself"),
+    ("commands", {"commands"}, "the CLI's subcommands, one module each (``bench`` among them)"),
+    ("cli", {"cli", "__main__"}, "argument parsing: the entry point over everything"),
+]
+
+# (importer, imported) -> why an arrow against the order is allowed. Empty is the goal.
+ALLOWED: dict[tuple[str, str], str] = {}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+def _exists(module: str) -> bool:
+    path = ROOT.parent.joinpath(*module.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of the nodes under ``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``)."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
+            if name == "TYPE_CHECKING":
+                for child in node.body:
+                    skipped.update(id(n) for n in ast.walk(child))
+    return skipped
+
+
+def imports(path: Path, text: str | None = None) -> Iterator[tuple[str, int]]:
+    """(module imported, line) for each runtime import in ``path`` (whose source is ``text``
+    when given)."""
+    module = _module_name(path)
+    tree = ast.parse(path.read_text(encoding="utf-8") if text is None else text, str(path))
+    skipped = _type_checking_nodes(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                package = module.split(".")
+                if path.name != "__init__.py":
+                    package.pop()
+                base = ".".join(package[: len(package) - node.level + 1])
+                source = f"{base}.{node.module}" if node.module else base
+            else:
+                source = node.module or ""
+            submodules = [f"{source}.{a.name}" for a in node.names if _exists(f"{source}.{a.name}")]
+            # ``from localchat import paths`` depends on the module, not the package.
+            yield from ((name, node.lineno) for name in submodules or [source])
+
+
+def package_of(module: str) -> str:
+    """``localchat.engine.kv`` -> "engine"; ``localchat.paths`` -> "paths"; ``localchat`` -> "__init__"."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+LAYER_OF = {package: index for index, (_, packages, _) in enumerate(LAYERS) for package in packages}
+
+
+def arrows() -> list[tuple[str, str, str]]:
+    """(importer, imported, "file:line") for every runtime import from one localchat module of
+    another."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        importer = _module_name(path)
+        for imported, line in imports(path):
+            if imported == "localchat" or imported.startswith("localchat."):
+                found.append((importer, imported, f"{path.relative_to(ROOT.parent)}:{line}"))
+    return found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_package_has_a_layer():
+    packages = {package_of(_module_name(path)) for path in ROOT.rglob("*.py")}
+    assert packages - LAYER_OF.keys() == set(), "add the new package to LAYERS, with its reason"
+
+
+def test_no_cycle_between_packages():
+    """The base layer counts as one package here; cycles inside it are the next test's."""
+    graph: dict[str, set[str]] = {}
+    for importer, imported, _ in arrows():
+        a, b = (_package_or_base(module) for module in (importer, imported))
+        if a != b:
+            graph.setdefault(a, set()).add(b)
+    assert _cycles(graph) == []
+
+
+def _package_or_base(module: str) -> str:
+    package = package_of(module)
+    return "base" if LAYER_OF.get(package) == 0 else package
+
+
+def test_no_cycle_between_modules():
+    """Between any two modules, the base layer's included (``names`` and ``terminal`` once
+    imported each other, and so did ``models.download`` and ``models.pypi_source``)."""
+    graph: dict[str, set[str]] = {}
+    for importer, imported, _ in arrows():
+        if importer != imported:
+            graph.setdefault(importer, set()).add(imported)
+    assert _cycles(graph) == []
+
+
+def test_every_arrow_points_down_the_layers():
+    against = []
+    for importer, imported, where in arrows():
+        a, b = package_of(importer), package_of(imported)
+        if a != b and LAYER_OF[a] < LAYER_OF[b] and (importer, imported) not in ALLOWED:
+            against.append(f"{where}: {importer} ({LAYERS[LAYER_OF[a]][0]}) imports "
+                           f"{imported} ({LAYERS[LAYER_OF[b]][0]})")
+    assert against == []
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("from localchat import paths\n", ["localchat.paths"]),
+    ("from localchat.engine.kv import KvRecord\n", ["localchat.engine.kv"]),
+    ("import localchat.store.store\n", ["localchat.store.store"]),
+    ("def f():\n    from localchat.tui import app\n", ["localchat.tui.app"]),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from localchat.tui.app import A\n", []),
+    ("from .budget import TurnSpan\n", ["localchat.session.budget"]),
+])
+def test_imports_are_read_with_lazy_ones_and_without_type_only_ones(source, expected):
+    path = ROOT / "session" / "probe.py"  # not read: its source is given
+    assert [name for name, _ in imports(path, source) if name.startswith("localchat")] == expected
