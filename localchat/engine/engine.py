@@ -389,8 +389,7 @@ class Engine:
     def _background_turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling) -> None:
         """Run a turn on top of the conversation, then put the cache back exactly as it was."""
         kv = self._require_kv()
-        if kv.records and kv.records[-1].partial:  # a stopped draft's cells: not this turn's base
-            kv.truncate(kv.n_tokens - len(kv.records[-1].tokens), whole_messages=True)
+        kv.drop_partial()  # a stopped draft's cells: not this turn's base
         saved, saved_tokens = kv.mark(), kv.tokens()
         layout = plan_layout(saved.records, messages, self._render, kv.runtime.tokenize,
                              allow_shift=False)
