@@ -27,7 +27,7 @@ from localchat.attachments import Attachment
 from localchat.chat.conversation import Conversation
 from localchat.chat.services import ChatServices, build_services
 from localchat.errors import UserError
-from localchat.events import Done, Event, Failed, Notice, PrefillProgress
+from localchat.events import Done, Event, Failed, Notice, PrefillProgress, RouteChanged
 from localchat.store import SessionRecord, Store
 from localchat.tui import slash
 from localchat.tui.attach import AttachmentChips, Attachments
@@ -356,10 +356,12 @@ class LocalChatApp(SessionActions, MessageActions, Attachments, ModelLoader, Mod
         if isinstance(event, TokenRun | ThinkingRun | PrefillProgress):
             await turn.show_progress(event, self.status.info)
             self.status.refresh()
-        elif isinstance(event, Notice):
-            if turn.reply is not None and event.kind in ("escalate", "fallback"):
-                await (turn.reply.supersede(event.message) if event.kind == "escalate"
+        elif isinstance(event, RouteChanged):
+            if turn.reply is not None:
+                await (turn.reply.supersede(event.message) if event.route == "remote"
                        else turn.reply.unsupersede())
+            self.notify(event.message)
+        elif isinstance(event, Notice):
             self.notify(event.message, severity="warning" if event.kind == "warning" else "information")
         elif isinstance(event, Done):
             await self._finish_turn(turn, event)
