@@ -123,15 +123,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _with_files(prompt: str, paths: list[str], engine, sampling) -> str:
-    """The question with ``-f`` files attached; UserError for a binary or over-long file."""
-    from localchat.attachments import read_attachment, with_attachments
+    """The question as it will be sent, with the ``-f`` files (and ``@path`` mentions) attached,
+    as the app sends a message; UserError for a binary or over-long file."""
+    from pathlib import Path
 
-    attachments, room = [], engine.n_ctx - min(sampling.max_tokens, engine.n_ctx // 2)
-    for path in paths:
-        attachment = read_attachment(path, engine.count_tokens, room)
-        room -= attachment.tokens
-        attachments.append(attachment)
-    return with_attachments(prompt, attachments)
+    from localchat.attachments import outgoing_message
+    from localchat.session.budget import message_room
+
+    return outgoing_message(prompt, [], Path.cwd(), files=paths, count_tokens=engine.count_tokens,
+                            room=message_room(engine.n_ctx, sampling.max_tokens))
 
 
 @contextmanager
