@@ -36,6 +36,9 @@ class Message:
 class TurnEngine(Protocol):
     """What a ChatSession needs from an engine (the real one, or a scripted fake in UI tests)."""
 
+    # The local model's parameter count, which sets how readily a turn escalates (None: unknown).
+    n_params: int | None
+
     def submit(self, messages: list[dict[str, str]], sampling: Sampling | None = None) -> Turn: ...
 
     def prepare(self, messages: list[dict[str, str]]) -> TurnHandle: ...
@@ -134,10 +137,7 @@ class ChatSession:
 
     def _local_params(self) -> int | None:
         """The local model's parameter count, which sets how readily a turn escalates."""
-        from localchat.models.gguf import parameter_count
-
-        path = getattr(self.engine, "model_path", None)  # test engines may have no file
-        return parameter_count(path) if path is not None else None
+        return self.engine.n_params
 
     def _record_reply(self, event: Done | Failed) -> None:
         if isinstance(event, Done) and self.pending_restore_ms is not None:
