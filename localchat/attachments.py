@@ -4,11 +4,15 @@ A file goes into the message as a fenced block under its name, so the model sees
 and ends and the conversation shows what was sent. Only text is accepted: a file with NUL bytes
 or that is not UTF-8 is refused, and so is one that could not fit the model's context, with the
 numbers, before anything is sent.
+
+``outgoing_message`` is the one rule for the message as it will be sent: the app's Enter, its
+prefill while typing and ``ask`` all build the text the model sees with it, so what was
+prefilled is what is sent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,14 +71,51 @@ def with_attachments(message: str, attachments: list[Attachment]) -> str:
     return "\n\n".join([*parts, message]) if parts else message
 
 
-def mentioned_files(message: str) -> list[str]:
-    """``@path`` words of ``message`` that name existing files (``@`` alone or an address is not one)."""
+def mentioned_files(message: str, cwd: Path | None = None) -> list[str]:
+    """``@path`` words of ``message`` that name existing files (``@`` alone or an address is not
+    one); a relative path is taken from ``cwd`` (default: the working directory)."""
     found = []
     for word in message.split():
         candidate = word[1:].rstrip(".,;:!?)")
-        if word.startswith("@") and candidate and Path(candidate).expanduser().is_file():
+        if word.startswith("@") and candidate and _in(cwd, candidate).is_file():
             found.append(candidate)
     return found
+
+
+def outgoing_message(text: str, attached: Sequence[Attachment], cwd: Path, *,
+                     count_tokens: Callable[[str], int] | None = None, room: int | None = None,
+                     files: Sequence[str] = ()) -> str:
+    """The message as it will be sent: ``text`` with the files ``attached`` already (``/file``),
+    those named in ``files`` (``ask -f``) and those it mentions as ``@path`` (relative to
+    ``cwd``), each file once, as fenced blocks before the text.
+
+    ``count_tokens`` and ``room`` are as for ``read_attachment``, ``room`` for all the files
+    together (``session.budget.message_room``). Raises ``UserError`` for a file that cannot go.
+    """
+    attachments = list(attached)
+    if room is not None:
+        room -= sum(a.tokens for a in attachments)
+    for path_text in [*files, *mentioned_files(text, cwd)]:
+        path = _in(cwd, path_text)
+        if any(_same_file(a.path, path) for a in attachments):
+            continue
+        attachment = read_attachment(str(path), count_tokens, room)
+        if room is not None:
+            room -= attachment.tokens
+        attachments.append(attachment)
+    return with_attachments(text, attachments)
+
+
+def _in(cwd: Path | None, path_text: str) -> Path:
+    path = Path(path_text).expanduser()
+    return path if cwd is None else cwd / path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return a == b
 
 
 def complete_path(fragment: str) -> list[str]:

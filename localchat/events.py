@@ -3,8 +3,9 @@
 
 A turn produces, in order: zero or more ``PrefillProgress``, zero or more ``Thinking`` (a reasoning
 model's chain of thought) and ``Token`` (the answer), and exactly one final ``Done`` (finish_reason
-"stop", "length" or "aborted") or ``Failed``. ``Notice`` may appear anywhere. Model loading
-produces ``LoadProgress`` then ``Loaded`` or ``Failed``.
+"stop", "length" or "aborted") or ``Failed``. ``Notice`` may appear anywhere; ``RouteChanged``
+where the reply changes hands between the local and the remote model. Model loading produces
+``LoadProgress`` then ``Loaded`` or ``Failed``.
 
 Every producer of a turn (the local engine's ``TurnHandle``, the remote client's ``RemoteTurn``,
 the escalator's ``EscalatedTurn``) hands it out as one :class:`Turn`; :class:`TurnEnd` is the
@@ -156,7 +157,21 @@ class Notice:
     kind: str = "info"
 
 
-Event = LoadProgress | Loaded | PrefillProgress | Thinking | Token | Done | Failed | Notice
+@dataclass(frozen=True)
+class RouteChanged:
+    """The reply changed hands in the middle of a turn (``localchat.remote.escalate``).
+
+    ``route`` "remote": the turn was escalated; the tokens that follow are the remote model's
+    and the local text shown so far is not the answer (superseded). ``route`` "local": the
+    remote failed; its text shown since the escalation is void and the local reply stands (the
+    one kept, or one generated now). ``message``: one line for the user, saying why.
+    """
+
+    route: Literal["local", "remote"]
+    message: str
+
+
+Event = LoadProgress | Loaded | PrefillProgress | Thinking | Token | Done | Failed | Notice | RouteChanged
 
 
 Final = Done | Failed

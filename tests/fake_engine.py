@@ -65,6 +65,7 @@ class FakeEngine:
         release: threading.Event | None = None,
     ) -> None:
         self.model_path = Path(f"/models/{name}.gguf")
+        self.n_params: int | None = None  # no GGUF header to tell
         self.name = name
         self.reply = reply
         self.token_delay = token_delay
@@ -100,6 +101,9 @@ class FakeEngine:
         gpu, total = self._layers
         self.info = Loaded(self.name, self.n_ctx, gpu, total, "CUDA" if gpu else "CPU", load_ms=12.0)
         return self.info
+
+    def preflight(self) -> None:
+        """Nothing to check: there is no file."""
 
     def count_tokens(self, text: str) -> int:
         return len(split_tokens(text))

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, wait_until
 
-from localchat.attachments import complete_path, mentioned_files, read_attachment, with_attachments
+from localchat.attachments import (
+    complete_path,
+    mentioned_files,
+    outgoing_message,
+    read_attachment,
+    with_attachments,
+)
 from localchat.errors import UserError
 
 
@@ -51,6 +57,35 @@ def test_at_mentions_and_path_completion(notes, monkeypatch):
     monkeypatch.chdir(notes.parent)
     assert mentioned_files("see @notes.md, and @nobody or a@b") == ["notes.md"]
     assert complete_path("no") == ["notes.md"]
+
+
+def test_the_message_as_sent_has_each_file_once_and_files_share_the_room(notes, tmp_path):
+    other = tmp_path / "other.txt"
+    other.write_text("one two three four\n")
+    attached = [read_attachment(str(notes), words, 100)]
+    # /file notes.md, then a mention of it and of another file: notes.md goes once, first.
+    sent = outgoing_message("Compare @notes.md with @other.txt", attached, tmp_path, count_tokens=words, room=100)
+    assert sent == with_attachments("Compare @notes.md with @other.txt",
+                                    [attached[0], read_attachment(str(other), words, 100)])
+    assert outgoing_message("hi", [], tmp_path, files=["other.txt"]) == with_attachments(
+        "hi", [read_attachment(str(other), None, None)])
+    with pytest.raises(UserError, match="other.txt is 4 tokens; a message can hold at most 3"):  # 5 of 8 taken
+        outgoing_message("see @other.txt", attached, tmp_path, count_tokens=words, room=8)
+
+
+async def test_a_message_mentioning_a_file_is_prefilled_with_it_as_it_will_be_sent(store, notes, monkeypatch):
+    monkeypatch.chdir(notes.parent)
+    engine = FakeEngine(reply="Tuesday.")
+    app = make_app(store, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app.prompt.text = "When is the launch? The plan is in @notes.md"  # a paste: prefilled at once
+        await wait_until(pilot, lambda: engine.prepared, "a draft step")
+        await pilot.press("enter")
+        await reply_finished(pilot)
+    sent = engine.submitted[-1][-1]
+    assert "The launch is on Tuesday." in sent["content"]
+    assert engine.prepared[-1][-1] == sent  # what was prefilled is what was sent
 
 
 async def test_file_attaches_with_a_chip_and_goes_with_the_next_message(store, notes):

@@ -7,7 +7,7 @@ import pytest
 from fault_server import FaultServer, Stall, Status, Stream, chunk, reply
 from remote_fixtures import LocalFactory, confident, hesitant, settings_for, sure, text_of, unsure
 
-from localchat.events import Failed, Notice, Token
+from localchat.events import Failed, Notice, RouteChanged, Token
 from localchat.remote.escalate import Escalator
 from localchat.settings.remote import RemoteSettings
 
@@ -23,6 +23,10 @@ def escalator(server: FaultServer, tmp_path, **settings) -> Escalator:
 
 def notices(events, kind):
     return [e for e in events if isinstance(e, Notice) and e.kind == kind]
+
+
+def route_changes(events, route):
+    return [e for e in events if isinstance(e, RouteChanged) and e.route == route]
 
 
 # -- mode off: nothing leaves the machine ------------------------------------------------------
@@ -58,7 +62,7 @@ def test_a_hard_prompt_goes_to_the_remote_without_starting_the_local_model(tmp_p
         turn = escalator(server, tmp_path, model="big").start_turn(HARD, local)
         events = list(turn)
     assert local.turns == []
-    assert notices(events, "escalate")[0].message.startswith("asking big: rules:")
+    assert route_changes(events, "remote")[0].message.startswith("asking big: rules:")
     done = events[-1]
     assert done.reply == "By induction..."
     assert (done.timings.route, done.timings.model) == ("remote", "big")
@@ -86,7 +90,7 @@ def test_low_confidence_stops_the_local_reply_and_the_remote_answers(tmp_path):
         turn = escalator(server, tmp_path, min_tokens=16).start_turn(EASY, local)
         events = list(turn)
     assert local.turns[0].stopped.is_set()
-    local_tokens = events[:events.index(notices(events, "escalate")[0])]
+    local_tokens = events[:events.index(route_changes(events, "remote")[0])]
     assert len([e for e in local_tokens if isinstance(e, Token)]) == 16
     done = events[-1]
     assert done.reply == "The answer is Paris." and done.timings.route == "remote"
@@ -119,7 +123,7 @@ def test_a_failed_automatic_escalation_keeps_the_local_reply_with_a_notice(tmp_p
         turn = escalator(server, tmp_path).start_turn(EASY, local)
         events = list(turn)
     assert len(server.requests) == 2  # the client's one retry, and no other remote
-    [fallback] = notices(events, "fallback")
+    [fallback] = route_changes(events, "local")
     assert "remote answered 500: overloaded" in fallback.message
     done = events[-1]
     assert done.reply == text_of(unsure(" maybe", 16)) and done.timings.route == "local"
@@ -132,7 +136,7 @@ def test_a_failed_escalation_by_the_rules_answers_locally_with_a_notice(tmp_path
     with FaultServer([Status(500)]) as server:
         events = list(escalator(server, tmp_path).start_turn(HARD, local))
     assert len(server.requests) == 2
-    assert len(notices(events, "fallback")) == 1 and len(notices(events, "escalate")) == 1
+    assert len(route_changes(events, "local")) == 1 and len(route_changes(events, "remote")) == 1
     assert events[-1].reply == text_of(unsure(" local", 40)) and events[-1].timings.route == "local"
 
 
@@ -284,7 +288,7 @@ def test_an_escalation_after_more_than_64_local_tokens_is_reported_as_late(tmp_p
     reason = events[-1].timings.route_reason
     assert reason.startswith("auto: late, after 73 local tokens: loop: repetition loop")
     assert turn.outcome.late and turn.outcome.local_tokens == 73
-    assert notices(events, "escalate")[0].message.startswith("asking the remote model: late, after 73")
+    assert route_changes(events, "remote")[0].message.startswith("asking the remote model: late, after 73")
 
 
 def test_the_local_models_size_moves_the_rules_threshold(tmp_path):

@@ -10,7 +10,7 @@ from oracle import loaded_engine
 from remote_fixtures import LocalFactory, settings_for, unsure, wait_until
 
 from localchat.engine.options import Sampling
-from localchat.events import Done, Notice, Token
+from localchat.events import Done, RouteChanged, Token
 from localchat.remote.client import RemoteClient
 from localchat.remote.escalate import Escalator
 
@@ -76,7 +76,7 @@ def test_auto_routing_sends_a_hard_prompt_to_the_real_server(llama_server, tmp_p
     turn = esc.start_turn(HARD, local, sampling=SHORT)
     events = list(turn)
     assert local.turns == []
-    assert any(isinstance(e, Notice) and e.kind == "escalate" for e in events)
+    assert any(isinstance(e, RouteChanged) and e.route == "remote" for e in events)
     done = events[-1]
     assert isinstance(done, Done) and done.reply
     assert done.timings.route == "remote" and done.timings.route_reason.startswith("auto: rules:")
@@ -168,7 +168,7 @@ def test_a_real_uncertain_start_is_handed_to_the_real_server_within_the_scored_t
     assert done.timings.route == "remote" and "uncertain start" in done.timings.route_reason
     assert (turn.outcome.local_tokens, turn.outcome.late) == (8, False)
     local_text = "".join(e.text for e in events[:events.index(next(
-        e for e in events if isinstance(e, Notice)))] if isinstance(e, Token))
+        e for e in events if isinstance(e, RouteChanged)))] if isinstance(e, Token))
     # The kept partial may hold a token decoded while the stop took effect; never less.
     assert local_text and turn.outcome.local_partial.startswith(local_text)
     # The conversation carries on from the remote's answer; the superseded start is not in it.

@@ -24,7 +24,6 @@ from fake_engine import (
 from localchat.errors import ModelNotFound
 from localchat.events import Timings
 from localchat.tui import clipboard
-from localchat.tui.model_state import check_loadable
 from localchat.tui.screens import PageScreen
 
 pytestmark = pytest.mark.usefixtures("no_clipboard_tools")
@@ -73,8 +72,8 @@ def test_a_gguf_whose_template_does_not_compile_is_refused_before_anything_is_un
     engine = Engine(broken, name="broken")
     try:
         with pytest.raises(UserError, match="template"):
-            check_loadable(engine)
-        check_loadable(Engine(test_model_path, name="fine"))
+            engine.preflight()
+        Engine(test_model_path, name="fine").preflight()
     finally:
         engine.close()
 

@@ -135,3 +135,52 @@ async def test_type_ahead_and_prefill_while_typing_with_the_real_model(test_mode
     assert [t.content for t in turns[::2]] == ["Hello!", "How are you?", draft]
     assert turns[-1].timings.prompt_n <= 5  # only the reply header: the draft was already in the cache
     assert turns[-1].timings.cache_n > 300
+
+
+async def test_a_message_mentioning_a_file_is_prefilled_with_it_and_enter_evaluates_only_the_reply_header(
+        test_model_path, fresh, tmp_path, monkeypatch):
+    """The ``@file`` is part of what is prefilled while typing, so Enter reuses all of it, and
+    the reply is what a fresh prefill of the same messages gives (the oracle)."""
+    from oracle import GREEDY, assert_matches_fresh
+
+    from localchat.engine import engine as engine_module
+    from localchat.engine.turn import TurnHandle
+    from localchat.events import Token
+
+    replies: list[list[int]] = []
+
+    class Recorded(TurnHandle):  # keeps each turn's sampled token ids, for the oracle
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.token_ids: list[int] = []
+            replies.append(self.token_ids)
+
+        def emit(self, event) -> None:
+            if isinstance(event, Token) and event.token_id >= 0:
+                self.token_ids.append(event.token_id)
+            super().emit(event)
+
+    monkeypatch.setattr(engine_module, "TurnHandle", Recorded)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cups.txt").write_text(
+        "\n".join(f"Cup {i} is {['red', 'blue', 'green'][i % 3]}." for i in range(40)) + "\n")
+    message = "Which cups are green? The list is in @cups.txt"
+    with Store.open() as store:
+        app = LocalChatApp(
+            store=store,
+            engine_factory=lambda ref: Engine(test_model_path, EngineOptions(n_ctx=2048), name="smollm2-135m"),
+            sampling_factory=lambda: GREEDY, list_models=list)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.engine is not None, "the model to load", timeout=SLOW)
+            chat = app.conversation.chat
+            app.prompt.text = message  # a paste: prefilled at once
+            await wait_until(pilot, lambda: "Cup 39 is red." in chat.draft.cached_text
+                             and chat.draft.cached_text.endswith(message), "the draft prefill", timeout=SLOW)
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: finished(app), "the answer", timeout=SLOW)
+            sent = chat.last_sent
+        (question, answer) = store.turns(store.last_session().id)
+    assert question.content == sent[-1]["content"] == chat.draft.cached_text
+    assert answer.timings.prompt_n <= 5  # only the reply header: the file was already in the cache
+    assert answer.timings.cache_n > 300
+    assert_matches_fresh(next(r for r in reversed(replies) if r), fresh, sent)

@@ -217,12 +217,11 @@ def router_report(path: Path, model: str | None, config: Settings, *, rules_only
         params = _parameter_count(model, config)
         return {"set": str(path), "n_params": params, "rules": evaluate(path, settings.router, params)}
     from localchat.engine.factory import open_engine
-    from localchat.models.gguf import parameter_count
 
     engine = open_engine(model, config, n_ctx=n_ctx, gpu_layers=gpu_layers, track_confidence=True)
     try:
-        params = parameter_count(engine.model_path)
-        rules = evaluate(path, settings.router, params)  # before the load: a bad file fails fast
+        params = engine.preflight().n_params  # before the load: a bad file fails fast
+        rules = evaluate(path, settings.router, params)
         info = engine.load()
         sampling = Sampling(temperature=temperature, max_tokens=max_tokens or 128,
                             seed=1 if temperature > 0 else -1)

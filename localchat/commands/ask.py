@@ -16,6 +16,7 @@ from localchat.events import (
     Failed,
     Notice,
     PrefillProgress,
+    RouteChanged,
     Thinking,
     Timings,
     Token,
@@ -124,15 +125,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _with_files(prompt: str, paths: list[str], engine, sampling) -> str:
-    """The question with ``-f`` files attached; UserError for a binary or over-long file."""
-    from localchat.attachments import read_attachment, with_attachments
+    """The question as it will be sent, with the ``-f`` files (and ``@path`` mentions) attached,
+    as the app sends a message; UserError for a binary or over-long file."""
+    from pathlib import Path
 
-    attachments, room = [], engine.n_ctx - min(sampling.max_tokens, engine.n_ctx // 2)
-    for path in paths:
-        attachment = read_attachment(path, engine.count_tokens, room)
-        room -= attachment.tokens
-        attachments.append(attachment)
-    return with_attachments(prompt, attachments)
+    from localchat.attachments import outgoing_message
+    from localchat.session.budget import message_room
+
+    return outgoing_message(prompt, [], Path.cwd(), files=paths, count_tokens=engine.count_tokens,
+                            room=message_room(engine.n_ctx, sampling.max_tokens))
 
 
 @contextmanager
@@ -288,8 +289,8 @@ class PlainText:
             self._write(event.text)
             self._remote_text += event.text
             self._unshown_reply = False
-        elif isinstance(event, Notice) and event.kind in ("escalate", "fallback"):
-            self._route_notice(event)
+        elif isinstance(event, RouteChanged):
+            self._route_changed(event)
         elif isinstance(event, Done):
             if self._unshown_reply and event.reply:
                 self._write(event.reply)
@@ -306,12 +307,12 @@ class PlainText:
         elif isinstance(event, Notice):
             self.stderr.write(f"localchat: {event.message}\n")
 
-    def _route_notice(self, event: Notice) -> None:
+    def _route_changed(self, event: RouteChanged) -> None:
         """Keep stdout honest when the reply changes hands: a local reply handed over part-way is
         marked superseded on its own line before the remote's answer; a remote reply that fails
         part-way is marked void, and the local reply that stands follows the marker."""
         self.stderr.write(f"localchat: {event.message}\n")
-        if event.kind == "escalate":
+        if event.route == "remote":
             if self._remote_text:  # local text is on stdout: say it is not the answer
                 self.stdout.write("\n[local reply superseded; the remote model's answer follows]\n")
                 self.stdout.flush()
@@ -372,20 +373,23 @@ class JsonEvents:
             self._write({"event": "token", "text": event.text, "id": event.token_id})
         elif isinstance(event, PrefillProgress):
             self._write({"event": "prefill", "done": event.done, "total": event.total})
-        elif isinstance(event, Notice):
-            if event.kind == "escalate" and self._remote_text:
+        elif isinstance(event, RouteChanged):
+            if event.route == "remote" and self._remote_text:
                 self._superseded = self._remote_text
                 self._write({"event": "superseded", "text": self._superseded,
                              "reason": event.message})
-            if event.kind == "fallback":
+            if event.route == "local":
                 # Token text since the escalation was the remote's: a reader must drop it.
                 self._write({"event": "retract", "text": self._remote_text,
                              "reason": event.message})
                 if self._superseded:
                     self._write({"event": "restore", "text": self._superseded})
-            if event.kind in ("escalate", "fallback"):
-                # Token text since the notice; a restored reply counts as such text.
-                self._remote_text = self._superseded if event.kind == "fallback" else ""
+            # Token text since the change; a restored reply counts as such text.
+            self._remote_text = self._superseded if event.route == "local" else ""
+            # On the wire a route change stays the notice it always was.
+            kind = "escalate" if event.route == "remote" else "fallback"
+            self._write({"event": "notice", "kind": kind, "message": event.message})
+        elif isinstance(event, Notice):
             self._write({"event": "notice", "kind": event.kind, "message": event.message})
         elif isinstance(event, Done):
             unread = _unread(self._remote_text, event.answer) if event.finish_reason == "aborted" else ""

@@ -24,12 +24,12 @@ from localchat import logs
 from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, plan_layout
 from localchat.engine.options import EngineOptions, Sampling
+from localchat.engine.preflight import Preflight, preflight
 from localchat.engine.reuse import fill_cache
 from localchat.engine.runtime import LlamaRuntime
 from localchat.engine.templates import (
     Render,
     check_renders,
-    choose_template,
     has_thinking_switch,
     make_renderer,
     with_thinking,
@@ -60,6 +60,8 @@ class Engine:
         self.options = options or EngineOptions()
         self.name = name or self.model_path.stem
         self.info: Loaded | None = None
+        self.n_params: int | None = None  # from the GGUF header, once loaded (escalation reads it)
+        self._preflight: Preflight | None = None
         self._runtime: LlamaRuntime | None = None
         self._render: Render = _no_model
         self._template = ""
@@ -79,6 +81,13 @@ class Engine:
     def load(self, on_progress: Callable[[float], None] | None = None) -> Loaded:
         """Load the model on the engine thread; blocks the caller. Raises EngineError."""
         return self.call(lambda: self._load(on_progress))
+
+    def preflight(self) -> Preflight:
+        """Check, without loading weights, that the model can be loaded and chatted with
+        (``localchat.engine.preflight``); the next ``load`` goes on with what it read. Raises
+        ``EngineError``."""
+        self._preflight = preflight(self.model_path, self.name, self.options)
+        return self._preflight
 
     def submit(
         self, messages: list[dict[str, str]], sampling: Sampling | None = None, *, background: bool = False
@@ -292,18 +301,13 @@ class Engine:
 
     def _load(self, on_progress: Callable[[float], None] | None) -> Loaded:
         from localchat.engine.offload import resolve_gpu_layers
-        from localchat.models.gguf import read_gguf
 
         started = time.perf_counter()
         if on_progress:
             on_progress(0.0)
-        if not self.model_path.is_file():
-            raise EngineError(f"model file not found: {self.model_path}")
-        gguf = read_gguf(self.model_path)
-        template = choose_template(self.name, gguf.chat_template, self.options.chat_template,
-                                   self.options.chat_format)
-        if gguf.context_length and self.options.n_ctx > gguf.context_length:
-            self.options.n_ctx = gguf.context_length  # more would only degrade the model
+        checked, self._preflight = self._preflight or self.preflight(), None  # a later load reads again
+        gguf, template = checked.gguf, checked.template
+        self.n_params = checked.n_params
         fit = resolve_gpu_layers(self.options.gpu_layers, gguf, self.options)
         if on_progress:
             on_progress(0.1)
@@ -389,8 +393,7 @@ class Engine:
     def _background_turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling) -> None:
         """Run a turn on top of the conversation, then put the cache back exactly as it was."""
         kv = self._require_kv()
-        if kv.records and kv.records[-1].partial:  # a stopped draft's cells: not this turn's base
-            kv.truncate(kv.n_tokens - len(kv.records[-1].tokens), whole_messages=True)
+        kv.drop_partial()  # a stopped draft's cells: not this turn's base
         saved, saved_tokens = kv.mark(), kv.tokens()
         layout = plan_layout(saved.records, messages, self._render, kv.runtime.tokenize,
                              allow_shift=False)

@@ -8,12 +8,10 @@ TUI, ``ask`` and ``bench`` run a model the same way.
 from __future__ import annotations
 
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Any
 
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
-from localchat.errors import EngineError
 from localchat.models.registry import ModelSpec, require_local, resolve_model
 from localchat.settings import Settings, load_config
 
@@ -51,19 +49,9 @@ def open_engine(model: str | None, settings: Settings | None = None, **overrides
     spec = resolve_model(model or settings.default_model)
     path = require_local(spec)
     options = engine_options(spec, settings, **overrides)
-    _check_n_ctx(path, spec.name, options.n_ctx, explicit=bool(overrides.get("n_ctx")))
-    return Engine(path, options, name=spec.name)
-
-
-def _check_n_ctx(path: Path, name: str, n_ctx: int, *, explicit: bool) -> None:
-    """A context size that llama.cpp would silently raise (below its 256-token step) is refused;
-    so is an ``explicit`` one (a flag) that the engine would silently lower to the model's
-    training length (a registry default beyond it is lowered, as before)."""
+    # A size llama.cpp would silently raise (below its 256-token step) is refused here; one above
+    # what the model was trained for is refused by the engine's preflight, wherever it came from.
     from localchat.engine.runtime import check_n_ctx_floor
-    from localchat.models.gguf import read_gguf
 
-    check_n_ctx_floor(n_ctx, zero_is_default=True)
-    trained = read_gguf(path).context_length if explicit else None
-    if trained and n_ctx > trained:
-        raise EngineError(f"n_ctx {n_ctx} is more than {name} was trained for ({trained}); "
-                          f"use at most {trained}")
+    check_n_ctx_floor(options.n_ctx, zero_is_default=True)
+    return Engine(path, options, name=spec.name)

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from localchat.engine.layout import CachedMessage, Shift
+from localchat.engine.layout import CachedMessage, Shift, without_partial
 from localchat.engine.options import Sampling
 from localchat.engine.runtime import DecodeAborted, LlamaRuntime, TokenStats, token_stats
 from localchat.engine.snapshot_file import KVSnapshot
@@ -285,13 +285,19 @@ class ConversationCache:
                 total += n
                 continue
             if held > total:
-                kept.append(CachedMessage(record.role, record.content, "", record.tokens[:held - total],
-                                          partial=True))
+                kept.append(CachedMessage.partial_of(record, held - total))
                 total = held
             break
         self._set_records(kept)
         if total < held:  # cells beyond the record (none expected): drop them
             self.truncate(total, whole_messages=True)
+
+    def drop_partial(self) -> None:
+        """Forget the cells of a partial record at the end (see ``keep_evaluated``), so that the
+        cache ends with whole messages again."""
+        whole = without_partial(self.records)
+        if len(whole) < len(self.records):
+            self.truncate(sum(len(r.tokens) for r in whole), whole_messages=True)
 
     def forget(self) -> None:
         """Empty the cache and its record (after a failure: start clean, never wrong)."""

@@ -50,6 +50,19 @@ class CachedMessage:
     def matches(self, message: dict) -> bool:
         return not self.partial and self.role == message["role"] and self.content == message["content"]
 
+    @classmethod
+    def partial_of(cls, record: CachedMessage, n_tokens: int) -> CachedMessage:
+        """The first ``n_tokens`` of ``record``, whose prefill was stopped there, as a partial
+        record (its text is unknown: it cannot match a message, only a token prefix)."""
+        return cls(record.role, record.content, "", record.tokens[:n_tokens], partial=True)
+
+
+def without_partial(cache: list[CachedMessage]) -> list[CachedMessage]:
+    """``cache`` less the partial record a stopped prefill may have left at its end: the
+    conversation it follows, which a turn lays out over (the engine reuses the partial record's
+    cells by token prefix, or a background turn drops them)."""
+    return cache[:-1] if cache and cache[-1].partial else cache
+
 
 @dataclass
 class Shift:
@@ -96,10 +109,7 @@ def plan_layout(
     a turn)."""
     prompt = render(messages, add_generation_prompt)
     boundary = _Boundaries(messages, render, prompt)
-    if cache and cache[-1].partial:
-        # A stopped prefill's tokens: the engine reuses them by token prefix; the conversation
-        # they follow still goes on.
-        cache = cache[:-1]
+    cache = without_partial(cache)  # the conversation a stopped prefill's cells follow goes on
     sources, shift = _match(cache, messages, allow_shift)
     continues = shift is not None or (
         len(messages) >= len(cache) and all(s is not None for s in sources[:len(cache)]))

@@ -5,8 +5,8 @@
 :class:`EscalatedTurn` — a ``localchat.events.Turn`` like a local one, with one stream of
 events:
 
-``PrefillProgress``/``Token`` (local) … ``Notice(kind="escalate")`` ``Token`` (remote) …
-``Notice(kind="fallback")`` … then exactly one ``Done`` or ``Failed``.
+``PrefillProgress``/``Token`` (local) … ``RouteChanged("remote")`` ``Token`` (remote) …
+``RouteChanged("local")`` … then exactly one ``Done`` or ``Failed``.
 
 - ``Done.reply`` is always the answer to keep; ``Done.timings.route`` / ``route_reason`` /
   ``model`` say who answered and why. Tokens are for live display: after a ``Notice`` of kind
@@ -17,8 +17,7 @@ events:
 - Escalation decides early: the rules before any local token, then the confidence monitor within
   the first tokens. One that comes after more than ``LATE_AFTER_TOKENS`` local tokens (a loop, a
   full context) says ``late, after N local tokens:`` first in its route_reason.
-- Notice kinds: ``escalate`` (a turn goes to the remote), ``fallback`` (the remote failed, the
-  local reply stands), ``breaker`` (remote marked down: automatic escalation skipped), ``offer``
+- Notice kinds: ``breaker`` (remote marked down: automatic escalation skipped), ``offer``
   (mode ``ask`` with no way to ask: the remote could do better), ``retry`` (from the client).
 
 Rules kept here: with mode ``off`` or no ``base_url`` there is no client at all; a failed
@@ -36,7 +35,7 @@ from typing import Literal
 
 from localchat import paths
 from localchat.engine.options import Sampling
-from localchat.events import Done, Event, Failed, Notice, Token, Turn, TurnEnd
+from localchat.events import Done, Event, Failed, Notice, RouteChanged, Token, Turn, TurnEnd
 from localchat.remote import router
 from localchat.remote.breaker import CircuitBreaker
 from localchat.remote.client import RemoteClient
@@ -255,8 +254,7 @@ class EscalatedTurn(TurnEnd):
             yield self._labelled(local_done or Done("", "aborted"), "local", reason)
             return
         route_reason = f"auto: {reason}"
-        yield Notice(f"asking {self._esc.settings.model or 'the remote model'}: {reason}",
-                     kind="escalate")
+        yield RouteChanged("remote", f"asking {self._esc.settings.model or 'the remote model'}: {reason}")
         remote = self._begin(lambda: client.stream(self._remote_messages(), self._sampling,
                                                    route_reason=route_reason))
         for event in remote:
@@ -273,11 +271,11 @@ class EscalatedTurn(TurnEnd):
             if local_done is not None:
                 # Not "stopped": the hand-over cut it, and it is the answer now.
                 cut = " up to the hand-over" if local_done.finish_reason == "aborted" else ""
-                yield Notice(f"{event.message}; keeping the local reply{cut}", kind="fallback")
+                yield RouteChanged("local", f"{event.message}; keeping the local reply{cut}")
                 self.outcome = outcome
                 yield self._labelled(local_done, "local", fallback)
             else:
-                yield Notice(f"{event.message}; answering locally", kind="fallback")
+                yield RouteChanged("local", f"{event.message}; answering locally")
                 # Never a second remote attempt, and no confidence watch: it would escalate again.
                 yield from self._local(fallback, watch=False, outcome=outcome)
             return

@@ -86,7 +86,7 @@ class ContextSettings:
         leave no room for the conversation itself; a reply longer than the reserve still runs,
         it just ends with finish_reason "length" at the context's end.
         """
-        return cls(n_ctx=n_ctx, reply_reserve=max(0, min(max_tokens, n_ctx // 2)), **options)
+        return cls(n_ctx=n_ctx, reply_reserve=reply_reserve(n_ctx, max_tokens), **options)
 
     @property
     def prompt_capacity(self) -> int:
@@ -94,9 +94,38 @@ class ContextSettings:
         return self.n_ctx - self.reply_reserve
 
     @property
+    def summary_start(self) -> float:
+        """Tokens in context from which a background summary starts: ``summarize_threshold`` of
+        the prompt's capacity (not of n_ctx: trimming starts there)."""
+        return self.summarize_threshold * self.prompt_capacity
+
+    @property
     def trim_margin(self) -> int:
         """Tokens a trim frees beyond this turn's needs (``trim_fraction`` of ``n_ctx``, rounded up)."""
         return math.ceil(self.trim_fraction * self.n_ctx)
+
+
+def reply_reserve(n_ctx: int, max_tokens: int) -> int:
+    """Tokens kept free for the reply: ``max_tokens``, capped at half the context (see
+    ``ContextSettings.for_reply``)."""
+    return max(0, min(max_tokens, n_ctx // 2))
+
+
+def draft_may_be_prefilled(settings: ContextSettings, tokens_with_draft: int) -> bool:
+    """Whether a draft that would bring the context to ``tokens_with_draft`` (the draft as the
+    next user message, with its template tokens) may be prefilled while it is typed.
+
+    Only below the point where a summary starts: there the next turn cannot need a trim, which
+    would shift cached turns down and needs the cache to end with the conversation, not with a
+    draft (see ``session/draft.py``).
+    """
+    return tokens_with_draft <= settings.summary_start
+
+
+def message_room(n_ctx: int, max_tokens: int) -> int:
+    """Most tokens one message (with its attached files) may hold: the context less the reply
+    reserve. A file that alone would not fit this is refused before anything is sent."""
+    return n_ctx - reply_reserve(n_ctx, max_tokens)
 
 
 @dataclass(frozen=True)
@@ -308,8 +337,7 @@ def should_prepare_summary(
     capacity = settings.prompt_capacity
     next_new = context.turns[-1].tokens  # an over-estimate: it includes a reply
     trim_is_next = context.used_tokens + next_new > capacity
-    # Fullness is measured against the prompt's capacity, not n_ctx: trimming starts there.
-    full = context.used_tokens >= settings.summarize_threshold * capacity
+    full = context.used_tokens >= settings.summary_start
     if not (full or trim_is_next):
         return None
 

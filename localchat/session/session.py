@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from localchat.engine.options import Sampling
 from localchat.engine.turn import TurnHandle
 from localchat.events import Done, Failed, Turn
+from localchat.session.budget import draft_may_be_prefilled
 from localchat.session.draft import DraftPrefill
 
 if TYPE_CHECKING:
@@ -34,6 +35,9 @@ class Message:
 
 class TurnEngine(Protocol):
     """What a ChatSession needs from an engine (the real one, or a scripted fake in UI tests)."""
+
+    # The local model's parameter count, which sets how readily a turn escalates (None: unknown).
+    n_params: int | None
 
     def submit(self, messages: list[dict[str, str]], sampling: Sampling | None = None) -> Turn: ...
 
@@ -179,11 +183,10 @@ class ChatSession:
             if keeper is not None:
                 if keeper.in_flight is not None:
                     return None
-                # Below the point where a summary starts, the next turn cannot need a trim.
-                settings, engine = keeper.settings, keeper.engine  # a real engine: it has a keeper
+                engine = keeper.engine  # a real engine: it has a keeper
                 needed = (engine.tokens_in_context + engine.count_tokens(draft)
                           + engine.template_overhead())
-                if needed > settings.summarize_threshold * settings.prompt_capacity:
+                if not draft_may_be_prefilled(keeper.settings, needed):
                     return None
             return self.model_messages() + [{"role": "user", "content": draft}]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from textual.widgets import Static
@@ -18,11 +19,11 @@ from textual.widgets import Static
 from localchat.attachments import (
     Attachment,
     complete_path,
-    mentioned_files,
+    outgoing_message,
     read_attachment,
-    with_attachments,
 )
 from localchat.errors import UserError
+from localchat.session.budget import message_room
 from localchat.tui import slash
 from localchat.tui.prompt import CommandHints
 from localchat.tui.slash import Completion
@@ -103,15 +104,10 @@ class Composer:
     async def attach_file(self, path_text: str) -> Attachment:
         """Read ``path_text`` and attach it to the next message. Raises ``UserError``. The file
         is read and tokenized off the event loop (it may be megabytes)."""
-        engine = self._app.models.engine
-        sampling = self._app.models.sampling
-        limit = None
-        if engine is not None:
-            reply = sampling.max_tokens if sampling is not None else 1024
-            used = sum(a.tokens for a in self.attachments)
-            limit = engine.n_ctx - min(reply, engine.n_ctx // 2) - used
-        attachment = await asyncio.to_thread(
-            read_attachment, path_text, engine.count_tokens if engine is not None else None, limit)
+        count_tokens, room = self.file_budget()
+        if room is not None:
+            room -= sum(a.tokens for a in self.attachments)
+        attachment = await asyncio.to_thread(read_attachment, path_text, count_tokens, room)
         self.attachments.append(attachment)
         self._app.query_one(AttachmentChips).show(self.attachments)
         return attachment
@@ -127,13 +123,26 @@ class Composer:
         self._app.notify(f"Attached {attachment.chip}; it goes with your next message.")
         self._app.draft.schedule(self._app.prompt.text)  # the model can read the file meanwhile
 
+    def file_budget(self) -> tuple[Callable[[str], int] | None, int | None]:
+        """The tokenizer and the room files may take in a message (None, None: no model yet,
+        counts are estimated and no limit is known)."""
+        engine, sampling = self._app.models.engine, self._app.models.sampling
+        if engine is None:
+            return None, None
+        reply = sampling.max_tokens if sampling is not None else 1024
+        return engine.count_tokens, message_room(engine.n_ctx, reply)
+
+    def outgoing(self, text: str) -> Callable[[], str]:
+        """``text`` as it will be sent now (``localchat.attachments.outgoing_message``): the
+        attached files and those it mentions as ``@path``. The call returned reads and
+        tokenizes files, to be made off the event loop; it raises ``UserError``."""
+        attached, (count_tokens, room), cwd = list(self.attachments), self.file_budget(), Path.cwd()
+        return lambda: outgoing_message(text, attached, cwd, count_tokens=count_tokens, room=room)
+
     async def message_with_files(self, text: str) -> str:
-        """``text`` with the attached files and those it mentions as ``@path`` (then cleared).
-        Raises ``UserError`` (the message then stays in the input) for a file that cannot go."""
-        for path in mentioned_files(text):
-            if all(str(a.path) != path for a in self.attachments):
-                await self.attach_file(path)
-        message = with_attachments(text, self.attachments)
+        """``text`` as it will be sent (then the attachments are cleared). Raises ``UserError``
+        (the message then stays in the input) for a file that cannot go."""
+        message = await asyncio.to_thread(self.outgoing(text))
         self.attachments.clear()
         self._app.query_one(AttachmentChips).show([])
         return message

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from localchat.attachments import with_attachments
+from localchat.errors import UserError
 from localchat.tui import slash
 
 if TYPE_CHECKING:
@@ -64,12 +64,20 @@ class DraftPrefiller:
                 or app.queue.items:
             chat.draft.cancel()
             return
-        # As it will be sent: attached files first, so that they are prefilled too. Off the event
-        # loop: sizing a step tokenizes the draft (and any attached file), which a long paste
-        # would make keypresses wait for.
-        draft = with_attachments(text[1:] if text.startswith("//") else text, attachments)
-        app.run_worker(lambda: chat.draft.update(draft), thread=True, group="draft",
-                       exit_on_error=False)
+        # As it will be sent (attached and @mentioned files first), so that Enter reuses it all.
+        # Off the event loop: that reads the files, and sizing a step tokenizes the draft,
+        # which a long paste would make keypresses wait for.
+        outgoing = app.composer.outgoing(text[1:] if text.startswith("//") else text)
+
+        def update() -> None:
+            try:
+                draft = outgoing()
+            except UserError:  # a file that cannot go: Enter will say so; nothing to prefill
+                chat.draft.cancel()
+                return
+            chat.draft.update(draft)
+
+        app.run_worker(update, thread=True, group="draft", exit_on_error=False)
 
     def cancel(self) -> None:
         if self._timer is not None:

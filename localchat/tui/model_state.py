@@ -81,7 +81,7 @@ class ModelState:
         try:
             sampling = self._sampling_factory()
             engine = self._engine_factory(model_ref)  # a name that is not downloaded stops here
-            check_loadable(engine)  # and a GGUF without a usable chat template here
+            engine.preflight()  # and a GGUF without a usable chat template (or n_ctx) here
         except UserError as exc:
             app.post_message(ModelFailed(label, str(exc), kept=self.engine is not None, model_ref=model_ref))
             return
@@ -177,25 +177,3 @@ class ModelState:
             return f"{model} has no thinking switch: /think {mode} applies to models that have one."
         return f"Thinking {mode} from the next message."
 
-
-def check_loadable(engine: object) -> None:
-    """Raise ``UserError`` if ``engine``'s model could not be chatted with: its GGUF has no chat
-    template (and its registry entry names none) or the template does not compile. Cheap: reads
-    the GGUF's metadata, loads no weights. Engines that are not llama.cpp's (test fakes) pass."""
-    from localchat.engine.engine import Engine
-
-    if not isinstance(engine, Engine):
-        return
-    from localchat.engine.templates import check_renders, choose_template, make_renderer
-    from localchat.errors import EngineError
-    from localchat.models.gguf import read_gguf
-
-    if not engine.model_path.is_file():
-        raise EngineError(f"model file not found: {engine.model_path}")
-    gguf = read_gguf(engine.model_path)
-    template = choose_template(engine.name, gguf.chat_template, engine.options.chat_template,
-                               engine.options.chat_format)
-    try:
-        check_renders(make_renderer(template, "", ""))  # within a time limit: it may loop
-    except Exception as exc:  # a Jinja error, in the template's own words
-        raise EngineError(f"{engine.name}'s chat template does not work: {exc}") from None

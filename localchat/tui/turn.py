@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from localchat.chat.conversation import Conversation
 from localchat.errors import UserError
-from localchat.events import Done, Event, Failed, Notice, PrefillProgress
+from localchat.events import Done, Event, Failed, Notice, PrefillProgress, RouteChanged
 from localchat.tui.chat_log import ReplyView, reply_caption
 from localchat.tui.messages import (
     SessionChanged,
@@ -224,10 +224,12 @@ class Turns:
         if isinstance(event, TokenRun | ThinkingRun | PrefillProgress):
             await turn.show_progress(event, app.status.info)
             app.status.refresh()
-        elif isinstance(event, Notice):
-            if turn.reply is not None and event.kind in ("escalate", "fallback"):
-                await (turn.reply.supersede(event.message) if event.kind == "escalate"
+        elif isinstance(event, RouteChanged):
+            if turn.reply is not None:
+                await (turn.reply.supersede(event.message) if event.route == "remote"
                        else turn.reply.unsupersede())
+            app.notify(event.message)
+        elif isinstance(event, Notice):
             app.notify(event.message, severity="warning" if event.kind == "warning" else "information")
         elif isinstance(event, Done):
             await self._finish(turn, event)
