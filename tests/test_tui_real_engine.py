@@ -171,7 +171,7 @@ async def test_a_message_mentioning_a_file_is_prefilled_with_it_and_enter_evalua
             engine_factory=lambda ref: Engine(test_model_path, EngineOptions(n_ctx=2048), name="smollm2-135m"),
             sampling_factory=lambda: GREEDY, list_models=list)
         async with app.run_test(size=SIZE) as pilot:
-            await wait_until(pilot, lambda: app.engine is not None, "the model to load", timeout=SLOW)
+            await wait_until(pilot, lambda: app.models.engine is not None, "the model to load", timeout=SLOW)
             chat = app.conversation.chat
             app.prompt.text = message  # a paste: prefilled at once
             await wait_until(pilot, lambda: "Cup 39 is red." in chat.draft.cached_text

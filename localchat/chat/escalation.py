@@ -1,20 +1,22 @@
 """A turn that may be handed to the remote model: the session's router over an ``Escalator``.
 
 ``ChatSession.send`` takes any :class:`~localchat.session.session.TurnRouter` and knows no remote;
-this is the one the app and ``ask`` pass when ``[remote]`` is on. It is where the local model's
-parameter count is read (from its GGUF), since that sets how readily a turn escalates.
+this is the one the app and ``ask`` pass when ``[remote]`` is on. It hands the escalator the local
+model's parameter count (``TurnEngine.n_params``, read from the GGUF once, at load), since that
+sets how readily a turn escalates.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the escalator itself pulls in httpx: only the caller that has one imports it
     from localchat.engine.options import Sampling
     from localchat.events import Turn
     from localchat.remote.escalate import Escalator, Route
+    from localchat.session.session import TurnEngine
 
 
 @dataclass
@@ -23,7 +25,7 @@ class Escalation:
     monitor decide, "remote" sends it away, "local" keeps it home."""
 
     escalator: Escalator
-    engine: Any  # the local engine, for its model file (a test engine may have none)
+    engine: TurnEngine  # the local engine: its parameter count (read at load) sets how readily a turn escalates
     route: Route = "auto"
 
     @property
@@ -35,12 +37,5 @@ class Escalation:
         # A message the local context cannot hold goes to the remote, if there is one.
         how: Route = "remote" if overlong else self.route
         return self.escalator.start_turn(messages, local, route=how, sampling=sampling,
-                                         local_params=local_params(self.engine))
+                                         local_params=self.engine.n_params)
 
-
-def local_params(engine: Any) -> int | None:
-    """The local model's parameter count, which sets how readily a turn escalates."""
-    from localchat.models.gguf import parameter_count
-
-    path = getattr(engine, "model_path", None)  # test engines may have no file
-    return parameter_count(path) if path is not None else None
