@@ -29,7 +29,6 @@ from localchat.engine.reuse import fill_cache
 from localchat.engine.runtime import LlamaRuntime
 from localchat.engine.templates import (
     Render,
-    check_renders,
     has_thinking_switch,
     make_renderer,
     with_thinking,
@@ -313,7 +312,6 @@ class Engine:
             on_progress(0.1)
         self._runtime = LlamaRuntime(self.model_path, self.options, fit.n_gpu_layers)
         self._render = make_renderer(template, self._runtime.bos_text, self._runtime.eos_text)
-        check_renders(self._render)  # a template that loops fails the load, not the first turn
         self._template = template
         self._kv = ConversationCache(self._runtime, self.options.checkpoints)
         if on_progress:
