@@ -128,14 +128,15 @@ class LocalChatApp(App[int]):
         saved_theme = self.store.get_setting("theme")
         if saved_theme in self.available_themes:
             self.theme = saved_theme
-        self.theme_changed_signal.subscribe(self, lambda theme: self._save_setting("theme", theme.name))
+        self.theme_changed_signal.subscribe(self, lambda theme: self.save_setting("theme", theme.name))
         self.prompt.border_subtitle = "Enter send · Ctrl+J newline · PgUp/PgDn scroll · F1 help"
         await self.sessions.start()
         self.prompt.focus()
         self.composer.fetch_model_names()
-        self.models.load(self.models.requested)
+        self.models.load(self.models.loaded_ref)
 
-    def _save_setting(self, key: str, value: str) -> None:
+    def save_setting(self, key: str, value: str) -> None:
+        """Remember a display choice; on a full disk or read-only store, a notice instead."""
         try:
             self.store.set_setting(key, value)
         except UserError as exc:  # a full disk: the choice holds until the app closes

@@ -125,7 +125,7 @@ class MessageActions:
         """Ctrl+T: open or fold the reasoning blocks of every reply (remembered)."""
         show = not self._app.chat_log.show_thinking
         self._app.chat_log.set_show_thinking(show)
-        self._app.store.set_setting("show_thinking", "yes" if show else "no")
+        self._app.save_setting("show_thinking", "yes" if show else "no")
 
     def external_editor(self) -> None:
         """Ctrl+E: write the input in $EDITOR (VISUAL, EDITOR, else vi); the text comes back."""

@@ -40,8 +40,8 @@ class ModelState:
         self._app = app
         self._engine_factory = engine_factory
         self._sampling_factory = sampling_factory
-        self.requested = model_ref  # what the user asked for (``--model``, ``/model``)
-        self.loaded_ref = model_ref  # what the loaded model was called (reloaded if a switch fails)
+        # What the loaded model was called (``--model`` at start; reloaded if a switch fails).
+        self.loaded_ref = model_ref
         self.engine: Engine | None = None
         self.sampling: Sampling | None = None
         self.thinking_mode = ""
@@ -61,7 +61,6 @@ class ModelState:
             raise UserError("Stop the reply (Esc) before switching models.")
         if self.loading:
             raise UserError(f"{self.loading} is still loading; switch when it is ready.")
-        self.requested = name
         self.load(name)
 
     def _release_engine(self) -> Engine | None:
