@@ -306,7 +306,9 @@ class Turns:
 
     async def quit(self) -> None:
         """Quit; a streaming reply is stopped first so that it is saved (as stopped)."""
-        if self.current is None:
+        if self.current is None or self.quit_when_idle:
+            # A second quit while the reply has not ended (a worker stuck in a template render,
+            # say) exits anyway: tui/shutdown.py gives the worker its grace period, then ends.
             self._app.exit(0)
             return
         self.quit_when_idle = True
