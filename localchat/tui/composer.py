@@ -62,7 +62,7 @@ class Composer:
             app.prompt.clear()
             await app.commands.run(text)
             return
-        typed = text[1:] if text.startswith("//") else text
+        typed = slash.message_text(text)
         try:
             text = await self.message_with_files(typed)
         except UserError as exc:  # the message stays in the input

@@ -67,7 +67,7 @@ class DraftPrefiller:
         # As it will be sent (attached and @mentioned files first), so that Enter reuses it all.
         # Off the event loop: that reads the files, and sizing a step tokenizes the draft,
         # which a long paste would make keypresses wait for.
-        outgoing = app.composer.outgoing(text[1:] if text.startswith("//") else text)
+        outgoing = app.composer.outgoing(slash.message_text(text))
 
         def update() -> None:
             try:

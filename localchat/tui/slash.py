@@ -60,6 +60,11 @@ def is_command(text: str) -> bool:
     return text.startswith("/") and not text.startswith("//")
 
 
+def message_text(text: str) -> str:
+    """The message that input which is not a command sends: ``//text`` sends ``/text``."""
+    return text[1:] if text.startswith("//") else text
+
+
 def parse(text: str) -> tuple[SlashCommand, str]:
     """Split ``/name argument`` into its command and stripped argument.
 
