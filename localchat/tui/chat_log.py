@@ -229,12 +229,15 @@ class ChatLog(VerticalScroll):
         versions)} for turns an edit or a retry forked."""
         await self.remove_children()
         self.selected = None
-        forks = forks or {}
-        widgets = [UserMessage(t.content, forks.get(t.seq), t.seq) if t.role == "user" else self._stored_reply(t)
-                   for t in turns]
+        widgets = self._stored_widgets(turns, forks or {})
         if widgets:
             await self.mount_all(widgets)
         self.anchor()
+
+    def _stored_widgets(self, turns: list[TurnRecord],
+                        forks: dict[int, tuple[int, int]]) -> list[UserMessage | ReplyView]:
+        return [UserMessage(t.content, forks.get(t.seq), t.seq) if t.role == "user"
+                else self._stored_reply(t) for t in turns]
 
     def _stored_reply(self, turn: TurnRecord) -> ReplyView:
         thinking, answer = split_reply(turn.content)
@@ -261,9 +264,7 @@ class ChatLog(VerticalScroll):
             return
         index = children.index(reply)
         prompt = children[index - 1] if index and isinstance(children[index - 1], UserMessage) else reply
-        widgets = [UserMessage(t.content, None, t.seq) if t.role == "user" else self._stored_reply(t)
-                   for t in turns]
-        await self.mount_all(widgets, before=prompt)
+        await self.mount_all(self._stored_widgets(turns, {}), before=prompt)
 
     async def add_prompt(self, text: str) -> ReplyView:
         """Show a sent prompt and an empty reply below it, and follow the new text."""
