@@ -374,19 +374,10 @@ def _header_reader_class() -> type[GGUFReader]:
     return _HeaderReader
 
 
-@functools.lru_cache(maxsize=8)
-def _cached_parameter_count(path: str, mtime_ns: int, size: int) -> int | None:
+def parameter_count(path: Path | str) -> int | None:
+    """The parameter count of the GGUF at ``path`` (an engine has it as ``n_params`` from its
+    load); None when the file is missing or unreadable."""
     try:
         return read_gguf(path).n_params or None
-    except GGUFError:
+    except (GGUFError, OSError):
         return None
-
-
-def parameter_count(path: Path | str) -> int | None:
-    """The parameter count of the GGUF at ``path``, read once per file version (the router asks
-    every turn); None when the file is missing or unreadable."""
-    try:
-        stat = Path(path).stat()
-    except OSError:
-        return None
-    return _cached_parameter_count(str(path), stat.st_mtime_ns, stat.st_size)
