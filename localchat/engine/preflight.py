@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 class Preflight:
     """What preflight read: the GGUF header and the chat template chosen for the model."""
 
-    path: Path
     gguf: GGUFInfo
     template: str
 
@@ -57,4 +56,4 @@ def preflight(path: Path, name: str, options: EngineOptions) -> Preflight:
         check_renders(make_renderer(template, "", ""))  # within a time limit: it may loop
     except Exception as exc:  # a Jinja error, in the template's own words
         raise EngineError(f"{name}'s chat template does not work: {exc}") from None
-    return Preflight(path, gguf, template)
+    return Preflight(gguf, template)
