@@ -22,6 +22,7 @@ from localchat.events import (
     Token,
     Turn,
 )
+from localchat.terminal import raw, visible
 
 if TYPE_CHECKING:
     from localchat.chat.conversation import Conversation
@@ -330,8 +331,6 @@ class PlainText:
 
     def _write_thinking(self, text: str) -> None:
         """Reasoning goes to stderr, dimmed on a terminal, so stdout holds only the answer."""
-        from localchat.terminal import raw, visible
-
         stderr = raw(self.stderr)  # the dimming escapes are ours; the model's text is not
         if stderr.isatty():
             text = f"\x1b[2m{visible(text)}\x1b[22m"
