@@ -267,6 +267,6 @@ class TurnEnd:
         for callback in callbacks:
             callback(event)
         # Ended before the reader can see the final event: a caller that read Done may start
-        # the next turn at once (ChatSession.send checks ``finished``).
+        # the next turn at once (ChatContext.send checks ``finished``).
         self._ended.set()
         return event

@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from localchat.context.chat_context import ChatContext
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.events import Done, Token
-from localchat.session.session import ChatSession
 
 N_COMPARED = 24
 GREEDY = Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=N_COMPARED)
@@ -71,7 +71,7 @@ def assert_matches_fresh(cached: list[int], oracle: Engine, messages: list[dict]
         f"{fresh[i]} over {cached[i]} by {margin:.3f} logits (cached {cached}, fresh {fresh})")
 
 
-def take_back_last_exchange(chat: ChatSession) -> str:
+def take_back_last_exchange(chat: ChatContext) -> str:
     """What ``/retry`` does to the model's history: cut it before the last prompt (the TUI sets
     that exchange aside as a branch and rewinds the session there); returns the prompt."""
     last = max(i for i, m in enumerate(chat.history) if m.role == "user")

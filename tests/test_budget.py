@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from localchat.remote.context import select_for_remote
-from localchat.session.budget import (
+from localchat.context.budget import (
     ContextLayout,
     ContextSettings,
     SummaryRequest,
@@ -20,7 +19,8 @@ from localchat.session.budget import (
     plan_turn,
     should_prepare_summary,
 )
-from localchat.session.overlong import head_tail_cut, marker_text, overlong_message
+from localchat.context.oversized_message import head_tail_cut, marker_text, overlong_message
+from localchat.remote.context import select_for_remote
 
 
 def turns(*sizes: int, first: int = 0) -> tuple[TurnSpan, ...]:

@@ -8,12 +8,12 @@ import tomllib
 import pytest
 
 from localchat import paths
+from localchat.context.budget import ContextSettings
+from localchat.context.factory import context_settings
 from localchat.engine.factory import engine_options, sampling_options
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.errors import ConfigError
 from localchat.models.registry import ModelSpec
-from localchat.session.budget import ContextSettings
-from localchat.session.factory import context_settings
 from localchat.settings import DEFAULT_MODEL, Settings, load_config
 
 

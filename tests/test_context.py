@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from localchat.context.factory import open_chat
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.events import Done, Failed, PrefillProgress, Token
-from localchat.session.factory import open_chat
 from localchat.settings import ContextSection, Settings
 
 N_CTX = 512

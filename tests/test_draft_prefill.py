@@ -8,8 +8,8 @@ import time
 
 from oracle import GREEDY, assert_matches_fresh, reply_tokens
 
-from localchat.session.draft import STEP_CHARS, next_prefix
-from localchat.session.session import ChatSession
+from localchat.context.chat_context import ChatContext
+from localchat.context.draft import STEP_CHARS, next_prefix
 
 PASTE = " ".join(f"Item {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} box holds {i * 7} marbles."
                  for i in range(40))  # ~1,900 characters, ~600 tokens
@@ -36,21 +36,21 @@ def test_nothing_is_prefilled_while_a_reply_runs():
         def prepare(self, messages):
             raise AssertionError("prepared during a reply")
 
-    chat = ChatSession(Busy())
+    chat = ChatContext(Busy())
     chat._current = type("Running", (), {"finished": False})()  # a reply is streaming
     assert chat.draft_messages("hello") is None
     chat.draft.update("hello there")  # no step starts
 
 
-def settle(chat: ChatSession, text: str, timeout: float = 120.0) -> None:
+def settle(chat: ChatContext, text: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while chat.draft.cached_text != text:
         assert time.monotonic() < deadline, f"draft prefill stuck at {len(chat.draft.cached_text)} chars"
         time.sleep(0.02)
 
 
-def started_chat(engine) -> ChatSession:
-    chat = ChatSession(engine, system="You are a helpful assistant.", sampling=GREEDY)
+def started_chat(engine) -> ChatContext:
+    chat = ChatContext(engine, system="You are a helpful assistant.", sampling=GREEDY)
     reply_tokens(chat.send("Remember these boxes."))
     return chat
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from oracle import GREEDY, assert_matches_fresh, reply_tokens
 
-from localchat.session.session import ChatSession
+from localchat.context.chat_context import ChatContext
 
 
 def test_an_edited_prompt_prefills_only_itself_after_the_fork_and_is_exact(engine, fresh):
-    chat = ChatSession(engine, system="You are a helpful assistant.", sampling=GREEDY)
+    chat = ChatContext(engine, system="You are a helpful assistant.", sampling=GREEDY)
     for text in ("Name three colors.", "Which one is the warmest?", "And the coldest?"):
         reply_tokens(chat.send(text))
     chat.rewind(2)  # edit the second prompt: keep the first exchange only

@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
+from localchat.context.chat_context import ChatContext
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.errors import EngineError
 from localchat.events import Done, Failed, PrefillProgress, Token
-from localchat.session.session import ChatSession
 
 SYSTEM = "You are a helpful assistant."
 
@@ -29,7 +29,7 @@ def kv_length(engine: Engine) -> int:
 
 
 def test_second_turn_prefills_only_new_tokens(engine, greedy):
-    chat = ChatSession(engine, system=SYSTEM, sampling=greedy)
+    chat = ChatContext(engine, system=SYSTEM, sampling=greedy)
     first = finish(chat.send("Name three colors."))
     second = finish(chat.send("Which one is the warmest?"))
     runtime = engine._runtime
@@ -43,7 +43,7 @@ def test_second_turn_prefills_only_new_tokens(engine, greedy):
 
 
 def test_reply_tokens_are_reused_exactly_over_many_turns(engine, greedy):
-    chat = ChatSession(engine, system=SYSTEM, sampling=greedy)
+    chat = ChatContext(engine, system=SYSTEM, sampling=greedy)
     previous = None
     for question in ["Hi!", "What is 2+2?", "And 3+3?", "Thanks, bye."]:
         done = finish(chat.send(question))
@@ -54,7 +54,7 @@ def test_reply_tokens_are_reused_exactly_over_many_turns(engine, greedy):
 
 
 def test_stop_ends_decoding_within_one_token_and_keeps_the_partial_reply(engine):
-    chat = ChatSession(engine, system=SYSTEM, sampling=Sampling(temperature=0, max_tokens=300))
+    chat = ChatContext(engine, system=SYSTEM, sampling=Sampling(temperature=0, max_tokens=300))
     handle = chat.send("Write a long story about a dragon.")
     tokens_after_stop, seen = 0, 0
     final = None
@@ -73,7 +73,7 @@ def test_stop_ends_decoding_within_one_token_and_keeps_the_partial_reply(engine)
 
 
 def test_reuse_survives_an_aborted_turn(engine, greedy):
-    chat = ChatSession(engine, system=SYSTEM, sampling=Sampling(temperature=0, max_tokens=300))
+    chat = ChatContext(engine, system=SYSTEM, sampling=Sampling(temperature=0, max_tokens=300))
     handle = chat.send("Write a long story about a dragon.")
     for event in handle:
         if isinstance(event, Token) and not handle.stop_requested:
@@ -86,7 +86,7 @@ def test_reuse_survives_an_aborted_turn(engine, greedy):
 
 
 def test_stop_during_a_long_prefill_ends_the_turn_and_keeps_the_cache_consistent(engine, greedy):
-    chat = ChatSession(engine, system=SYSTEM, sampling=greedy)
+    chat = ChatContext(engine, system=SYSTEM, sampling=greedy)
     finish(chat.send("Hello"))
     kept = engine.tokens_in_context
     document = " ".join(f"word{i % 50}" for i in range(500))
@@ -107,7 +107,7 @@ def test_stop_during_a_long_prefill_ends_the_turn_and_keeps_the_cache_consistent
 def test_stop_requested_before_the_turn_starts_aborts_without_work(engine, greedy):
     blocker = threading.Event()
     engine._jobs.put(blocker.wait)  # hold the engine thread so the turn is still queued
-    chat = ChatSession(engine, system=SYSTEM, sampling=greedy)
+    chat = ChatContext(engine, system=SYSTEM, sampling=greedy)
     handle = chat.send("Hi")
     handle.stop()
     blocker.set()
@@ -125,7 +125,7 @@ def test_template_that_rewrites_earlier_turns_falls_back_and_reports_it(test_mod
     engine = Engine(test_model_path, EngineOptions(n_ctx=1024, gpu_layers=0, chat_template=rewriting))
     engine.load()
     try:
-        chat = ChatSession(engine, system=SYSTEM, sampling=greedy)
+        chat = ChatContext(engine, system=SYSTEM, sampling=greedy)
         first = finish(chat.send("Name a fruit."))
         assert not first.timings.prefix_fallback
         second = finish(chat.send("Another one?"))
@@ -185,7 +185,7 @@ def test_reply_that_fills_the_context_ends_with_length(test_model_path):
 
 
 def test_timings_are_complete(engine, greedy):
-    done = finish(ChatSession(engine, system=SYSTEM, sampling=greedy).send("Say something."))
+    done = finish(ChatContext(engine, system=SYSTEM, sampling=greedy).send("Say something."))
     t = done.timings
     assert t.prompt_n > 0 and t.prompt_ms > 0 and t.ttft_ms >= t.prompt_ms
     assert t.predicted_n > 1 and t.tpot_ms > 0 and t.itl_p95_ms >= t.itl_p50_ms > 0

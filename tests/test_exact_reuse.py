@@ -22,19 +22,19 @@ from oracle import (
     take_back_last_exchange,
 )
 
+from localchat.context.chat_context import ChatContext
+from localchat.context.factory import open_chat
 from localchat.engine.engine import Engine
 from localchat.engine.options import Sampling
 from localchat.engine.snapshot_file import SnapshotStore
 from localchat.events import Done, PrefillProgress, Token
-from localchat.session.factory import open_chat
-from localchat.session.session import ChatSession
 from localchat.settings import ContextSection, Settings
 
 SYSTEM = "You are a helpful assistant."
 PIRATE = "You are a pirate. Always answer like a pirate."
 
 
-def assert_exact(chat: ChatSession, oracle: Engine, text: str) -> Done:
+def assert_exact(chat: ChatContext, oracle: Engine, text: str) -> Done:
     """Send ``text``; its greedy reply must equal a fresh prefill's of what the model was shown."""
     tokens, done = reply_tokens(chat.send(text))
     assert done.timings.approx_n == 0
@@ -43,11 +43,11 @@ def assert_exact(chat: ChatSession, oracle: Engine, text: str) -> Done:
 
 
 def new_session_is_exact(engine: Engine, oracle: Engine) -> Done:
-    return assert_exact(ChatSession(engine, sampling=GREEDY), oracle, "List three fruits.")
+    return assert_exact(ChatContext(engine, sampling=GREEDY), oracle, "List three fruits.")
 
 
 def test_plain_multi_turn_chat_is_exact_and_reuses_everything(engine, fresh):
-    chat = ChatSession(engine, system=SYSTEM, sampling=GREEDY)
+    chat = ChatContext(engine, system=SYSTEM, sampling=GREEDY)
     previous = None
     for text in ["Name three colors.", "Which one is the warmest?", "And the coldest?", "Thanks!"]:
         done = assert_exact(chat, fresh, text)
@@ -59,7 +59,7 @@ def test_plain_multi_turn_chat_is_exact_and_reuses_everything(engine, fresh):
 
 @pytest.mark.parametrize("wait_for_background", [True, False], ids=["waits", "types-at-once"])
 def test_system_prompt_changed_mid_session_is_prefilled_not_rotated(engine, fresh, wait_for_background):
-    chat = ChatSession(engine, sampling=GREEDY)
+    chat = ChatContext(engine, sampling=GREEDY)
     assert_exact(chat, fresh, "List three fruits.")
     chat.set_system(PIRATE)  # starts the re-prefill in the background
     if wait_for_background:
@@ -72,13 +72,13 @@ def test_system_prompt_changed_mid_session_is_prefilled_not_rotated(engine, fres
 
 
 def test_a_new_session_after_a_system_prompt_set_first_is_exact(engine, fresh):
-    chat = ChatSession(engine, system=PIRATE, sampling=GREEDY)
+    chat = ChatContext(engine, system=PIRATE, sampling=GREEDY)
     assert_exact(chat, fresh, "What is your favourite food?")
     new_session_is_exact(engine, fresh)
 
 
 def test_retry_is_exact(engine, fresh):
-    chat = ChatSession(engine, system=SYSTEM, sampling=GREEDY)
+    chat = ChatContext(engine, system=SYSTEM, sampling=GREEDY)
     assert_exact(chat, fresh, "Name a planet.")
     assert_exact(chat, fresh, "Tell me about it.")
     text = take_back_last_exchange(chat)
@@ -88,7 +88,7 @@ def test_retry_is_exact(engine, fresh):
 
 
 def test_a_prefill_stopped_half_way_then_the_next_turn_is_exact(engine, fresh):
-    chat = ChatSession(engine, system=SYSTEM, sampling=GREEDY)
+    chat = ChatContext(engine, system=SYSTEM, sampling=GREEDY)
     assert_exact(chat, fresh, "Hello!")
     handle = chat.send(" ".join(f"word{i % 50}" for i in range(300)))
     for event in handle:
@@ -100,7 +100,7 @@ def test_a_prefill_stopped_half_way_then_the_next_turn_is_exact(engine, fresh):
 
 
 def test_a_reply_stopped_half_way_then_the_next_turn_is_exact(engine, fresh):
-    chat = ChatSession(engine, system=SYSTEM, sampling=Sampling(temperature=0, repeat_penalty=1.0,
+    chat = ChatContext(engine, system=SYSTEM, sampling=Sampling(temperature=0, repeat_penalty=1.0,
                                                                 max_tokens=200))
     handle = chat.send("Write a long story about a dragon.")
     seen = 0
@@ -116,8 +116,8 @@ def test_a_reply_stopped_half_way_then_the_next_turn_is_exact(engine, fresh):
 
 
 def test_switching_sessions_inside_one_engine_is_exact(engine, fresh):
-    a = ChatSession(engine, system=SYSTEM, sampling=GREEDY)
-    b = ChatSession(engine, system=PIRATE, sampling=GREEDY)
+    a = ChatContext(engine, system=SYSTEM, sampling=GREEDY)
+    b = ChatContext(engine, system=PIRATE, sampling=GREEDY)
     assert_exact(a, fresh, "Name three colors.")
     assert_exact(b, fresh, "Name three colors.")
     assert_exact(a, fresh, "Which one is the warmest?")
@@ -163,7 +163,7 @@ def test_trimming_with_a_summary_keeps_new_sessions_exact(small, small_fresh):
     assert summarized and exact_after_install and shifted
     # A new session after all that reuses no shifted cell and answers exactly.
     small.wait_idle(timeout=60)
-    tokens, done = reply_tokens(ChatSession(small, sampling=GREEDY).send("List three fruits."))
+    tokens, done = reply_tokens(ChatContext(small, sampling=GREEDY).send("List three fruits."))
     assert done.timings.approx_n == 0
     assert_matches_fresh(tokens, small_fresh, [{"role": "user", "content": "List three fruits."}])
 

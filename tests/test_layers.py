@@ -27,21 +27,21 @@ LAYERS: list[tuple[str, set[str], str]] = [
               "logs", "percentiles", "attachments", "settings"},
      "words every layer shares: the user's errors, where files live, the event vocabulary, "
      "safe names and terminal output, and the settings' schema with each value's type, default "
-     "and range (the engine, the session and the remote read their settings, never the reverse)"),
+     "and range (the engine, the context and the remote read their settings, never the reverse)"),
     ("models", {"models"},
      "the model files on disk: the registry, the GGUF reader, pull; knows no engine"),
     ("engine", {"engine"},
      "owns the llama.cpp context: load, prefill, decode, KV cache; reads model files"),
-    ("session", {"session"},
+    ("context", {"context"},
      "the context as data: the conversation the model sees, the token budget, trims and "
      "summaries, over an engine"),
     ("remote", {"remote"},
-     "an OpenAI-compatible model a turn may be handed to: it takes the session's messages and "
+     "an OpenAI-compatible model a turn may be handed to: it takes the context's messages and "
      "emits the engine's events"),
     ("store", {"store"},
      "SQLite: stored conversations and their numbers; nothing below reads the database"),
     ("chat", {"chat"},
-     "one stored conversation wired together: session, engine, remote escalation and store"),
+     "one stored conversation wired together: context, engine, remote escalation and store"),
     ("tui", {"tui"}, "the Textual app over the chat layer"),
     ("bench", {"bench"}, "measurements, some of them driving the app itself"),
     ("commands", {"commands"}, "the CLI's subcommands, one module each (``bench`` among them)"),
@@ -205,8 +205,8 @@ def test_every_arrow_points_down_the_layers():
     ("import localchat.store.store\n", ["localchat.store.store"]),
     ("def f():\n    from localchat.tui import app\n", ["localchat.tui.app"]),
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from localchat.tui.app import A\n", []),
-    ("from .budget import TurnSpan\n", ["localchat.session.budget"]),
+    ("from .budget import TurnSpan\n", ["localchat.context.budget"]),
 ])
 def test_imports_are_read_with_lazy_ones_and_without_type_only_ones(source, expected):
-    path = ROOT / "session" / "probe.py"  # not read: its source is given
+    path = ROOT / "context" / "probe.py"  # not read: its source is given
     assert [name for name, _ in imports(path, source) if name.startswith("localchat")] == expected

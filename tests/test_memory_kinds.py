@@ -18,11 +18,11 @@ from oracle import (
     take_back_last_exchange,
 )
 
+from localchat.context.chat_context import ChatContext
+from localchat.context.factory import open_chat
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.events import Done, Failed, PrefillProgress
-from localchat.session.factory import open_chat
-from localchat.session.session import ChatSession
 from localchat.settings import ContextSection, Settings
 
 SYSTEM = "You are a helpful assistant."
@@ -55,7 +55,7 @@ def stateful(request, synthetic_model):
         yield engine, oracle
 
 
-def exact(chat: ChatSession, oracle: Engine, text: str) -> Done:
+def exact(chat: ChatContext, oracle: Engine, text: str) -> Done:
     tokens, done = reply_tokens(chat.send(text))
     assert_matches_fresh(tokens, oracle, chat.last_sent)
     return done
@@ -64,7 +64,7 @@ def exact(chat: ChatSession, oracle: Engine, text: str) -> Done:
 def test_multi_turn_chat_appends_without_rolling_back(stateful):
     engine, oracle = stateful
     engine.reset()
-    chat = ChatSession(engine, system=SYSTEM, sampling=GREEDY)
+    chat = ChatContext(engine, system=SYSTEM, sampling=GREEDY)
     previous = None
     for text in ["Name three colors.", "Which one is the warmest?", "And the coldest?"]:
         done = exact(chat, oracle, text)
@@ -77,7 +77,7 @@ def test_multi_turn_chat_appends_without_rolling_back(stateful):
 def test_retry_rolls_back_to_the_checkpoint_before_the_last_prompt_token(stateful):
     engine, oracle = stateful
     engine.reset()
-    chat = ChatSession(engine, system=SYSTEM, sampling=GREEDY)
+    chat = ChatContext(engine, system=SYSTEM, sampling=GREEDY)
     exact(chat, oracle, "Name a planet.")
     first = exact(chat, oracle, "Tell me about it.")
     prompt_n = first.timings.cache_n + first.timings.prompt_n
@@ -90,7 +90,7 @@ def test_retry_rolls_back_to_the_checkpoint_before_the_last_prompt_token(statefu
 def test_a_stopped_prefill_rolls_back_and_the_next_turn_is_exact(stateful):
     engine, oracle = stateful
     engine.reset()
-    chat = ChatSession(engine, system=SYSTEM, sampling=GREEDY)
+    chat = ChatContext(engine, system=SYSTEM, sampling=GREEDY)
     held = exact(chat, oracle, "Hello!").timings.n_ctx_used
     handle = chat.send(" ".join(f"word{i % 50}" for i in range(200)))
     for event in handle:
@@ -105,7 +105,7 @@ def test_a_stopped_prefill_rolls_back_and_the_next_turn_is_exact(stateful):
 def test_an_edit_of_an_earlier_turn_prefills_from_the_nearest_checkpoint(stateful):
     engine, oracle = stateful
     engine.reset()
-    chat = ChatSession(engine, system=SYSTEM, sampling=GREEDY)
+    chat = ChatContext(engine, system=SYSTEM, sampling=GREEDY)
     for text in ["Name a fruit.", "Name a color.", "Name an animal."]:
         exact(chat, oracle, text)
     # Forget the last two exchanges and ask something else: the cache must roll back into the

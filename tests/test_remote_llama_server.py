@@ -148,9 +148,9 @@ def test_the_issues_hard_prompts_go_to_the_real_server_before_any_local_token(
 def test_a_real_uncertain_start_is_handed_to_the_real_server_within_the_scored_tokens(
         llama_server, test_model_path, tmp_path):
     from localchat.chat.escalation import Escalation
+    from localchat.context.chat_context import ChatContext
     from localchat.engine.engine import Engine
     from localchat.engine.options import EngineOptions
-    from localchat.session.session import ChatSession
 
     # Limits no real start meets, so the hand-over is certain; where it happens is the point.
     esc = Escalator.from_settings(
@@ -160,7 +160,7 @@ def test_a_real_uncertain_start_is_handed_to_the_real_server_within_the_scored_t
                                                    confidence_tokens=32))
     engine.load()
     try:
-        chat = ChatSession(engine, sampling=Sampling(temperature=0, max_tokens=200))
+        chat = ChatContext(engine, sampling=Sampling(temperature=0, max_tokens=200))
         turn = chat.send("What is the capital of France?", router=Escalation(esc, engine))
         events = list(turn)
     finally:

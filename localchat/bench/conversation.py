@@ -17,13 +17,13 @@ from typing import Any
 from localchat.bench import decode
 from localchat.bench.script import run_turn
 from localchat.bench.targets import conversation_targets
+from localchat.context.chat_context import ChatContext
+from localchat.context.factory import open_chat
 from localchat.engine.engine import Engine
 from localchat.engine.factory import open_engine
 from localchat.engine.options import Sampling
 from localchat.events import Done, Timings
 from localchat.percentiles import percentile
-from localchat.session.factory import open_chat
-from localchat.session.session import ChatSession
 from localchat.settings import Settings
 
 
@@ -82,8 +82,8 @@ class Replayed:
 
 
 def replay(engine: Engine, system: str, users: list[str], sampling: Sampling,
-           config: Settings) -> tuple[list[Replayed], ChatSession]:
-    """Play the script through one ChatSession (with the context policy), turn by turn.
+           config: Settings) -> tuple[list[Replayed], ChatContext]:
+    """Play the script through one ChatContext (with the context policy), turn by turn.
 
     Between turns it waits until background work (a summary) is done, as a user who reads the
     reply and types the next message gives it time to; TTFT is measured from each submit.

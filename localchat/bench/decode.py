@@ -8,11 +8,11 @@ import threading
 import time
 
 from localchat.bench.script import DEFAULT_SYSTEM, run_turn
+from localchat.context.chat_context import ChatContext
 from localchat.engine.engine import Engine
 from localchat.engine.options import Sampling
 from localchat.errors import UserError
 from localchat.events import Done, PrefillProgress, Token
-from localchat.session.session import ChatSession
 
 STORY_PROMPT = "Tell me a long story about a lighthouse keeper."
 
@@ -25,7 +25,7 @@ def decode_speed(engine: Engine, n_tokens: int = 128, rounds: int = 3) -> dict:
     for _ in range(rounds):
         raw.append(engine.raw_decode_ms_per_token([{"role": "user", "content": STORY_PROMPT}], n_tokens))
         engine.reset()
-        session = ChatSession(engine, sampling=Sampling(temperature=0, repeat_penalty=1.0,
+        session = ChatContext(engine, sampling=Sampling(temperature=0, repeat_penalty=1.0,
                                                         max_tokens=n_tokens))
         done, _ = run_turn(session.send(STORY_PROMPT))
         engine_ms.append(done.timings.tpot_ms)
@@ -38,7 +38,7 @@ def decode_speed(engine: Engine, n_tokens: int = 128, rounds: int = 3) -> dict:
 def abort_while_decoding(engine: Engine, after_tokens: int = 16) -> dict:
     """Stop a reply after a few tokens; ms from stop() to the final Done event."""
     engine.reset()
-    session = ChatSession(engine, system=DEFAULT_SYSTEM, sampling=Sampling(temperature=0, max_tokens=400))
+    session = ChatContext(engine, system=DEFAULT_SYSTEM, sampling=Sampling(temperature=0, max_tokens=400))
     handle = session.send("Write a long story about a lighthouse keeper and a storm.")
     seen, stopped_at = 0, None
     for event in handle:
@@ -66,7 +66,7 @@ def abort_during_prefill(engine: Engine, prompt_tokens: int = 3000, stop_after_s
     document = " ".join(f"word{i % 97}" for i in range(prompt_tokens))
     while engine.count_tokens(document) > prompt_tokens:
         document = document[: int(len(document) * 0.95)]
-    session = ChatSession(engine, sampling=Sampling(temperature=0, max_tokens=8))
+    session = ChatContext(engine, sampling=Sampling(temperature=0, max_tokens=8))
     handle = session.send(document)
     stopped_at: list[float] = []
 

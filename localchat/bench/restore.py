@@ -54,9 +54,9 @@ def _measure(model_path: Path, config: Settings, n_ctx: int, target_tokens: int,
              max_tokens: int) -> dict[str, Any]:
     from localchat import paths
     from localchat.chat.snapshots import SessionSnapshots
+    from localchat.context.factory import open_chat
     from localchat.engine.factory import open_engine
     from localchat.engine.snapshot_file import SnapshotStore
-    from localchat.session.factory import open_chat
 
     if n_ctx < target_tokens + 2 * max_tokens + 200:
         raise UserError(f"--restore needs --n-ctx of at least {target_tokens + 2 * max_tokens + 200}")

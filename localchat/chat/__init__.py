@@ -1,11 +1,11 @@
 """A stored conversation with a model attached, the same for the app and ``ask --session``.
 
-- ``conversation``: one stored session plus the ``ChatSession`` that continues it; every change
-  goes to both (the store is what the user saw, the chat session what the model sees).
+- ``conversation``: one stored session plus the ``ChatContext`` that continues it; every change
+  goes to both (the store is what the user saw, the ``ChatContext`` what the model sees).
 - ``escalation``: the router a turn that may go to the remote model is sent through.
 - ``services``: what a conversation uses besides its engine, built once from config.toml.
 - ``speed``: the app's ``/stats`` page, drawn from the store's speed numbers.
 - ``snapshots``: a session's KV cache saved after each reply and restored when it is reopened.
 
-Above ``session/`` (the conversation as data) and ``store/`` (SQLite); imports no UI.
+Above ``context/`` (the conversation as data) and ``store/`` (SQLite); imports no UI.
 """

@@ -1,4 +1,4 @@
-"""A conversation: one stored session plus, once a model is ready, the ``ChatSession`` that
+"""A conversation: one stored session plus, once a model is ready, the ``ChatContext`` that
 continues it. The app and ``ask --session`` both go through it.
 
 The store is the record of what the user saw; the chat session is what the model sees. Every
@@ -21,10 +21,10 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypedDict, cast
 
 from localchat.chat.escalation import Escalation
+from localchat.context.chat_context import ChatContext, Message
 from localchat.errors import UserError
 from localchat.events import Done, Notice, Timings, Turn
 from localchat.reasoning import strip_reasoning
-from localchat.session.session import ChatSession, Message
 from localchat.store import SessionRecord, Store, StoreError, TurnRecord, branches, export
 from localchat.store.locks import SessionLock
 
@@ -45,7 +45,7 @@ class Conversation:
         self.store = store
         self.session_id = session.id
         self.services = services
-        self.chat: ChatSession | None = None
+        self.chat: ChatContext | None = None
         self._engine: Engine | None = None
         self._restore_pending = False
         self._notices: list[Notice] = []
@@ -70,14 +70,14 @@ class Conversation:
         history = self._stored_history()
         self._engine = engine
         if self.services is not None and engine.has_kv_cache:
-            from localchat.session.factory import open_chat
+            from localchat.context.factory import open_chat
 
             self.chat = open_chat(engine, self.services.config, system=record.system,
                                   history=history, sampling=sampling)
             # The summary and the window come back with the saved cache, or the policy decides.
             self._restore_pending = bool(history) and self._snapshots is not None
         else:
-            self.chat = ChatSession(engine, system=record.system, history=history, sampling=sampling)
+            self.chat = ChatContext(engine, system=record.system, history=history, sampling=sampling)
             self.chat.summary = record.summary
             self._restore_pending = False
 
@@ -288,7 +288,7 @@ class Conversation:
         """The session as JSON (``/export FILE.json``)."""
         return export.to_json(self.store, self.session_id)
 
-    def _require_chat(self) -> ChatSession:
+    def _require_chat(self) -> ChatContext:
         if self.chat is None:
             raise UserError("The model is not loaded yet.")
         return self.chat

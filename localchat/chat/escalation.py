@@ -1,6 +1,6 @@
 """A turn that may be handed to the remote model: the session's router over an ``Escalator``.
 
-``ChatSession.send`` takes any :class:`~localchat.session.session.TurnRouter` and knows no remote;
+``ChatContext.send`` takes any :class:`~localchat.context.chat_context.TurnRouter` and knows no remote;
 this is the one the app and ``ask`` pass when ``[remote]`` is on. It hands the escalator the local
 model's parameter count (``TurnEngine.n_params``, read from the GGUF once, at load), since that
 sets how readily a turn escalates.
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the escalator itself pulls in httpx: only the caller that has one imports it
+    from localchat.context.chat_context import TurnEngine
     from localchat.engine.options import Sampling
     from localchat.events import Turn
     from localchat.remote.escalate import Escalator, Route
-    from localchat.session.session import TurnEngine
 
 
 @dataclass

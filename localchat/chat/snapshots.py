@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localchat.context.chat_context import ChatContext
 from localchat.engine.engine import Engine
 from localchat.engine.kv import KVSnapshot
 from localchat.engine.snapshot_file import SnapshotStore, SnapshotUnusable
 from localchat.errors import EngineError
-from localchat.session.session import ChatSession
 
 
 @dataclass
@@ -43,7 +43,7 @@ class SessionSnapshots:
     def key(session_id: int) -> str:
         return f"session-{session_id}"
 
-    def save(self, session_id: int, engine: Engine, chat: ChatSession, wait: bool = False) -> None:
+    def save(self, session_id: int, engine: Engine, chat: ChatContext, wait: bool = False) -> None:
         """Snapshot the engine's cache for this session. The copy out of llama.cpp is quick and
         runs on the engine thread; the disk write happens on a thread of its own."""
         key = self.key(session_id)
@@ -68,7 +68,7 @@ class SessionSnapshots:
             writer.join()
         self._writers = []
 
-    def restore(self, session_id: int, engine: Engine, chat: ChatSession) -> Restored:
+    def restore(self, session_id: int, engine: Engine, chat: ChatContext) -> Restored:
         """Load this session's snapshot into the engine and the chat's context window."""
         key = self.key(session_id)
         fingerprint = engine.fingerprint()
@@ -99,7 +99,7 @@ class SessionSnapshots:
         self.store.discard(key)
 
 
-def context_window(chat: ChatSession) -> dict[str, Any]:
+def context_window(chat: ChatContext) -> dict[str, Any]:
     """What the model was shown of the conversation (restored with the KV cache)."""
     keeper = chat.keeper
     return {
@@ -112,7 +112,7 @@ def context_window(chat: ChatSession) -> dict[str, Any]:
     }
 
 
-def apply_context_window(chat: ChatSession, meta: dict[str, Any]) -> None:
+def apply_context_window(chat: ChatContext, meta: dict[str, Any]) -> None:
     if not meta or meta.get("history_len", 0) > len(chat.history):
         return  # saved for a longer conversation than the store has: let the policy decide
     chat.first_visible = min(int(meta.get("first_visible", 0)), len(chat.history))

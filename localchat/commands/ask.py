@@ -65,10 +65,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from localchat.attachments import read_attachment
     from localchat.chat.escalation import Escalation
+    from localchat.context.factory import open_chat
     from localchat.engine.factory import open_engine, sampling_options
     from localchat.errors import UserError
     from localchat.remote.escalate import Escalator
-    from localchat.session.factory import open_chat
     from localchat.settings import load_config
 
     out = (JsonEvents(sys.stdout, args.hide_thinking) if args.json
@@ -131,7 +131,7 @@ def _with_files(prompt: str, paths: list[str], engine, sampling) -> str:
     from pathlib import Path
 
     from localchat.attachments import outgoing_message
-    from localchat.session.budget import message_room
+    from localchat.context.budget import message_room
 
     return outgoing_message(prompt, [], Path.cwd(), files=paths, count_tokens=engine.count_tokens,
                             room=message_room(engine.n_ctx, sampling.max_tokens))

@@ -16,9 +16,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from localchat.context.budget import TurnSpan
+from localchat.context.oversized_message import OverlongDecision
 from localchat.reasoning import strip_reasoning
-from localchat.session.budget import TurnSpan
-from localchat.session.overlong import OverlongDecision
 
 CHARS_PER_TOKEN = 4.0
 MESSAGE_OVERHEAD_TOKENS = 4  # role markers and separators of a typical chat template

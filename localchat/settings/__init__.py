@@ -54,7 +54,7 @@ THINKING_MODES: tuple[str, ...] = get_args(Thinking)
 # "auto" fits layers into free VRAM, "all" offloads every layer, a number offloads that many.
 GpuLayers = Literal["auto", "all"] | int
 # A message too long for even an empty context: refused with the numbers, or cut to its head and
-# tail around a visible marker (session/overlong.py).
+# tail around a visible marker (context/oversized_message.py).
 OverlongPolicy = Literal["refuse", "head_tail"]
 
 

@@ -22,8 +22,8 @@ from localchat.attachments import (
     outgoing_message,
     read_attachment,
 )
+from localchat.context.budget import message_room
 from localchat.errors import UserError
-from localchat.session.budget import message_room
 from localchat.tui import slash
 from localchat.tui.prompt import CommandHints
 from localchat.tui.slash import Completion

@@ -1,4 +1,4 @@
-"""The app's side of prefill while typing (``localchat.session.draft``): hand the draft to the
+"""The app's side of prefill while typing (``localchat.context.draft``): hand the draft to the
 session's ``DraftPrefill`` after a short pause in typing, at once after a paste, and at least
 every ``TYPING_MAX_WAIT_S`` while typing goes on without a pause (a fast typist, or a paste a
 terminal delivers as separate key presses). Never while a reply streams, a model loads or the

@@ -1,14 +1,14 @@
-"""A ChatSession wired to a real engine with the user's context settings."""
+"""A ChatContext wired to a real engine with the user's context settings."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from localchat.context.budget import ContextSettings
+from localchat.context.chat_context import ChatContext, Message
+from localchat.context.keeper import ContextKeeper
 from localchat.engine.engine import Engine
 from localchat.engine.options import Sampling
-from localchat.session.budget import ContextSettings
-from localchat.session.keeper import ContextKeeper
-from localchat.session.session import ChatSession, Message
 from localchat.settings import ContextSection, Settings
 
 
@@ -28,11 +28,11 @@ def open_chat(
     system: str | None = None,
     history: Sequence[Message] = (),
     sampling: Sampling | None = None,
-) -> ChatSession:
+) -> ChatContext:
     """A session over a loaded engine whose context is kept within n_ctx (trim + summaries)."""
     if system is None:
         system = settings.context.system_prompt
-    session = ChatSession(engine, system=system, history=tuple(history), sampling=sampling)
+    session = ChatContext(engine, system=system, history=tuple(history), sampling=sampling)
     budget = context_settings(settings.context, engine.n_ctx, session.sampling.max_tokens)
     session.keeper = ContextKeeper(engine, budget)
     return session

@@ -30,7 +30,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from localchat.session.overlong import DEFAULT_MARKER_TOKENS, OverlongDecision, overlong_message
+from localchat.context.oversized_message import (
+    DEFAULT_MARKER_TOKENS,
+    OverlongDecision,
+    overlong_message,
+)
 from localchat.settings import ContextSection, OverlongPolicy, check_setting
 
 SummaryAction = Literal["keep", "remove"]
@@ -117,7 +121,7 @@ def draft_may_be_prefilled(settings: ContextSettings, tokens_with_draft: int) ->
 
     Only below the point where a summary starts: there the next turn cannot need a trim, which
     would shift cached turns down and needs the cache to end with the conversation, not with a
-    draft (see ``session/draft.py``).
+    draft (see ``context/draft.py``).
     """
     return tokens_with_draft <= settings.summary_start
 

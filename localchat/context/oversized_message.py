@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, overload
 from localchat.settings import OverlongPolicy
 
 if TYPE_CHECKING:  # budget imports this module; the settings are only read here
-    from localchat.session.budget import ContextSettings
+    from localchat.context.budget import ContextSettings
 
 # Tokens budgeted for the cut marker when the caller has not measured it. "[… 12,345 tokens cut …]"
 # on its own line is 10-14 tokens with common BPE vocabularies; 16 leaves slack.

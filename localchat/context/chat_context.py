@@ -1,4 +1,4 @@
-"""ChatSession: the conversation as the user sees it, and what the model is shown of it.
+"""ChatContext: the conversation as the user sees it, and what the model is shown of it.
 
 The history is never shortened; when the context fills, the context policy (budget.py) decides
 which old turns the model stops seeing and what summary stands in for them. The engine then
@@ -13,14 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from localchat.context.budget import draft_may_be_prefilled
+from localchat.context.draft import DraftPrefill
 from localchat.engine.options import Sampling
 from localchat.engine.turn import TurnHandle
 from localchat.events import Done, Failed, Turn
-from localchat.session.budget import draft_may_be_prefilled
-from localchat.session.draft import DraftPrefill
 
 if TYPE_CHECKING:
-    from localchat.session.keeper import ContextKeeper
+    from localchat.context.keeper import ContextKeeper
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Message:
 
 
 class TurnEngine(Protocol):
-    """What a ChatSession needs from an engine (the real one, or a scripted fake in UI tests)."""
+    """What a ChatContext needs from an engine (the real one, or a scripted fake in UI tests)."""
 
     # The local model's parameter count, which sets how readily a turn escalates (None: unknown).
     n_params: int | None
@@ -63,7 +63,7 @@ class TurnRouter(Protocol):
         ...
 
 
-class ChatSession:
+class ChatContext:
     """One conversation over one engine. ``send`` returns at once; the reply streams as events."""
 
     def __init__(

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 from localchat.events import Done, Failed
 
 if TYPE_CHECKING:
+    from localchat.context.chat_context import ChatContext
     from localchat.engine.turn import TurnHandle
-    from localchat.session.session import ChatSession
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ CHARS_PER_TOKEN = 4  # English prose; only step sizes depend on it, never what i
 class DraftPrefill:
     """The background prefill of one session's draft. ``update`` and ``cancel`` from any thread."""
 
-    def __init__(self, session: ChatSession) -> None:
+    def __init__(self, session: ChatContext) -> None:
         self.session = session
         self._lock = threading.Lock()
         self._wanted = ""  # the draft as last typed

@@ -1,4 +1,4 @@
-"""ContextKeeper: applies the budget policy (budget.py) to a live ChatSession and engine.
+"""ContextKeeper: applies the budget policy (budget.py) to a live ChatContext and engine.
 
 Before each turn it measures the context from the engine's exact per-message token records,
 asks ``plan_turn`` what to drop, and moves the session's window (the engine then removes those
@@ -15,9 +15,7 @@ import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from localchat.engine.options import Sampling
-from localchat.events import Done, Failed, Timings
-from localchat.session.budget import (
+from localchat.context.budget import (
     ContextLayout,
     ContextSettings,
     SummaryRequest,
@@ -26,11 +24,13 @@ from localchat.session.budget import (
     plan_turn,
     should_prepare_summary,
 )
-from localchat.session.overlong import head_tail_cut, marker_text
+from localchat.context.oversized_message import head_tail_cut, marker_text
+from localchat.engine.options import Sampling
+from localchat.events import Done, Failed, Timings
 
 if TYPE_CHECKING:
+    from localchat.context.chat_context import ChatContext
     from localchat.engine.engine import Engine
-    from localchat.session.session import ChatSession
 
 SUMMARY_INSTRUCTION = (
     "Write a summary of our conversation so far (and of any earlier summary) in at most {words} "
@@ -67,7 +67,7 @@ class ContextKeeper:
 
     # -- before a turn ---------------------------------------------------------------------------
 
-    def make_room(self, session: ChatSession, text: str) -> tuple[str, str | None]:
+    def make_room(self, session: ChatContext, text: str) -> tuple[str, str | None]:
         """Trim the session's window so ``text`` and its reply fit. Returns (text to send, which
         may carry a visible cut marker; a refusal message or None)."""
         overhead = self.engine.template_overhead()
@@ -90,7 +90,7 @@ class ContextKeeper:
         self.last_plan = plan
         return text, None
 
-    def _apply(self, session: ChatSession, plan: TurnPlan) -> None:
+    def _apply(self, session: ChatContext, plan: TurnPlan) -> None:
         if plan.drop:
             session.first_visible = _position_of_exchange(session, plan.drop.stop)
         if plan.summary_action == "remove":
@@ -106,7 +106,7 @@ class ContextKeeper:
 
     # -- measuring -------------------------------------------------------------------------------
 
-    def _exact_layout(self, session: ChatSession, text: str, new_tokens: int) -> ContextLayout:
+    def _exact_layout(self, session: ChatContext, text: str, new_tokens: int) -> ContextLayout:
         """The layout, corrected to the exact prompt length when the KV records cannot give it
         (first turn, after a restore): per-message estimates miss what a template adds on its
         own, such as a default system prompt when none is set."""
@@ -120,12 +120,12 @@ class ContextKeeper:
             return layout
         return replace(layout, system_tokens=layout.system_tokens + exact - estimate)
 
-    def layout(self, session: ChatSession) -> ContextLayout:
+    def layout(self, session: ChatContext) -> ContextLayout:
         """The context as the policy sees it: exact token counts from the engine's KV records
         when they match the session's window, estimates otherwise (e.g. right after a restore)."""
         return self._measure(session)[0]
 
-    def _measure(self, session: ChatSession) -> tuple[ContextLayout, bool, list[dict[str, str]]]:
+    def _measure(self, session: ChatContext) -> tuple[ContextLayout, bool, list[dict[str, str]]]:
         """(layout, whether its counts came from the KV records, the window it measured)."""
         messages = session.model_messages()
         records = self.engine.cached_messages()
@@ -155,7 +155,7 @@ class ContextKeeper:
 
     # -- after a turn ----------------------------------------------------------------------------
 
-    def after_reply(self, session: ChatSession) -> None:
+    def after_reply(self, session: ChatContext) -> None:
         """After a reply: start writing the next summary if one is due (it is swapped in as
         soon as it is written, see ``_install``)."""
         with self._lock:
@@ -174,7 +174,7 @@ class ContextKeeper:
         handle = self.engine.submit(messages, sampling, background=True)
         handle.on_finish(lambda event: self._summary_finished(session, request, event, generation))
 
-    def _summary_finished(self, session: ChatSession, request: SummaryRequest,
+    def _summary_finished(self, session: ChatContext, request: SummaryRequest,
                           event: Done | Failed, generation: int) -> None:
         text = event.answer.strip() if isinstance(event, Done) and event.finish_reason != "aborted" else ""
         if text:
@@ -188,7 +188,7 @@ class ContextKeeper:
                 return
         self._install(session, request.through, text, self.engine.count_tokens(text), generation)
 
-    def _install(self, session: ChatSession, through: int, text: str, tokens: int,
+    def _install(self, session: ChatContext, through: int, text: str, tokens: int,
                  generation: int) -> None:
         """Swap the prepared summary in: the window drops the turns it covers and shows the
         summary after the system prompt. Nothing is inserted before cached cells (they would not
@@ -209,7 +209,7 @@ class ContextKeeper:
             messages = session.model_messages()
         self.engine.prepare(messages).on_finish(self._installed)
 
-    def _trim_ahead(self, session: ChatSession) -> None:
+    def _trim_ahead(self, session: ChatContext) -> None:
         """For a model whose memory cannot drop turns (recurrent, hybrid), a trim means
         prefilling the kept turns again. Do it now, in the background, when the next message
         of the usual size would not fit, so that message does not wait for it."""
@@ -260,7 +260,7 @@ def _records_match(records: list, messages: list[dict[str, str]]) -> bool:
     return len(records) >= len(messages) and all(r.matches(m) for r, m in zip(records, messages))
 
 
-def _position_of_exchange(session: ChatSession, exchange: int) -> int:
+def _position_of_exchange(session: ChatContext, exchange: int) -> int:
     """History index of the ``exchange``-th user message (len(history) when there is none)."""
     seen = -1
     for position, message in enumerate(session.history):
@@ -271,5 +271,5 @@ def _position_of_exchange(session: ChatSession, exchange: int) -> int:
     return len(session.history)
 
 
-def _exchange_of_position(session: ChatSession, position: int) -> int:
+def _exchange_of_position(session: ChatContext, position: int) -> int:
     return sum(1 for m in session.history[:position] if m.role == "user")
