@@ -63,6 +63,7 @@ class Timings:
     rebuild_background_ms: float = 0.0
     route: str = "local"  # "local" or "remote"
     route_reason: str = ""
+    fell_back: bool = False  # the remote was asked and failed: this local reply stands
     model: str = ""
 
     @property

@@ -306,14 +306,18 @@ class _ReplyFields(TypedDict):
     stopped: bool
     route: str
     route_reason: str
+    local_model: str
+    fell_back: bool
 
 
 def _reply_fields(done: Done, model: str) -> _ReplyFields:
-    """``Store.add_reply``'s keywords for a finished turn (an aborted one is stored as stopped)."""
+    """``Store.add_reply``'s keywords for a finished turn (an aborted one is stored as stopped);
+    ``model`` is the local model's name, in charge of the turn whoever answered."""
     timings = done.timings
     return _ReplyFields(model=timings.model or model, timings=timings,
                         finish_reason=done.finish_reason, stopped=done.finish_reason == "aborted",
-                        route=timings.route, route_reason=timings.route_reason)
+                        route=timings.route, route_reason=timings.route_reason, local_model=model,
+                        fell_back=timings.fell_back)
 
 
 def code_blocks(reply: str) -> list[str]:
