@@ -250,6 +250,12 @@ async def wait_until(pilot, condition: Callable[[], bool], what: str = "conditio
         await asyncio.sleep(0.02)
 
 
+def screen_lines(app) -> list[str]:
+    """What the terminal shows now, one plain-text string per row (the top screen drawn over
+    the ones below it, as Textual composes them)."""
+    return [strip.text for strip in app.screen._compositor.render_strips()]
+
+
 def notices(app) -> list[str]:
     """The notifications the app has shown (Textual keeps them until they time out)."""
     return [n.message for n in app._notifications]

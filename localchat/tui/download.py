@@ -76,17 +76,21 @@ class DownloadScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(f"Downloading {self.offer.model}…", markup=False)
-            yield ProgressBar(total=self.offer.size_bytes or None, show_eta=True)
-            yield Label("", id="bytes", markup=False)
+            yield ProgressBar(total=None, show_eta=True)  # pulses until a byte count comes
+            yield Label("starting…", id="bytes", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Cancel (Esc)", id="cancel")
 
-    def show_progress(self, done: int, total: int | None) -> None:
+    def show_progress(self, done: int, total: int | None, step: str = "") -> None:
+        """``done`` bytes of ``total`` of the download's ``step`` (see ``ProgressCallback``);
+        with no total yet the bar pulses instead of sitting at 0%."""
         from localchat.models.progress import format_bytes
 
         self.query_one(ProgressBar).update(total=total, progress=done)
         of = f" of {format_bytes(total)}" if total else ""
-        self.query_one("#bytes", Label).update(f"{format_bytes(done)}{of}")
+        counted = f"{format_bytes(done)}{of}" if done or total else ""
+        text = f"{step}: {counted}" if step and counted else step or counted
+        self.query_one("#bytes", Label).update(text if total else f"{text}…")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.action_cancel()
@@ -122,15 +126,16 @@ class ModelDownloads:
                              exit_on_error=False)
 
     def _download(self, screen: DownloadScreen) -> None:
-        last = [0.0]
+        last, last_step = [0.0], [""]
 
-        def progress(done: int, total: int | None) -> None:
+        def progress(done: int, total: int | None, step: str = "") -> None:
             if screen.cancelled.is_set():
                 raise DownloadCancelled("Download cancelled; it resumes where it stopped next time.")
             now = time.monotonic()
-            if now - last[0] > 0.1 or (total and done >= total):  # a repaint per chunk is too many
-                last[0] = now
-                self._app.call_from_thread(screen.show_progress, done, total)
+            # A repaint per chunk is too many; a new step and a step's end are always shown.
+            if now - last[0] > 0.1 or (total and done >= total) or step != last_step[0]:
+                last[0], last_step[0] = now, step
+                self._app.call_from_thread(screen.show_progress, done, total, step)
 
         try:
             self._downloads.pull(screen.offer.model, progress)
