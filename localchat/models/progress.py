@@ -40,10 +40,10 @@ LOG_INTERVAL = 5.0
 
 
 class TerminalProgress:
-    """A ``progress(done, total)`` callback for :func:`localchat.models.download.pull`.
+    """A ``progress(done, total, step)`` callback for :func:`localchat.models.download.pull`.
 
-    ``done`` includes bytes resumed from an earlier run; the rate counts only this run's. Each
-    step gets its own bar, labelled with it. Call :meth:`close` before printing anything else on
+    ``done`` includes bytes resumed from an earlier run; the rate counts only this run's. A new
+    step replaces the bar with its own, labelled with it. Call :meth:`close` before printing anything else on
     stderr (and once at the end): a later call starts a fresh bar.
     """
 
@@ -76,7 +76,10 @@ class TerminalProgress:
 
     def __call__(self, done: int, total: int | None, step: str = "", /) -> None:
         if step != self._step:
-            self.close()  # a new step counts its own bytes, at its own rate
+            if self._task is not None:  # a new step counts its own bytes, at its own rate,
+                self._progress.remove_task(self._task)  # on the line the last one had
+                self._task = None
+                self._last_line = float("-inf")
             self._step = step
         if self._task is None:
             label = f"{self.label}: {step}" if step else self.label
