@@ -38,11 +38,15 @@ def session_speed_markdown(store: Store, session_id: int, width: int = 60) -> st
                   f"TTFT {sparkline(ttft)}  {min(ttft):,.0f}–{max(ttft):,.0f} ms",
                   f"TPOT {sparkline(tpot)}  {min(tpot):,.1f}–{max(tpot):,.1f} ms", "```", ""]
     for title, sid in (("This session", session_id), ("All sessions", None)):
-        lines += [f"## {title} (p50 / p95)", "",
-                  "| model | replies | local / escalated / fallback % | TTFT ms | TPOT ms (p50 / p95 / p99) "
-                  "| TPOT SD ms | ITL ms | reuse % |", "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {s.model} | {s.routes.replies} | {s.routes} | {s.ttft_ms} | {s.tpot_ms} | {s.tpot_ms.std:,.1f} "
-                  f"| {s.itl_ms} | {s.reuse_percent} |" for s in model_stats(store, sid)]
+        stats = model_stats(store, sid)
+        lines += [f"## {title} (p50 / p95)", "", "| model | replies | TTFT ms | TPOT ms | ITL ms | reuse % |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {s.model} | {s.turns} | {s.ttft_ms} | {s.tpot_ms.p50:,.1f} / {s.tpot_ms.p95:,.1f} | {s.itl_ms} "
+                  f"| {s.reuse_percent} |" for s in stats]
+        lines += ["", "| model | TPOT p99 | TPOT SD | replies | local | escalated | fallback |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {s.model} | {s.tpot_ms.p99:,.1f} ms | {s.tpot_ms.std:,.1f} ms | {s.routes.replies} | "
+                  + " | ".join(f"{share:.0f} %" for share in s.routes.percents()) + " |" for s in stats]
         lines.append("")
     lines.append(f"_{TIMID_ROUTER_NOTE}_")
     return "\n".join(lines)

@@ -63,10 +63,13 @@ class RouteShare:
         """The share of replies that went to the remote, failed there and fell back."""
         return self.fallback / self.replies if self.replies else 0.0
 
+    def percents(self) -> tuple[float, float, float]:
+        """Local, escalated and fallback shares in percent (0s for no replies)."""
+        total = self.replies or 1
+        return 100 * self.local / total, 100 * self.escalated / total, 100 * self.fallback / total
+
     def __str__(self) -> str:
-        if not self.replies:
-            return "-"
-        return " / ".join(f"{100 * n / self.replies:.0f}" for n in (self.local, self.escalated, self.fallback))
+        return " / ".join(f"{p:.0f}" for p in self.percents()) if self.replies else "-"
 
 
 @dataclass(frozen=True)
