@@ -13,7 +13,8 @@ and actions to its collaborators, plain objects that each own one part of the ap
 - ``app.message_actions`` (``message_actions.MessageActions``): copy, edit and versions of the
   messages on screen;
 - ``app.sessions`` (``sessions.Sessions``): the open session, the sidebar, the chat services;
-- ``app.commands`` (``commands.Commands``): the slash commands, each with its handler.
+- ``app.commands`` (``commands.Commands``): the slash commands' handlers; each command is one
+  record of ``commands.COMMANDS`` (help, argument, handler, completions).
 
 Widgets and screens (``chat_log``, ``prompt``, ``status``, ``sidebar``, ``screens``,
 ``thinking``, ``superseded_reply``) hold no app state; ``launch.run_app`` opens the store and runs

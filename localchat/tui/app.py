@@ -41,7 +41,6 @@ from localchat.tui.messages import (
 )
 from localchat.tui.model_state import EngineFactory, ModelState
 from localchat.tui.prompt import CommandHints, PromptInput
-from localchat.tui.screens import HelpScreen
 from localchat.tui.sessions import SessionRequest, Sessions
 from localchat.tui.sidebar import SessionSidebar
 from localchat.tui.status import StatusBar
@@ -237,8 +236,7 @@ class LocalChatApp(App[int]):
         self.message_actions.external_editor()
 
     def action_help(self) -> None:
-        if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+        self.commands.show_help()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

@@ -24,9 +24,8 @@ from localchat.attachments import (
 )
 from localchat.context.budget import message_room
 from localchat.errors import UserError
-from localchat.tui import slash
-from localchat.tui.prompt import CommandHints
-from localchat.tui.slash import Completion
+from localchat.tui import commands
+from localchat.tui.prompt import CommandHints, Completion
 
 if TYPE_CHECKING:
     from localchat.tui.app import LocalChatApp
@@ -56,13 +55,13 @@ class Composer:
         """Enter: run a command, or send the message (with its files; resent from the prompt
         being edited, if one is)."""
         app = self._app
-        if slash.is_command(text):
+        if commands.is_command(text):
             if " " in text.strip():  # "/model qwen" is worth recalling; a bare "/retry" is not
                 app.prompt.remember(text)
             app.prompt.clear()
             await app.commands.run(text)
             return
-        typed = slash.message_text(text)
+        typed = commands.message_text(text)
         try:
             text = await self.message_with_files(typed)
         except UserError as exc:  # the message stays in the input
@@ -76,7 +75,7 @@ class Composer:
     # --- completions ------------------------------------------------------------------------
 
     def completions(self, text: str) -> list[Completion]:
-        return slash.completions(text, self.model_choices) or path_completions(text)
+        return commands.completions(text, commands.Choices(self.model_choices)) or path_completions(text)
 
     def changed(self, text: str) -> None:
         """The input now reads ``text``: new hints, and the draft handed over in a while."""

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from localchat.errors import UserError
-from localchat.tui import slash
+from localchat.tui.commands import is_command, message_text
 
 if TYPE_CHECKING:
     from textual.timer import Timer
@@ -60,14 +60,14 @@ class DraftPrefiller:
             return
         text = app.prompt.text
         attachments = app.composer.attachments
-        if (not text.strip() and not attachments) or slash.is_command(text) or app.turns.current is not None \
+        if (not text.strip() and not attachments) or is_command(text) or app.turns.current is not None \
                 or app.queue.items:
             chat.draft.cancel()
             return
         # As it will be sent (attached and @mentioned files first), so that Enter reuses it all.
         # Off the event loop: that reads the files, and sizing a step tokenizes the draft,
         # which a long paste would make keypresses wait for.
-        outgoing = app.composer.outgoing(slash.message_text(text))
+        outgoing = app.composer.outgoing(message_text(text))
 
         def update() -> None:
             try:
