@@ -18,6 +18,7 @@ from textual.widgets import Static
 
 from localchat.attachments import (
     Attachment,
+    FileReads,
     complete_path,
     outgoing_message,
     read_attachment,
@@ -48,6 +49,7 @@ class Composer:
         self._app = app
         self._list_models = list_models
         self.attachments: list[Attachment] = []  # files going with the next message
+        self._draft_reads = FileReads()  # the @path files of the draft being prefilled
         self.model_choices: list[tuple[str, bool]] = []
         self._typing_model = False  # the input starts with /model (model names are re-read)
 
@@ -131,12 +133,16 @@ class Composer:
         reply = sampling.max_tokens if sampling is not None else 1024
         return engine.count_tokens, message_room(engine.n_ctx, reply)
 
-    def outgoing(self, text: str) -> Callable[[], str]:
+    def outgoing(self, text: str, *, draft: bool = False) -> Callable[[], str]:
         """``text`` as it will be sent now (``localchat.attachments.outgoing_message``): the
         attached files and those it mentions as ``@path``. The call returned reads and
-        tokenizes files, to be made off the event loop; it raises ``UserError``."""
+        tokenizes files, to be made off the event loop; it raises ``UserError``. For a ``draft``
+        (prefill while typing) a file unchanged since the last draft is not read again; Enter's
+        message reads every file."""
         attached, (count_tokens, room), cwd = list(self.attachments), self.file_budget(), Path.cwd()
-        return lambda: outgoing_message(text, attached, cwd, count_tokens=count_tokens, room=room)
+        read = self._draft_reads.read if draft else read_attachment
+        return lambda: outgoing_message(text, attached, cwd, count_tokens=count_tokens, room=room,
+                                        read=read)
 
     async def message_with_files(self, text: str) -> str:
         """``text`` as it will be sent (then the attachments are cleared). Raises ``UserError``

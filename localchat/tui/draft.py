@@ -67,7 +67,7 @@ class DraftPrefiller:
         # As it will be sent (attached and @mentioned files first), so that Enter reuses it all.
         # Off the event loop: that reads the files, and sizing a step tokenizes the draft,
         # which a long paste would make keypresses wait for.
-        outgoing = app.composer.outgoing(message_text(text))
+        outgoing = app.composer.outgoing(message_text(text), draft=True)
 
         def update() -> None:
             try:
