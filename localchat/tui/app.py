@@ -83,9 +83,9 @@ class LocalChatApp(App[int]):
         self.conversation: Conversation | None = None  # the open session's (see ``Sessions.open``)
         self._notices_by_cause: dict[str, list[Notification]] = {}
         self.models = ModelState(self, model, engine_factory, sampling_factory)
-        self.downloads = ModelDownloads(self, downloads or RegistryDownloads())
+        self.downloads = ModelDownloads(self, downloads or RegistryDownloads(), self.models.load)
         self.turns = Turns(self)
-        self.queue = TypeAhead(self)
+        self.queue = TypeAhead(self, self.turns, self.models)
         self.draft = DraftPrefiller(self)
         self.composer = Composer(self, list_models)
         self.message_actions = MessageActions(self)
