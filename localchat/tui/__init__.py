@@ -8,7 +8,8 @@ and actions to its collaborators, plain objects that each own one part of the ap
 - ``app.downloads`` (``download.ModelDownloads``): offering and pulling a model not on disk;
 - ``app.turns`` (``turn.Turns``): the reply in flight, from send to saved, and stopping it;
 - ``app.queue`` (``typeahead.TypeAhead``): messages waiting for the engine;
-- ``app.draft`` (``draft.DraftPrefiller``): when the draft being typed is prefilled;
+- ``app.draft`` (``draft.DraftHandOver``): when the draft being typed is handed over to be
+  prefilled;
 - ``app.composer`` (``composer.Composer``): the input's attachments and completions;
 - ``app.message_actions`` (``message_actions.MessageActions``): copy, edit and versions of the
   messages on screen;

@@ -28,7 +28,7 @@ from localchat.tui.chat_log import ChatLog
 from localchat.tui.commands import Commands
 from localchat.tui.composer import AttachmentChips, Composer
 from localchat.tui.download import Downloads, ModelDownloads, RegistryDownloads
-from localchat.tui.draft import DraftPrefiller
+from localchat.tui.draft import DraftHandOver
 from localchat.tui.engine_factories import build_engine, default_sampling, model_choices
 from localchat.tui.message_actions import MessageActions
 from localchat.tui.messages import (
@@ -86,7 +86,7 @@ class LocalChatApp(App[int]):
         self.downloads = ModelDownloads(self, downloads or RegistryDownloads(), self.models.load)
         self.turns = Turns(self)
         self.queue = TypeAhead(self, self.turns, self.models)
-        self.draft = DraftPrefiller(self)
+        self.draft = DraftHandOver(self)
         self.composer = Composer(self, list_models)
         self.message_actions = MessageActions(self)
         self.sessions = Sessions(self, services_factory, continue_last, session)

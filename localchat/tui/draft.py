@@ -56,8 +56,9 @@ class DraftHost(Protocol):
                    exit_on_error: bool) -> object: ...
 
 
-class DraftPrefiller:
-    """When the draft in the input is handed to the open session's ``DraftPrefill``."""
+class DraftHandOver:
+    """When the draft in the input is handed to the open session's ``DraftPrefill`` (which
+    prefills it, step by step)."""
 
     def __init__(self, app: DraftHost) -> None:
         self._app = app
