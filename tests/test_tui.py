@@ -327,7 +327,7 @@ async def test_the_chosen_theme_is_remembered(store):
 
 
 async def test_help_opens_with_f1_and_lists_every_command(store):
-    from localchat.tui import slash
+    from localchat.tui.commands import COMMANDS
     from localchat.tui.screens import HelpScreen
 
     app = make_app(store, FakeEngine())
@@ -337,7 +337,7 @@ async def test_help_opens_with_f1_and_lists_every_command(store):
         from textual.widgets import Markdown
 
         source = app.screen.query_one(Markdown).source
-        for command in slash.COMMANDS:
+        for command in COMMANDS:
             assert command.usage in source
         assert "TTFT" in source and "Ctrl+J" in source
         await pilot.press("escape")

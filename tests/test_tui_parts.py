@@ -11,7 +11,7 @@ from localchat.chat.conversation import Conversation
 from localchat.errors import UserError
 from localchat.events import Loaded, Notice, PrefillProgress, Timings, Token
 from localchat.store import Store
-from localchat.tui import slash
+from localchat.tui import commands
 from localchat.tui.messages import TokenRun, TurnMailbox
 from localchat.tui.pacing import MIN_FRAME_S, FramePacer
 from localchat.tui.status import StatusInfo, backend_label, render_status
@@ -42,32 +42,32 @@ def test_backend_shows_offloaded_layers_or_cpu():
 
 
 def test_slash_commands_parse_with_their_argument():
-    command, argument = slash.parse("/model  qwen2.5-1.5b ")
+    command, argument = commands.parse("/model  qwen2.5-1.5b ")
     assert (command.name, argument) == ("model", "qwen2.5-1.5b")
-    assert slash.parse("/COPY code")[0].name == "copy"
+    assert commands.parse("/COPY code")[0].name == "copy"
 
 
 def test_unknown_or_incomplete_commands_explain_themselves():
     with pytest.raises(UserError, match=r"Unknown command /mdl.*/help"):
-        slash.parse("/mdl x")
+        commands.parse("/mdl x")
     with pytest.raises(UserError, match=r"Usage: /model NAME"):
-        slash.parse("/model")
+        commands.parse("/model")
 
 
 def test_double_slash_is_a_message_not_a_command():
-    assert slash.is_command("/help") and not slash.is_command("//etc/hosts is a path")
+    assert commands.is_command("/help") and not commands.is_command("//etc/hosts is a path")
 
 
 def test_completion_offers_commands_then_model_names():
-    assert [c.text for c in slash.completions("/re", [])] == ["/retry", "/rename "]
+    assert [c.text for c in commands.completions("/re")] == ["/retry", "/rename "]
     models = [("qwen", True), ("smollm2", True), ("qwq", False)]
-    assert [(c.text, c.help) for c in slash.completions("/model q", models)] == [
+    assert [(c.text, c.help) for c in commands.completions("/model q", commands.Choices(models))] == [
         ("/model qwen", ""), ("/model qwq", "not downloaded: `localchat pull qwq`")]
-    assert slash.completions("hello /re", []) == []
+    assert commands.completions("hello /re") == []
 
 
 def test_every_command_is_documented_with_usage_and_help():
-    for command in slash.COMMANDS:
+    for command in commands.COMMANDS:
         assert command.help and command.usage.startswith("/" + command.name)
 
 

@@ -50,10 +50,6 @@ CPU_PREFILL_CHUNK = 128
 class Engine:
     """A loaded model plus the exact token log of the conversation in its KV cache."""
 
-    # A stored conversation over it gets the context budget and KV snapshots (chat/); a
-    # scripted engine in UI tests has no cache and says False.
-    has_kv_cache = True
-
     def __init__(self, model_path: Path, options: EngineOptions | None = None, name: str = "") -> None:
         self.model_path = Path(model_path)
         self.options = options or EngineOptions()

@@ -8,10 +8,11 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
@@ -22,7 +23,6 @@ from localchat.tui.screens import ConfirmScreen
 
 if TYPE_CHECKING:
     from localchat.models.progress import ProgressCallback
-    from localchat.tui.app import LocalChatApp
 
 
 class DownloadCancelled(DownloadError):
@@ -100,11 +100,14 @@ class DownloadScreen(ModalScreen[str | None]):
 
 
 class ModelDownloads:
-    """The app's side of a download: the question, the dialog, the pull off the UI thread."""
+    """The app's side of a download: the question, the dialog, the pull off the UI thread, then
+    ``load_model`` with the model's name."""
 
-    def __init__(self, app: LocalChatApp, downloads: Downloads) -> None:
+    def __init__(self, app: App[Any], downloads: Downloads,
+                 load_model: Callable[[str | None], None]) -> None:
         self._app = app
         self._downloads = downloads
+        self._load_model = load_model
 
     def offer(self, model_ref: str | None) -> bool:
         """If ``model_ref`` failed only because it is not downloaded, ask to download it now."""
@@ -149,4 +152,4 @@ class ModelDownloads:
             self._app.notify(error, title="Download stopped", severity="warning", timeout=10)
             return
         self._app.notify(f"{offer.model} is downloaded.")
-        self._app.models.load(model_ref)
+        self._load_model(model_ref)
