@@ -13,7 +13,7 @@ import ctypes
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -366,6 +366,15 @@ class LlamaRuntime:
 PENALTY_WINDOW = 64
 
 
+def apply_repeat_penalty(logits: np.ndarray, recent: Iterable[int], penalty: float) -> None:
+    """llama.cpp's repeat penalty, in place: the logits of the ``recent`` tokens are divided by
+    ``penalty`` (multiplied where negative), each token once however often it recurs."""
+    ids = np.fromiter(set(recent), dtype=np.int64)
+    if len(ids):
+        values = logits[ids]
+        logits[ids] = np.where(values <= 0, values * penalty, values / penalty)
+
+
 class Sampler:
     """Picks each next token from the last logits, at a cost that does not grow with the
     vocabulary where that can be avoided: llama.cpp's sampler chain builds a candidate entry for
@@ -395,9 +404,7 @@ class Sampler:
         """The next token, from the last logits (which the repeat penalty edits in place)."""
         logits = self._logits()
         if self._penalty != 1.0 and self._recent:
-            ids = np.fromiter(set(self._recent), dtype=np.int64)
-            values = logits[ids]
-            logits[ids] = np.where(values <= 0, values * self._penalty, values / self._penalty)
+            apply_repeat_penalty(logits, self._recent, self._penalty)
         if self._chain is None:
             token = int(np.argmax(logits))
         else:
