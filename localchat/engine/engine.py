@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from localchat import logs
 from localchat.engine.kv import ConversationCache, KVSnapshot
@@ -41,6 +41,8 @@ from localchat.reasoning import prompt_opens_thinking
 __all__ = ["Engine", "KVSnapshot"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Prompt tokens evaluated per llama_decode call on the CPU: small enough for steady progress
 # events, large enough to keep prefill throughput (measured: 128 vs 512 within noise here).
@@ -454,6 +456,14 @@ class Engine:
         return timings
 
     # -- measuring (``localchat bench``) -------------------------------------------------------
+
+    def with_cache(self, fn: Callable[[ConversationCache], T]) -> T:
+        """``fn(cache)`` on the engine thread after queued work, its result returned (or its
+        exception raised): for measurements that drive llama.cpp directly at the conversation's
+        own state (``bench.decode``'s bare loop). ``fn`` must leave the cells and their record
+        as it found them."""
+        result: T = self.call(lambda: fn(self._require_kv()))
+        return result
 
     def raw_decode_ms_per_token(self, messages: list[dict[str, str]], n_tokens: int) -> float:
         """llama.cpp's own greedy loop with no engine around it, in ms per token: ``Llama.eval``
