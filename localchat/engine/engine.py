@@ -465,31 +465,6 @@ class Engine:
         result: T = self.call(lambda: fn(self._require_kv()))
         return result
 
-    def raw_decode_ms_per_token(self, messages: list[dict[str, str]], n_tokens: int) -> float:
-        """llama.cpp's own greedy loop with no engine around it, in ms per token: ``Llama.eval``
-        of the rendered ``messages``, then ``n_tokens`` times argmax over the last logits and
-        ``Llama.eval([token])``. The bar the engine's decode speed is measured against. Runs on
-        the engine thread after queued work; the KV cache is empty afterwards."""
-        import numpy as np
-
-        def job() -> float:
-            kv, render = self._require_kv(), self._render
-            runtime = kv.runtime
-            kv.forget()
-            runtime.llama.reset()
-            try:
-                runtime.llama.eval(runtime.tokenize(render(messages, True), True))
-                started = time.perf_counter()
-                for _ in range(n_tokens):
-                    runtime.llama.eval([int(np.argmax(runtime.last_logits()))])
-                return (time.perf_counter() - started) * 1000.0 / n_tokens
-            finally:
-                kv.forget()
-                runtime.llama.reset()
-
-        result: float = self.call(job)
-        return result
-
 
 def _no_model(*args: Any, **kwargs: Any) -> str:
     """The renderer before a model (and with it a chat template) is loaded."""
