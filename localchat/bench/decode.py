@@ -21,7 +21,9 @@ def raw_decode_at_depth(engine: Engine, timings: Timings, finish: str, sampling:
     """llama.cpp's bare decode loop where the turn just decoded, in ms per token: the reply's
     cells are dropped and decoded again one ``llama_decode`` per token at the same positions,
     each followed by the turn's own sampler (``sampling``: repeat penalty, temperature) on the
-    new logits; no events, no record, llama.cpp's default thread count. The loop feeds the
+    new logits; no events, no record. It runs on the thread count the engine's governor holds
+    (every core on an idle machine, as llama.cpp's default): what a turn's own tries of another
+    count cost shows, while the governor's choice is the same on both sides. The loop feeds the
     reply's tokens whatever it samples, so the cells end as the turn left them (same tokens,
     same positions, same one-token batches; greedily it samples the reply again anyway).
 
@@ -44,7 +46,6 @@ def raw_decode_at_depth(engine: Engine, timings: Timings, finish: str, sampling:
                 or reply is None or not reply.open or len(reply.tokens) < n_decoded):
             return None
         start, decoded = depth, held[depth:]
-        governed = runtime.governor.threads
         sampler = runtime.new_sampler(sampling)
         batch = llama_cpp.llama_batch_init(1, 0, 1)
         batch.n_tokens, batch.n_seq_id[0], batch.seq_id[0][0], batch.logits[0] = 1, 1, 0, True
@@ -52,7 +53,6 @@ def raw_decode_at_depth(engine: Engine, timings: Timings, finish: str, sampling:
         try:
             if not runtime.remove(start, -1):
                 raise EngineError("the bare decode loop could not drop the reply's cells")
-            runtime.set_threads(runtime.governor.max_threads)
             started = time.perf_counter()
             for i, token in enumerate(decoded):
                 batch.token[0], batch.pos[0] = token, start + i
@@ -66,8 +66,7 @@ def raw_decode_at_depth(engine: Engine, timings: Timings, finish: str, sampling:
         finally:
             llama_cpp.llama_batch_free(batch)
             sampler.close()
-            runtime.set_threads(governed)
-        return {"depth": start, "tokens": len(decoded),
+        return {"depth": start, "tokens": len(decoded), "threads": runtime.governor.threads,
                 "raw_ms_per_token": round(elapsed_ms / len(decoded), 3)}
 
     return engine.with_cache(bare_loop)
