@@ -36,7 +36,7 @@ class ThreadGovernor:
         self.threads = max_threads
         self._apply = apply
         self._home_ms: float | None = None  # recent per-token time with the chosen count
-        self._best_ms: float | None = None  # recent best per-token time with every thread
+        self._best_ms = float("inf")  # recent best per-token time with every thread
         self._slow = 0  # slow tokens in a row, with every thread
         self._probe: list[float] | None = None  # times measured while trying the other count
         self._home = max_threads
@@ -56,11 +56,13 @@ class ThreadGovernor:
             if len(self._probe) >= PROBE_TOKENS:
                 self._decide(min(self._probe))
             return
-        self._home_ms = ms_per_token if self._home_ms is None else 0.7 * self._home_ms + 0.3 * ms_per_token
+        home = self._home_ms
+        self._home_ms = ms_per_token if home is None else 0.7 * home + 0.3 * ms_per_token
         if self.threads == self.max_threads:
             best = self._best_ms
-            self._best_ms = ms_per_token if best is None else min(best * BEST_CREEP, ms_per_token)
-            self._slow = self._slow + 1 if best is not None and ms_per_token > SLOW * best else 0
+            self._slow = self._slow + 1 if ms_per_token > SLOW * best else 0
+            best *= BEST_CREEP
+            self._best_ms = ms_per_token if ms_per_token < best else best
         if self._count >= self._next_probe and self._try_due():
             self._home = self.threads
             self._probe = []
