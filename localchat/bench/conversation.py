@@ -4,7 +4,8 @@ Everything is measured in one process, on one loaded model, so ratios are compar
 noisy shared machine: the engine with its KV reuse, the same turns with a fresh context each time
 (what a stateless server without a prompt cache does), a system prompt changed mid-conversation,
 each turn's decoding against llama.cpp's bare loop at the same depth with no engine around it,
-and how fast a stop takes effect (``bench.decode``). ``measure_conversation`` runs it all and checks the targets (``bench.targets``).
+and how fast a stop takes effect (``bench.decode``). ``measure_conversation`` runs it all and
+checks the targets (``bench.targets``).
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ def measure_conversation(model: str | None, config: Settings, system: str, users
                          baseline: bool, stops: bool, say: Callable[[str], None]) -> dict[str, Any]:
     """Load ``model`` and replay ``users`` after ``system`` greedily, each turn's decode speed
     against the bare llama.cpp loop at its depth, then measure a system prompt change and
-    (``stops``) stop latency; with ``baseline`` also
-    every turn on a fresh context and the exactness of the cached replies. ``say`` hears each
-    finished step. Returns the report ``--json`` prints, its targets checked."""
+    (``stops``) stop latency; with ``baseline`` also every turn on a fresh context and the
+    exactness of the cached replies. ``say`` hears each finished step. Returns the report
+    ``--json`` prints, its targets checked."""
     engine = open_engine(model, config, n_ctx=n_ctx, gpu_layers=gpu_layers)
     try:
         info = engine.load()
