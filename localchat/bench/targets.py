@@ -43,8 +43,10 @@ def conversation_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     check("ttft_ms - prompt_ms per turn (ms)", gap, 25, gap <= 25)
     median_gap = report["summary"]["median_ttft_minus_prompt_ms"]
     check("median ttft_ms - prompt_ms (ms)", median_gap, 5, median_gap <= 5)
-    ratio = report["raw_decode"]["engine_speed_ratio"]
-    check("engine decode speed / raw loop", ratio, 0.95, ratio >= 0.95)
+    ratio = report["raw_decode"]["decode_vs_raw_median"]
+    if ratio is not None:  # None: no turn could be measured (a memory that cannot drop cells)
+        check("decode speed / bare llama.cpp loop at each turn's depth (median)", ratio, 0.95,
+              ratio >= 0.95)
     exact = report.get("exactness")
     if exact:
         # Every turn not on shifted cells replies as a fresh prefill does, up to a near-tie that
