@@ -232,30 +232,42 @@ class LlamaRuntime:
 
     # -- decoding -----------------------------------------------------------------------------
 
-    def decode(self, tokens: list[int], start_pos: int, abortable: bool = False) -> None:
-        """Evaluate ``tokens`` at positions start_pos.. in sequence 0 (one llama_decode call).
+    def decode(self, tokens: list[int], start_pos: int, abortable: bool = False,
+               outputs: int = 1) -> None:
+        """Evaluate ``tokens`` at positions start_pos.. in sequence 0 (one llama_decode call),
+        with logits after each of the last ``outputs`` of them (``logits_at(i)``: after the
+        batch's i-th token; a speculative check asks for every drafted position, never for the
+        whole context, which ``logits_all`` would).
 
         With ``abortable`` the abort callback is armed, so a long batch can be stopped mid-graph
         (CPU and Metal backends; CUDA runs asynchronously and finishes the batch). Armed only for
         prefill: llama.cpp calls it for every graph node, which would tax each decoded token.
         """
-        assert 0 < len(tokens) <= self.n_batch
+        assert 0 < len(tokens) <= self.n_batch and 0 < outputs <= len(tokens)
         batch = self._batch
         batch.n_tokens = len(tokens)
+        first_output = len(tokens) - outputs
         for i, token in enumerate(tokens):
             batch.token[i] = token
             batch.pos[i] = start_pos + i
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
-            batch.logits[i] = False
-        batch.logits[len(tokens) - 1] = True
+            batch.logits[i] = i >= first_output
         if abortable:
             self._lib.llama_set_abort_callback(self.ctx, self._abort_callback, None)
+        # A speculative check is a decode of a few tokens: it takes the thread count the
+        # governor chose for single tokens (under contention, two threads spinning at ggml's
+        # barriers made checks of 2-17 tokens 5-30 times slower than one token here).
+        few = outputs > 1 and self.governor.threads != self._batch_threads
+        if few:
+            self._lib.llama_set_n_threads(self.ctx, self.governor.threads, self.governor.threads)
         try:
             status = self._lib.llama_decode(self.ctx, batch)
         finally:
             if abortable:
                 self._lib.llama_set_abort_callback(self.ctx, self._no_callback, None)
+            if few:
+                self.set_threads(self.governor.threads)
         if status == 2:
             # llama.cpp already dropped this batch's cells; make sure nothing of it stays.
             self.remove(start_pos, -1)
@@ -285,11 +297,16 @@ class LlamaRuntime:
         return self._abort_requested.is_set()
 
     def last_logits(self) -> np.ndarray:
-        ptr = self._lib.llama_get_logits_ith(self.ctx, -1)
+        return self.logits_at(-1)
+
+    def logits_at(self, index: int) -> np.ndarray:
+        """The logits after the last decode's ``index``-th token (-1: its last output), as a
+        view; that token must have had its logits requested (``decode``'s ``outputs``)."""
+        ptr = self._lib.llama_get_logits_ith(self.ctx, index)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def new_sampler(self, sampling: Sampling) -> Sampler:
-        return Sampler(self._lib, sampling, self.ctx, self.last_logits)
+        return Sampler(self._lib, sampling, self.ctx, self.logits_at)
 
     # -- KV cache -----------------------------------------------------------------------------
 
@@ -374,7 +391,7 @@ class Sampler:
     penalty is applied here to the few recently sampled tokens' logits, and greedy decoding is an
     argmax; only sampling with temperature runs llama.cpp's chain (top-k first, in C)."""
 
-    def __init__(self, lib, sampling: Sampling, ctx, logits: Callable[[], np.ndarray]) -> None:
+    def __init__(self, lib, sampling: Sampling, ctx, logits: Callable[[int], np.ndarray]) -> None:
         self._lib = lib
         self._ctx = ctx
         self._logits = logits
@@ -391,9 +408,12 @@ class Sampler:
             seed = sampling.seed if sampling.seed >= 0 else lib.LLAMA_DEFAULT_SEED
             lib.llama_sampler_chain_add(self._chain, lib.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
-    def sample(self) -> int:
-        """The next token, from the last logits (which the repeat penalty edits in place)."""
-        logits = self._logits()
+    def sample(self, index: int = -1) -> int:
+        """The next token, from the logits after the last decode's ``index``-th token (-1: its
+        last output; the repeat penalty edits them in place). A speculative check calls it once
+        per position, in order, so the penalty window and the random draws are those of
+        one-by-one decoding."""
+        logits = self._logits(index)
         if self._penalty != 1.0 and self._recent:
             ids = np.fromiter(set(self._recent), dtype=np.int64)
             values = logits[ids]
@@ -401,7 +421,7 @@ class Sampler:
         if self._chain is None:
             token = int(np.argmax(logits))
         else:
-            token = int(self._lib.llama_sampler_sample(self._chain, self._ctx, -1))
+            token = int(self._lib.llama_sampler_sample(self._chain, self._ctx, index))
         self._recent.append(token)
         return token
 
