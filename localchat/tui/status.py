@@ -37,6 +37,7 @@ class StatusInfo:
     n_ctx_used: int = 0
     n_ctx: int = 0
     route: str = "local"
+    draft_acceptance: float | None = None  # share of drafted tokens accepted (speculation)
 
     def show_loaded(self, loaded: Loaded) -> None:
         self.model, self.backend, self.n_ctx = loaded.model, backend_label(loaded), loaded.n_ctx
@@ -51,6 +52,7 @@ class StatusInfo:
         self.n_ctx_used = timings.n_ctx_used
         self.n_ctx = timings.n_ctx or self.n_ctx
         self.route = timings.route or "local"
+        self.draft_acceptance = timings.draft_acceptance
 
 
 def backend_label(loaded: Loaded) -> str:
@@ -95,6 +97,7 @@ def render_status(info: StatusInfo, width: int = 200) -> tuple[str, str]:
             f"TPOT {_number(info.tpot_ms, 1)} ms",
             f"{_number(info.tokens_per_s, 1)} tok/s",
             f"reused {reuse}",
+            *([f"draft {100 * info.draft_acceptance:.0f}%"] if info.draft_acceptance is not None else []),
         )
     )
     return _fit(first, width), _fit(second, width)
