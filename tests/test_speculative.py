@@ -185,7 +185,7 @@ def test_the_test_model_drafting_for_itself_accepts_nearly_every_draft(test_mode
 
 
 def test_a_draft_model_with_another_vocabulary_is_refused_in_one_line(test_model_path, synthetic_model):
-    other = synthetic_model("llama-tiny-64k")
+    other = synthetic_model("llama-tiny-othervocab")
     with loaded_engine(test_model_path, 512, "target", speculative="auto",
                        draft_model=str(other)) as engine:
         assert engine.speculation == "ngram"  # the chat goes on, drafting by prompt lookup
@@ -193,7 +193,7 @@ def test_a_draft_model_with_another_vocabulary_is_refused_in_one_line(test_model
         notices = [e.message for e in events if isinstance(e, Notice)]
         assert len(notices) == 1 and "\n" not in notices[0]
         assert other.stem in notices[0] and "target" in notices[0]
-        assert "another vocabulary" in notices[0] and "65536 tokens against 49152" in notices[0]
+        assert "another vocabulary (token 17 differs)" in notices[0]
         assert isinstance(events[-1], Done) and events[-1].finish_reason in ("stop", "length")
         assert any(isinstance(e, Token) for e in events)
         # Said once, not at every turn.
@@ -219,3 +219,21 @@ def test_the_shipped_prompt_set_reads_and_a_bad_line_is_one_error(tmp_path):
     bad.write_text('{"kind": "edit", "prompt": "x"}\n{"kind": "poem", "prompt": "y"}\n')
     with pytest.raises(UserError, match=r"set.jsonl:2: kind must be edit or prose"):
         read_set(bad)
+
+
+def test_models_toml_pairs_a_draft_model_only_once_it_is_downloaded():
+    from localchat.engine.factory import engine_options
+    from localchat.models.registry import load_registry, local_path
+    from localchat.settings import EngineSection, Settings
+
+    registry = load_registry()
+    target = registry["smollm2-1.7b"]
+    assert target.draft == "smollm2-135m"
+    assert engine_options(target, Settings()).draft_model is None  # not downloaded: no draft
+    draft_file = local_path(registry["smollm2-135m"])
+    draft_file.parent.mkdir(parents=True, exist_ok=True)
+    draft_file.touch()
+    assert engine_options(target, Settings()).draft_model == "smollm2-135m"
+    configured = Settings(engine=EngineSection(draft_model="my-draft"))
+    assert engine_options(target, configured).draft_model == "my-draft"
+    assert engine_options(target, configured, draft_model="flag").draft_model == "flag"

@@ -143,16 +143,16 @@ def _judge(engine: Engine, messages: list[dict[str, str]], off: list[int], on: l
     with the turn's repeat penalty applied), or wrong."""
     if on == off:
         return {"verdict": "identical"}
-    i = next((k for k, (a, b) in enumerate(zip(off, on)) if a != b), None)
-    if i is None:  # one stopped where the other went on: no tie to weigh
-        return {"verdict": "wrong", "token": min(len(off), len(on))}
+    i = next((k for k, (a, b) in enumerate(zip(off, on)) if a != b), min(len(off), len(on)))
     logits = np.array(engine.fresh_logits(messages, off[:i]))
     if sampling.repeat_penalty != 1.0 and i:
         ids = np.array(sorted(set(off[max(0, i - PENALTY_WINDOW):i])), dtype=np.int64)
         values = logits[ids]
         logits[ids] = np.where(values <= 0, values * sampling.repeat_penalty,
                                values / sampling.repeat_penalty)
-    margin = float(logits[off[i]] - logits[on[i]])
+    # One stopped where the other went on: its choice there was the likeliest end token.
+    end = max(engine.end_tokens(), key=lambda t: logits[t]) if i == min(len(off), len(on)) else -1
+    margin = float(logits[off[i] if i < len(off) else end] - logits[on[i] if i < len(on) else end])
     verdict = "near-tie" if margin < NEAR_TIE_LOGITS else "wrong"
     return {"verdict": verdict, "token": i, "margin": round(margin, 4)}
 

@@ -40,7 +40,9 @@ from localchat.models.gguf import GGUFInfo, read_gguf
 # speculative example uses the same cut, --draft-p-min 0.75).
 P_MIN = 0.75
 # Models of one family pad their embedding tables differently (Qwen2.5 0.5B: 151,936 rows, 7B:
-# 152,064); llama.cpp's speculative decoding allows this much difference, unused rows only.
+# 152,064); llama.cpp's speculative decoding allows this much difference. More is accepted only
+# where every extra token is marked unused (scripts/synth-gguf pads the test model's tokenizer
+# so to an 8B model's 128,256 tokens).
 VOCAB_SIZE_SLACK = 128
 # Token texts compared at load: all the special ones at the start, then evenly spread ids.
 VOCAB_SAMPLE = 4096
@@ -118,20 +120,31 @@ def load_draft(plan: DraftPlan, options: EngineOptions, target: LlamaRuntime,
 
 def vocabulary_problem(target: LlamaRuntime, draft: LlamaRuntime) -> str | None:
     """Why ``draft`` cannot propose tokens for ``target`` (their ids would mean other text), or
-    None: the sizes within VOCAB_SIZE_SLACK, the same BOS/EOS, the same text for a sample of ids
-    (every special one at the start, then spread over the shared range)."""
-    if abs(target.n_vocab - draft.n_vocab) > VOCAB_SIZE_SLACK:
+    None: the sizes within VOCAB_SIZE_SLACK (or the larger one's extra tokens unused), the same
+    BOS/EOS, the same text for a sample of ids (every special one at the start, then spread over
+    the shared range)."""
+    larger = target if target.n_vocab >= draft.n_vocab else draft
+    shared = min(target.n_vocab, draft.n_vocab)
+    extra = range(shared, larger.n_vocab)
+    lib = target._lib
+    if len(extra) > VOCAB_SIZE_SLACK and not all(
+            lib.llama_vocab_get_attr(larger.vocab, token) & lib.LLAMA_TOKEN_ATTR_UNUSED
+            for token in _spread(extra)):
         return f"{draft.n_vocab} tokens against {target.n_vocab}"
     if target.bos_id != draft.bos_id or target.model.token_eos() != draft.model.token_eos():
         return "other begin/end-of-text tokens"
-    shared = min(target.n_vocab, draft.n_vocab)
-    step = max(1, shared // VOCAB_SAMPLE)
-    ids = sorted(set(range(min(shared, 512))) | set(range(0, shared, step)) | {shared - 1})
-    lib = target._lib
+    ids = sorted(set(range(min(shared, 512))) | set(_spread(range(shared))))
+    text = lib.llama_vocab_get_text
     for token in ids:
-        if lib.llama_vocab_get_text(target.vocab, token) != lib.llama_vocab_get_text(draft.vocab, token):
+        if text(target.vocab, token) != text(draft.vocab, token):
             return f"token {token} differs"
     return None
+
+
+def _spread(ids: range) -> list[int]:
+    """About VOCAB_SAMPLE ids spread evenly over ``ids``, its last one included."""
+    step = max(1, len(ids) // VOCAB_SAMPLE)
+    return [*ids[::step], ids[-1]] if ids else []
 
 
 def _ram_problem(gguf: GGUFInfo, options: EngineOptions) -> str | None:
@@ -164,11 +177,12 @@ class DraftModel:
     def __init__(self, runtime: LlamaRuntime, name: str, n_shared: int) -> None:
         self.runtime = runtime
         self.name = name
-        self._n_shared = n_shared  # ids both vocabularies have: drafts stay below it
+        self._n_shared = n_shared  # ids both vocabularies have: drafts stay below them
         self._held = np.zeros(runtime.n_ctx, dtype=np.int32)
         self._n_held = 0
 
-    def propose(self, log: TokenLog, limit: int, should_stop: Callable[[], bool]) -> tuple[list[int], float]:
+    def propose(self, log: TokenLog, limit: int,
+                should_stop: Callable[[], bool]) -> tuple[list[int], float]:
         """Up to ``limit`` tokens the draft model expects after ``log`` (greedy, each at least
         P_MIN likely), and the ms it took. Empty when a stop came or the context is full."""
         started = time.perf_counter()
@@ -210,6 +224,9 @@ class DraftModel:
                 common = 0
             self._n_held = common
         pending = tokens[common:].tolist()
+        unknown = next((i for i, t in enumerate(pending) if t >= self._n_shared), None)
+        if unknown is not None:  # the target wrote a token this model does not have
+            pending = pending[:unknown]
         try:
             for start in range(0, len(pending), CATCH_UP_CHUNK):
                 if should_stop():
@@ -219,7 +236,7 @@ class DraftModel:
                 self._hold(chunk)
         except DecodeAborted:
             return False
-        return True
+        return unknown is None
 
     def _hold(self, tokens: list[int]) -> None:
         self._held[self._n_held:self._n_held + len(tokens)] = tokens

@@ -225,6 +225,11 @@ class Engine:
 
         return self.call(job)
 
+    def end_tokens(self) -> list[int]:
+        """The tokens that end a reply: where a greedy reply stops and another goes on, the
+        oracle weighs the best of these against the token the longer one chose."""
+        return self.call(lambda: self._require_runtime().end_of_generation_tokens())
+
     def prompt_tokens(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> int:
         """Exact length in tokens of ``messages`` as the template renders them (no cache effect)."""
         runtime = self._require_runtime()

@@ -230,6 +230,11 @@ class LlamaRuntime:
     def is_end_of_generation(self, token: int) -> bool:
         return bool(self._lib.llama_vocab_is_eog(self.vocab, token))
 
+    def end_of_generation_tokens(self) -> list[int]:
+        """Every token that ends a reply (a pass over the vocabulary: for measuring, not per
+        token)."""
+        return [t for t in range(self.n_vocab) if self.is_end_of_generation(t)]
+
     # -- decoding -----------------------------------------------------------------------------
 
     def decode(self, tokens: list[int], start_pos: int, abortable: bool = False,

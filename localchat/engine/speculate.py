@@ -53,6 +53,10 @@ MIN_GAIN = 1.05
 PRIOR_EXTRA_COST = 0.42
 # How fast old drafts' outcomes fade (per draft checked).
 DECAY = 0.95
+# A drafter the policy has stopped using is still tried now and then (a short draft after this
+# many skipped chances): its hit rate can only change through drafts.
+EXPLORE_EVERY = 32
+EXPLORE_LENGTH = 2
 # Decode times are judged by the median of the last few: on a busy machine one decode now and
 # then takes many times its usual time, and a mean would let one such outlier decide.
 RECENT_TIMES = 31
@@ -174,6 +178,7 @@ class DraftPolicy:
     extra_ms: RecentTimes = field(default_factory=RecentTimes)  # each further position in a check
     draft_ms: RecentTimes = field(default_factory=RecentTimes)  # each draft model token
     draft_cost_prior: float = 0.1  # draft token / plain decode, before it is timed
+    skipped: dict[int, int] = field(default_factory=dict)  # chances not taken, per drafter
 
     def decoded(self, n_tokens: int, ms: float) -> None:
         """A decode of ``n_tokens`` (1: plain; more: a check) took ``ms``."""
@@ -204,10 +209,24 @@ class DraftPolicy:
         return self.draft_cost_prior
 
     def ngram_length(self, match: int, limit: int) -> int:
-        return best_length(self.ngram[_ngram_bucket(match)].rate, limit, self.extra_cost)
+        """Prompt-lookup tokens worth checking, for a match reaching ``match`` tokens back."""
+        bucket = _ngram_bucket(match)
+        length = best_length(self.ngram[bucket].rate, limit, self.extra_cost)
+        return self._or_explore(bucket, length, limit)
 
     def model_length(self, limit: int) -> int:
-        return best_length(self.model.rate, limit, self.extra_cost + self.draft_cost)
+        """Draft-model tokens worth asking for and checking."""
+        length = best_length(self.model.rate, limit, self.extra_cost + self.draft_cost)
+        return self._or_explore(-1, length, limit)
+
+    def _or_explore(self, drafter: int, length: int, limit: int) -> int:
+        """``length``, or when the policy said none for the EXPLORE_EVERY-th time, a short try."""
+        if length:
+            return length
+        self.skipped[drafter] = self.skipped.get(drafter, 0) + 1
+        if self.skipped[drafter] % EXPLORE_EVERY:
+            return 0
+        return min(EXPLORE_LENGTH, limit)
 
 
 def best_length(rate: float, limit: int, cost: float) -> int:
@@ -311,6 +330,8 @@ class TurnDrafts:
                 draft, ms = self._model.propose(log, n, should_stop)
                 self.policy.drafted(len(draft), ms)
                 self._source = self.policy.model if draft else None
+                if not draft and not should_stop():  # asked and had no sure guess: a cost
+                    self.policy.model.record(1, 0)
         self.draft_n += len(draft)
         return draft
 
