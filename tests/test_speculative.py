@@ -104,9 +104,12 @@ def test_a_greedy_reply_with_drafts_is_the_reply_without_them(spec_engine, fresh
 
 
 def test_the_sampler_draws_once_per_position_in_order(spec_engine, monkeypatch):
-    """At temperature 0.7 with a fixed seed the reply is the one decoding without drafts gives,
-    up to where a check's logits differ from a single decode's (batch-shape rounding, the cause
-    of greedy near-ties): up to there every draw matches, one per token, in order."""
+    """Drafted and checked, a reply sampled at temperature 0.7 with a fixed seed is the one
+    decoding without drafts gives, up to where a check's logits differ from a single decode's
+    (other CPU kernels for several query tokens: the cause of greedy near-ties): up to there
+    every draw matches, one per token, in order. (The engine does not draft seeded turns, so
+    that a fixed seed keeps giving the same reply: here it is made to.)"""
+    monkeypatch.setattr(speculate, "reproducible_with_drafts", lambda sampling: True)
     seen: list[np.ndarray] = []
     original = Sampler.sample
 
@@ -131,6 +134,18 @@ def test_the_sampler_draws_once_per_position_in_order(spec_engine, monkeypatch):
     if first is not None:
         assert not np.array_equal(plain_logits[first], drafted_logits[first]), (
             f"the replies part at token {first} although the sampler saw the same logits there")
+
+
+def test_a_seeded_reply_is_not_drafted_and_stays_the_same(spec_engine):
+    seeded = Sampling(temperature=0.7, seed=11, max_tokens=32)
+    replies = []
+    for mode in ("off", "ngram"):
+        spec_engine.set_speculative(mode)
+        spec_engine.reset()
+        tokens, done = reply_tokens(spec_engine.submit(EDIT, seeded))
+        replies.append(tokens)
+        assert done.timings.draft_n == 0
+    assert replies[0] == replies[1]
 
 
 def test_rejected_drafts_leave_the_cache_exact_for_the_next_turn(spec_engine, fresh):

@@ -7,7 +7,7 @@ an empty cache ``rounds`` times each way, off and on alternating (ABBA across ro
 second each way, their ratio, how many tokens were drafted and accepted. Then exactness: greedy
 replies must be identical, or differ only after a near-tie (the logits at the first differing
 token, from a decode without speculation, within NEAR_TIE_LOGITS); and with temperature and a
-fixed seed the reply must be the same (the sampler draws once per position, in order).
+fixed seed the reply must be the same (the engine does not draft such turns: ``seeded_draft_n``).
 """
 
 from __future__ import annotations
@@ -127,13 +127,14 @@ def _measure_prompt(engine: Engine, mode: str, kind: str, prompt: str, greedy: S
     verdicts = [_judge(engine, messages, reference, tokens, greedy) for tokens in replies["on"]]
     worst = max(verdicts, key=lambda v: ("identical", "near-tie", "wrong").index(v["verdict"]))
     _, seeded_off = _answer(engine, "off", messages, seeded)
-    _, seeded_on = _answer(engine, mode, messages, seeded)
+    seeded_timings, seeded_on = _answer(engine, mode, messages, seeded)
     return {"kind": kind, "prompt": prompt[:60], "tokens": len(reference),
             "off_tokens_per_s": round(off_tps, 1), "on_tokens_per_s": round(on_tps, 1),
             "ratio": round(on_tps / off_tps, 3) if off_tps else 0.0,
             "draft_n": drafted, "draft_n_accepted": accepted,
             "acceptance": round(accepted / drafted, 3) if drafted else None,
-            "greedy": worst, "seeded_same": seeded_off == seeded_on}
+            "greedy": worst, "seeded_same": seeded_off == seeded_on,
+            "seeded_draft_n": seeded_timings.draft_n}
 
 
 def _judge(engine: Engine, messages: list[dict[str, str]], off: list[int], on: list[int],
@@ -169,7 +170,8 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "greedy_identical": verdicts.count("identical"),
             "greedy_near_tie": verdicts.count("near-tie"),
             "greedy_wrong": verdicts.count("wrong"),
-            "seeded_same": sum(1 for r in rows if r["seeded_same"])}
+            "seeded_same": sum(1 for r in rows if r["seeded_same"]),
+            "seeded_draft_n": sum(r["seeded_draft_n"] for r in rows)}
 
 
 def print_speculative(report: dict[str, Any]) -> None:
@@ -187,7 +189,8 @@ def print_speculative(report: dict[str, Any]) -> None:
         print(f"{kind}: median ratio {s['median_ratio']} (min {s['min_ratio']}) · acceptance "
               f"{s['acceptance']} ({s['draft_n_accepted']}/{s['draft_n']}) · greedy "
               f"{s['greedy_identical']} identical, {s['greedy_near_tie']} near-tie, "
-              f"{s['greedy_wrong']} wrong · seeded {s['seeded_same']}/{s['prompts']} same")
+              f"{s['greedy_wrong']} wrong · seeded {s['seeded_same']}/{s['prompts']} same "
+              f"({s['seeded_draft_n']} drafted)")
     for check in report["targets"]:
         print(f"  [{'ok' if check['ok'] else 'MISS'}] {check['target']}: {check['value']} "
               f"(limit {check['limit']})")

@@ -478,7 +478,7 @@ class Engine:
         # Reasoning streams as Thinking events, the answer as Tokens; the reply keeps both.
         stream = ReplyEvents(handle, clock, inside=prompt_opens_thinking(layout.messages[-1].text))
         confidence_tokens = self.options.confidence_tokens if self.options.track_confidence else 0
-        drafts = self._require_speculator().for_turn()
+        drafts = self._require_speculator().for_turn(sampling)
         reply, finish = kv.generate(sampling, confidence_tokens,
                                     lambda: handle.stop_requested, stream.token, drafts)
         if drafts is not None:

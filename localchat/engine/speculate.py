@@ -21,7 +21,8 @@ Modes (``[engine] speculative``): ``auto`` (prompt lookup, and the draft model w
 configured, both only where the policy expects a gain), ``ngram`` (prompt lookup only),
 ``draft`` (the draft model only, drafting wherever it is confident even if the policy expects
 no gain: for measuring a pairing), ``off``. Memories that cannot drop the cells of rejected
-drafts (recurrent, hybrid, window-size caches) turn it off, and say why.
+drafts (recurrent, hybrid, window-size caches) turn it off, and say why. A turn sampled with a
+fixed seed is not drafted (``reproducible_with_drafts``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from localchat.engine.draft_model import DraftModel, DraftPlan, load_draft, plan_draft
 from localchat.engine.ngram import MAX_MATCH, TokenLog, lookup
-from localchat.engine.options import EngineOptions
+from localchat.engine.options import EngineOptions, Sampling
 from localchat.errors import EngineError
 from localchat.settings import Speculative
 
@@ -244,6 +245,17 @@ def best_length(rate: float, limit: int, cost: float) -> int:
     return best
 
 
+def reproducible_with_drafts(sampling: Sampling) -> bool:
+    """Whether a reply sampled so stays what it would be without drafts. A fixed seed at a
+    temperature asks for the same reply every time; but a check's logits are not bit for bit a
+    single decode's on every backend (on the CPU: other kernels for one query token than for
+    several, up to ~1 logit apart for the test model), and one draw that lands differently changes
+    the rest of the reply. The draw sequence itself is the same (one per position, in order), so
+    greedy replies differ only after a near-tie, and random-seeded ones are as random as before;
+    seeded ones are not drafted."""
+    return sampling.greedy or sampling.seed < 0
+
+
 class Speculator:
     """The engine's drafting for one loaded model: its mode, its drafters, and the policy it
     learns across turns (engine thread only)."""
@@ -270,9 +282,9 @@ class Speculator:
             parts.append(f"draft {self.draft.name}")
         return " + ".join(parts) or "off"
 
-    def for_turn(self) -> TurnDrafts | None:
-        """The drafting of one reply, or None when nothing drafts."""
-        if self.mode == "off" or self.off_reason:
+    def for_turn(self, sampling: Sampling) -> TurnDrafts | None:
+        """The drafting of one reply with ``sampling``, or None when nothing drafts."""
+        if self.mode == "off" or self.off_reason or not reproducible_with_drafts(sampling):
             return None
         ngram = self.mode in ("auto", "ngram")
         model = self.draft if self.mode in ("auto", "draft") else None
