@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--continue", dest="continue_last", action="store_true",
                         help="reopen the most recently used session")
     parser.add_argument("--session", "-s", help="open the session with this id or name (a new name starts one)")
+    parser.add_argument("--speculative", choices=("auto", "ngram", "draft", "off"),
+                        help="speculative decoding (default: [engine] speculative, auto)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -55,7 +57,8 @@ def _run_app(args: argparse.Namespace) -> int:
     if args.session is not None:
         check_session_name(args.session)  # `--session ""` would otherwise be ignored silently
 
-    return run_app(model=args.model, continue_last=args.continue_last, session=args.session)
+    return run_app(model=args.model, continue_last=args.continue_last, session=args.session,
+                   speculative=args.speculative)
 
 
 def require_utf8_arguments(argv: list[str]) -> None:

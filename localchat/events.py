@@ -61,6 +61,10 @@ class Timings:
     # ... and what such rebuilding cost in the background since the previous turn.
     rebuild_background_n: int = 0
     rebuild_background_ms: float = 0.0
+    # Speculative decoding (llama.cpp server's names): tokens drafted, and those of them the
+    # model sampled too (kept without a decode of their own).
+    draft_n: int = 0
+    draft_n_accepted: int = 0
     route: str = "local"  # "local" or "remote"
     route_reason: str = ""
     fell_back: bool = False  # the remote was asked and failed: this local reply stands
@@ -69,6 +73,11 @@ class Timings:
     @property
     def rebuild(self) -> bool:
         return self.rebuild_n > 0 or self.rebuild_background_n > 0
+
+    @property
+    def draft_acceptance(self) -> float | None:
+        """The share of drafted tokens accepted (None when nothing was drafted)."""
+        return self.draft_n_accepted / self.draft_n if self.draft_n else None
 
     @property
     def predicted_per_second(self) -> float:
@@ -103,6 +112,7 @@ class Loaded:
     backend: str  # "CPU", "CUDA", "Metal", ...
     load_ms: float = 0.0
     memory: str = "kv"  # kv | swa | recurrent | hybrid (engine/runtime.memory_kind)
+    speculative: str = "off"  # what drafts tokens ("ngram + draft NAME"), or "off: why"
 
 
 @dataclass(frozen=True)

@@ -86,10 +86,11 @@ def shared_engine(test_model_path):
 @pytest.fixture(scope="session")
 def fresh(test_model_path):
     """A second engine (n_ctx 2048), used only as the exactness oracle (tests/oracle.py): its
-    cache is emptied before every answer. One for the session, shared by every oracle test."""
+    cache is emptied before every answer, and it decodes one token at a time (no speculative
+    decoding). One for the session, shared by every oracle test."""
     from oracle import loaded_engine
 
-    with loaded_engine(test_model_path, 2048, "oracle") as engine:
+    with loaded_engine(test_model_path, 2048, "oracle", speculative="off") as engine:
         yield engine
 
 

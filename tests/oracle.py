@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from localchat.context.chat_context import ChatContext
@@ -51,7 +52,7 @@ def reply_tokens(handle) -> tuple[list[int], Done]:
 
 def fresh_reply(oracle: Engine, messages: list[dict], n_tokens: int = N_COMPARED) -> list[int]:
     oracle.reset()
-    tokens, _ = reply_tokens(oracle.submit(messages, GREEDY))
+    tokens, _ = reply_tokens(oracle.submit(messages, replace(GREEDY, max_tokens=max(N_COMPARED, n_tokens))))
     oracle.reset()
     return tokens[:n_tokens]
 

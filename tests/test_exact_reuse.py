@@ -136,7 +136,7 @@ def small(test_model_path):
 
 @pytest.fixture(scope="module")
 def small_fresh(test_model_path):
-    with loaded_engine(test_model_path, N_CTX_SMALL, "oracle") as engine:
+    with loaded_engine(test_model_path, N_CTX_SMALL, "oracle", speculative="off") as engine:
         yield engine
 
 

@@ -22,7 +22,7 @@ from localchat.context.chat_context import ChatContext
 from localchat.context.factory import open_chat
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
-from localchat.events import Done, Failed, PrefillProgress
+from localchat.events import Done, Failed, Notice, PrefillProgress
 from localchat.settings import ContextSection, Settings
 
 SYSTEM = "You are a helpful assistant."
@@ -38,9 +38,16 @@ def test_each_memory_kind_is_named_at_load(synthetic_model, engine):
         with loaded_engine(path, 512, shape) as e:
             assert e.info.memory == kind == e.memory_kind
             assert not e.can_trim_in_place  # window-size caches by default: checkpoints
+            # Rejected drafts cannot be dropped either: no speculative decoding, and why.
+            assert e.info.speculative.startswith("off: ") and "cannot drop" in e.info.speculative
+            events = list(e.submit([{"role": "user", "content": "Hi"}],
+                                   Sampling(temperature=0, max_tokens=2)))
+            assert [n.message for n in events if isinstance(n, Notice)] == [
+                "speculative decoding is " + e.info.speculative]
     # Full-size sliding-window caches can drop turns like any KV cache.
     with loaded_engine(synthetic_model("gemma3-tiny"), 512, "full", swa_full=True) as e:
         assert e.memory_kind == "swa" and e.can_trim_in_place
+        assert e.info.speculative == "ngram"
 
 
 @pytest.fixture(scope="module", params=["mamba-tiny", "lfm2-tiny", "gemma3-tiny"])
@@ -50,7 +57,7 @@ def stateful(request, synthetic_model):
     needs a checkpoint)."""
     path = synthetic_model(request.param)
     with loaded_engine(path, 1024, request.param) as engine, \
-            loaded_engine(path, 1024, "oracle") as oracle:
+            loaded_engine(path, 1024, "oracle", speculative="off") as oracle:
         assert not engine.can_trim_in_place
         yield engine, oracle
 
@@ -119,7 +126,7 @@ def test_an_edit_of_an_earlier_turn_prefills_from_the_nearest_checkpoint(statefu
 @pytest.mark.parametrize("shape", ["mamba-tiny", "lfm2-tiny", "gemma3-tiny"])
 def test_a_thirty_turn_chat_at_n_ctx_512_trims_by_rebuilding_and_stays_exact(synthetic_model, shape):
     path = synthetic_model(shape)
-    with loaded_engine(path, 512, "mamba") as engine, loaded_engine(path, 512, "oracle") as oracle:
+    with loaded_engine(path, 512, "mamba") as engine, loaded_engine(path, 512, "oracle", speculative="off") as oracle:
         config = Settings(context=ContextSection(summarize=False))
         chat = open_chat(engine, config, system="You are brief.",
                          sampling=Sampling(temperature=0, repeat_penalty=1.0, max_tokens=24))

@@ -92,3 +92,27 @@ def typing_targets(delay_s: float, paste_ttft_ms: float, short_ttft_ms: float) -
     ratio = round(paste_ttft_ms / short_ttft_ms, 2) if short_ttft_ms else None
     return [target(f"paste TTFT ({delay_s:g} s after the paste) / short TTFT", ratio, 2.0,
                    bool(short_ttft_ms) and paste_ttft_ms / short_ttft_ms <= 2.0)]
+
+
+def speculative_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Speculative decoding pays on edits, costs nothing on prose, and never changes a reply
+    (``bench.speculative``'s report)."""
+    summary = report["summary"]
+    checks = []
+    if "edit" in summary:
+        ratio = summary["edit"]["median_ratio"]
+        checks.append(target("edit-style tokens/s, speculation on / off (median)", ratio, 1.5,
+                             ratio >= 1.5))
+    if "prose" in summary:
+        ratio = summary["prose"]["median_ratio"]
+        checks.append(target("prose tokens/s, speculation on / off (median)", ratio, 0.97,
+                             ratio >= 0.97))
+    wrong = sum(s["greedy_wrong"] for s in summary.values())
+    near = sum(s["greedy_near_tie"] for s in summary.values())
+    checks.append(target("greedy replies identical or differing after a near-tie",
+                         f"{wrong} wrong ({near} near-tie)", "0 wrong", wrong == 0))
+    prompts = sum(s["prompts"] for s in summary.values())
+    same = sum(s["seeded_same"] for s in summary.values())
+    checks.append(target("same reply at temperature 0.7 with a fixed seed", f"{same}/{prompts}",
+                         f"{prompts}/{prompts}", same == prompts))
+    return checks

@@ -56,6 +56,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the model's thinking switch, for templates that have one (Qwen3 style)")
     p.add_argument("--hide-thinking", action="store_true",
                    help="drop the model's reasoning; print only the answer")
+    p.add_argument("--speculative", choices=("auto", "ngram", "draft", "off"),
+                   help="speculative decoding: drafted tokens checked in one decode (default: "
+                   "[engine] speculative, auto)")
+    p.add_argument("--draft-model", help="the draft model for speculative decoding (registry "
+                   "name, hf: reference or .gguf path)")
     p.add_argument("--route", choices=("local", "remote", "auto"),
                    help="who answers: the local model, the configured remote, or decide by rules "
                    "and confidence (default: auto when [remote] is on, else local)")
@@ -83,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         config = load_config()
         escalator = Escalator.from_settings(config.remote)
         route: Route = args.route or ("auto" if escalator.client is not None else "local")
-        overrides = {"n_ctx": args.n_ctx} if args.n_ctx else {}
+        overrides = {"n_ctx": args.n_ctx or None, "speculative": args.speculative,
+                     "draft_model": args.draft_model}
         engine = open_engine(args.model, config, **overrides)
         sampling = sampling_options(config, **_sampling_flags(args))
         engine.load()
@@ -413,6 +419,9 @@ def summary_line(t: Timings) -> str:
     parts.append(f"TPOT {t.tpot_ms:.1f} ms")
     if t.predicted_per_second:
         parts.append(f"{t.predicted_n} tokens at {t.predicted_per_second:.1f} tok/s")
+    if t.draft_n:
+        parts.append(f"drafted {t.draft_n}, {t.draft_n_accepted} accepted "
+                     f"({100 * t.draft_n_accepted / t.draft_n:.0f}%)")
     parts.append(f"prompt {t.prompt_n} tok in {t.prompt_ms:.0f} ms, {t.cache_n} cached")
     parts.append(f"context {t.n_ctx_used}/{t.n_ctx}")
     if t.restore_ms:

@@ -41,6 +41,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mode.add_argument("--router", nargs="?", const="", metavar="PROMPTS.jsonl",
                       help="score escalation on a labelled prompt set (default: the shipped one): "
                       "the rules, then the whole route through the local model")
+    mode.add_argument("--speculative", nargs="?", const="", metavar="SET.jsonl",
+                      help="answer a prompt set (default: the shipped edit-style and prose "
+                      "prompts) with speculative decoding off and on, interleaved: tokens/s "
+                      "ratio, acceptance, exactness")
+    p.add_argument("--spec-mode", choices=("auto", "ngram", "draft"),
+                   help="with --speculative: what drafts (default: [engine] speculative, or auto)")
+    p.add_argument("--draft-model", help="with --speculative: the draft model (registry name, "
+                   "hf: reference or .gguf path)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="with --speculative: answers per prompt each way (default 2)")
     p.add_argument("--rules-only", action="store_true",
                    help="with --router: score the rules alone, without running the local model")
     p.add_argument("--temperature", type=float, default=0.0,
@@ -59,6 +69,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.rules_only:
         raise UserError("--rules-only goes with --router")
+    if args.speculative is not None:
+        report.show(_speculative(args), args.json, text=_print_speculative)
+        return 0
+    if args.spec_mode or args.draft_model:
+        raise UserError("--spec-mode and --draft-model go with --speculative")
     max_tokens = args.max_tokens or 48
     if args.restore or args.tui or args.typing is not None:
         report.show(_with_model_path(args, max_tokens), args.json)
@@ -85,6 +100,29 @@ def _router(args: argparse.Namespace) -> dict:
     return router_report(path, args.model, load_config(), rules_only=args.rules_only,
                          n_ctx=args.n_ctx, gpu_layers=_gpu_layers(args),
                          temperature=args.temperature, max_tokens=args.max_tokens)
+
+
+def _speculative(args: argparse.Namespace) -> dict:
+    from localchat.bench import report
+    from localchat.bench.speculative import measure_speculative, shipped_set
+    from localchat.settings import load_config
+
+    if args.rounds < 1:
+        raise UserError(f"--rounds must be at least 1, not {args.rounds}")
+    config = load_config()
+    configured = config.engine.speculative
+    mode = args.spec_mode or (configured if configured != "off" else "auto")
+    path = Path(args.speculative) if args.speculative else shipped_set()
+    return measure_speculative(args.model, config, path, mode=mode, draft_model=args.draft_model,
+                               n_ctx=args.n_ctx, gpu_layers=_gpu_layers(args),
+                               max_tokens=args.max_tokens or 160, rounds=args.rounds,
+                               say=report.progress(enabled=not args.json))
+
+
+def _print_speculative(result: dict) -> None:
+    from localchat.bench.speculative import print_speculative
+
+    print_speculative(result)
 
 
 def _with_model_path(args: argparse.Namespace, max_tokens: int) -> dict:

@@ -27,6 +27,7 @@ from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.preflight import Preflight, preflight
 from localchat.engine.reuse import fill_cache
 from localchat.engine.runtime import LlamaRuntime
+from localchat.engine.speculate import Speculator, build_speculator, plan_speculation
 from localchat.engine.templates import (
     Render,
     has_thinking_switch,
@@ -35,7 +36,7 @@ from localchat.engine.templates import (
 )
 from localchat.engine.turn import ReplyEvents, TurnClock, TurnHandle
 from localchat.errors import EngineError, UserError
-from localchat.events import Done, Failed, Loaded, PrefillProgress, Timings
+from localchat.events import Done, Failed, Loaded, Notice, PrefillProgress, Timings
 from localchat.reasoning import prompt_opens_thinking
 
 __all__ = ["Engine", "KVSnapshot"]
@@ -64,6 +65,8 @@ class Engine:
         self._template = ""
         self._overhead: int | None = None
         self._kv: ConversationCache | None = None
+        self._speculator: Speculator | None = None
+        self._notices: list[Notice] = []  # for the next foreground turn (after a load)
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._current: TurnHandle | None = None
         self._background_jobs: list[TurnHandle] = []
@@ -134,6 +137,28 @@ class Engine:
         if current is not None:
             current.stop()
 
+    def set_speculative(self, mode: str) -> str:
+        """Switch speculative decoding for the next turns ("auto" | "ngram" | "draft" | "off",
+        among what the load set up: a draft model is only there if one was configured and
+        loaded). Returns what now drafts, in words (``speculation``)."""
+        from localchat.settings import SPECULATIVE_MODES
+
+        if mode not in SPECULATIVE_MODES:
+            raise EngineError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, not {mode!r}")
+
+        def job() -> str:
+            speculator = self._require_speculator()
+            speculator.mode = mode  # type: ignore[assignment]
+            return speculator.describe()
+
+        result: str = self.call(job)
+        return result
+
+    @property
+    def speculation(self) -> str:
+        """What drafts tokens for this model ("ngram + draft smollm2-135m", "off: why")."""
+        return self._speculator.describe() if self._speculator is not None else "off"
+
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the engine thread after queued work; return its result or raise."""
         future: Future = Future()
@@ -198,6 +223,11 @@ class Engine:
 
         return self.call(job)
 
+    def end_tokens(self) -> list[int]:
+        """The tokens that end a reply: where a greedy reply stops and another goes on, the
+        oracle weighs the best of these against the token the longer one chose."""
+        return self.call(lambda: self._require_runtime().end_of_generation_tokens())
+
     def prompt_tokens(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> int:
         """Exact length in tokens of ``messages`` as the template renders them (no cache effect)."""
         runtime = self._require_runtime()
@@ -212,6 +242,9 @@ class Engine:
             self.stop()
             self._jobs.put(None)
             self._thread.join(timeout=30)
+        if self._speculator is not None:
+            self._speculator.close()
+            self._speculator = None
         if self._runtime is not None:
             self._runtime.close()
             self._runtime = None
@@ -291,6 +324,11 @@ class Engine:
             raise EngineError("no model is loaded")
         return self._runtime
 
+    def _require_speculator(self) -> Speculator:
+        if self._speculator is None:
+            raise EngineError("no model is loaded")
+        return self._speculator
+
     def _require_kv(self) -> ConversationCache:
         if self._kv is None:
             raise EngineError("no model is loaded")
@@ -305,13 +343,18 @@ class Engine:
         checked, self._preflight = self._preflight or self.preflight(), None  # a later load reads again
         gguf, template = checked.gguf, checked.template
         self.n_params = checked.n_params
-        fit = resolve_gpu_layers(self.options.gpu_layers, gguf, self.options)
+        draft, draft_problem = plan_speculation(self.options, gguf, self.name)
+        fit = resolve_gpu_layers(self.options.gpu_layers, gguf, self.options,
+                                 reserve_bytes=draft.gpu_bytes if draft is not None else 0)
         if on_progress:
             on_progress(0.1)
         self._runtime = LlamaRuntime(self.model_path, self.options, fit.n_gpu_layers)
         self._render = make_renderer(template, self._runtime.bos_text, self._runtime.eos_text)
         self._template = template
         self._kv = ConversationCache(self._runtime, self.options.checkpoints)
+        self._speculator, notices = build_speculator(self.options, self._runtime, gguf, draft,
+                                                     draft_problem, self.name)
+        self._notices = [Notice(text, kind="speculative") for text in notices]
         if on_progress:
             on_progress(1.0)
         self.info = Loaded(
@@ -322,6 +365,7 @@ class Engine:
             backend=fit.backend,
             load_ms=(time.perf_counter() - started) * 1000.0,
             memory=self._runtime.memory_kind,
+            speculative=self._speculator.describe(),
         )
         return self.info
 
@@ -329,13 +373,22 @@ class Engine:
         with self._lock:
             if handle is self._current and self._runtime is not None:
                 self._runtime.request_abort()
+                if self._speculator is not None:
+                    self._speculator.request_abort()
 
     def _run_turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling,
                   background: bool = False) -> None:
         if background:
             self._run_job(handle, lambda: self._background_turn(handle, messages, sampling), True)
         else:
-            self._run_job(handle, lambda: self._turn(handle, messages, sampling), False)
+            self._run_job(handle, lambda: self._foreground_turn(handle, messages, sampling), False)
+
+    def _foreground_turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling) -> None:
+        """A user's turn: first what the load could not set up (one line each), then the turn."""
+        notices, self._notices = self._notices, []
+        for notice in notices:
+            handle.emit(notice)
+        self._turn(handle, messages, sampling)
 
     def _run_job(self, handle: TurnHandle, body: Callable[[], None], background: bool) -> None:
         """Run one turn-like job; it always ends its handle with Done or Failed."""
@@ -343,6 +396,8 @@ class Engine:
             self._current = handle
             if self._runtime is not None:
                 self._runtime.clear_abort()
+            if self._speculator is not None:
+                self._speculator.clear_abort()
         try:
             if handle.stop_requested:
                 handle.emit(Done("", "aborted", self._timings(Timings())))
@@ -421,8 +476,11 @@ class Engine:
         # Reasoning streams as Thinking events, the answer as Tokens; the reply keeps both.
         stream = ReplyEvents(handle, clock, inside=prompt_opens_thinking(layout.messages[-1].text))
         confidence_tokens = self.options.confidence_tokens if self.options.track_confidence else 0
+        drafts = self._require_speculator().for_turn(sampling)
         reply, finish = kv.generate(sampling, confidence_tokens,
-                                    lambda: handle.stop_requested, stream.token)
+                                    lambda: handle.stop_requested, stream.token, drafts)
+        if drafts is not None:
+            timings.draft_n, timings.draft_n_accepted = drafts.draft_n, drafts.draft_n_accepted
         thinking = stream.finish()
         handle.emit(Done(reply, finish, self._timings(clock.fill(timings)), thinking))
 

@@ -13,7 +13,7 @@ from typing import Any
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.models.registry import ModelSpec, require_local, resolve_model
-from localchat.settings import Settings, load_config
+from localchat.settings import EngineSection, Settings, load_config
 
 
 def engine_options(spec: ModelSpec, settings: Settings, **overrides: Any) -> EngineOptions:
@@ -27,8 +27,22 @@ def engine_options(spec: ModelSpec, settings: Settings, **overrides: Any) -> Eng
         "track_confidence": settings.remote.mode != "off",
     })
     from_spec = {"gpu_layers": spec.gpu_layers, "chat_format": spec.chat_format,
-                 "chat_template": spec.chat_template}
+                 "chat_template": spec.chat_template, "draft_model": _paired_draft(spec, engine)}
     return replace(options, **_given(from_spec, overrides))
+
+
+def _paired_draft(spec: ModelSpec, engine: EngineSection) -> str | None:
+    """The draft model: ``[engine] draft_model``, else the one models.toml pairs with ``spec``
+    when it is downloaded (a pairing alone never costs a download or an error)."""
+    if engine.draft_model or not spec.draft:
+        return engine.draft_model
+    from localchat.errors import UserError
+    from localchat.models.registry import is_downloaded
+
+    try:
+        return spec.draft if is_downloaded(resolve_model(spec.draft)) else None
+    except UserError:
+        return None
 
 
 def sampling_options(settings: Settings, **overrides: Any) -> Sampling:

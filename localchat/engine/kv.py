@@ -33,6 +33,8 @@ from localchat.engine.layout import CachedMessage, Shift, without_partial
 from localchat.engine.options import Sampling
 from localchat.engine.runtime import DecodeAborted, LlamaRuntime, TokenStats, token_stats
 from localchat.engine.snapshot_file import KVSnapshot
+from localchat.engine.speculate import TurnDrafts
+from localchat.engine.verify import ReplySteps
 from localchat.errors import EngineError
 from localchat.events import FinishReason
 
@@ -216,10 +218,12 @@ class ConversationCache:
             on_progress(done, len(tokens))
 
     def generate(self, sampling: Sampling, confidence_tokens: int, should_stop: Callable[[], bool],
-                 on_token: Callable[[str, int, TokenStats | None], None]) -> tuple[str, FinishReason]:
+                 on_token: Callable[[str, int, TokenStats | None], None],
+                 drafts: TurnDrafts | None = None) -> tuple[str, FinishReason]:
         """Sample the reply into the open record; (reply text, finish reason). A token is only
         evaluated when the next one is needed, so the last sampled token is not in the cache.
-        The first ``confidence_tokens`` tokens carry their TokenStats."""
+        The first ``confidence_tokens`` tokens carry their TokenStats. With ``drafts``, drafted
+        tokens are checked in one decode each time (``verify``): the same reply, sooner."""
         runtime = self.runtime
         reply_record = self.records[-1]
         position = self.n_tokens
@@ -231,14 +235,16 @@ class ConversationCache:
         sampled: list[bytes] = []
         evaluated_bytes = 0
         sampler = runtime.new_sampler(sampling)
+        steps = ReplySteps(runtime, sampler, position, drafts, self.tokens, should_stop)
         finish: FinishReason = "length"
+        token: int | None = None
         try:
+            token = steps.first()
             while True:
-                token = sampler.sample()
                 if runtime.is_end_of_generation(token):
                     finish = "stop"
                     break
-                stats = (token_stats(runtime.last_logits(), token)
+                stats = (token_stats(steps.logits(), token)
                          if len(sampled) < confidence_tokens else None)
                 piece = runtime.piece(token)
                 sampled.append(piece)
@@ -250,21 +256,25 @@ class ConversationCache:
                 if should_stop():
                     finish = "aborted"
                     break
-                started = time.perf_counter()
+                # Drafted tokens must fit the reply's and the context's limits as plain ones do.
+                room = min(sampling.max_tokens - len(sampled), runtime.n_ctx - 1 - position) - 1
                 try:
-                    runtime.decode([token], position)
+                    following = steps.advance(token, room)
                 except DecodeAborted:  # defensive: the callback is not armed while decoding
                     finish = "aborted"
                     break
-                runtime.governor.observe((time.perf_counter() - started) * 1000.0)
                 if self.exact_n == position:
                     self.exact_n += 1
                 with self._lock:
                     reply_record.tokens.append(token)
                 evaluated_bytes += len(piece)
                 position += 1
+                token = following
         finally:
-            sampler.close()
+            try:
+                steps.close(token)
+            finally:
+                sampler.close()
         reply = "".join(shown)
         with self._lock:
             reply_record.content = reply

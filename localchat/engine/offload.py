@@ -58,8 +58,9 @@ def estimated_gpu_bytes(gguf: GGUFInfo, layers: int, output: bool, n_ctx: int, k
 
 
 def estimate_gpu_layers(gguf: GGUFInfo, n_ctx: int, kv_type: str, n_ubatch: int, free_bytes: int,
-                        swa_full: bool = False) -> int:
-    """Layers (0..n_layers+1) that fit in ``free_bytes`` of VRAM."""
+                        swa_full: bool = False, reserve_bytes: int = 0) -> int:
+    """Layers (0..n_layers+1) that fit in ``free_bytes`` of VRAM, ``reserve_bytes`` of it kept
+    for something else (a draft model, loaded next)."""
     n_layers = gguf.n_layers or 0
     if n_layers == 0 or free_bytes <= 0:
         return 0
@@ -67,7 +68,7 @@ def estimate_gpu_layers(gguf: GGUFInfo, n_ctx: int, kv_type: str, n_ubatch: int,
                                    swa_full=swa_full, n_ubatch=n_ubatch)
     kv_per_layer = kv_total // n_layers
     margin = max(SAFETY_MARGIN_BYTES, int(free_bytes * SAFETY_MARGIN_FRACTION))
-    budget = free_bytes - margin - graph_reserve_bytes(gguf, n_ubatch, n_ctx)
+    budget = free_bytes - margin - graph_reserve_bytes(gguf, n_ubatch, n_ctx) - reserve_bytes
     for layer in range(n_layers):
         cost = gguf.layer_bytes.get(layer, 0) + kv_per_layer
         if cost > budget:
@@ -77,8 +78,10 @@ def estimate_gpu_layers(gguf: GGUFInfo, n_ctx: int, kv_type: str, n_ubatch: int,
     return n_layers + 1 if gguf.non_layer_bytes <= budget else n_layers
 
 
-def resolve_gpu_layers(setting: str | int, gguf: GGUFInfo, options: EngineOptions) -> OffloadPlan:
-    """Turn the ``gpu_layers`` setting ("auto" | "all" | N | 0) into a plan for this machine."""
+def resolve_gpu_layers(setting: str | int, gguf: GGUFInfo, options: EngineOptions,
+                       reserve_bytes: int = 0) -> OffloadPlan:
+    """Turn the ``gpu_layers`` setting ("auto" | "all" | N | 0) into a plan for this machine;
+    "auto" leaves ``reserve_bytes`` of VRAM free (the draft model's, ``draft_model.plan_draft``)."""
     n_layers = gguf.n_layers or 0
     backend, reason = gpu_backend()
     if isinstance(setting, str) and setting not in ("auto", "all"):
@@ -100,8 +103,10 @@ def resolve_gpu_layers(setting: str | int, gguf: GGUFInfo, options: EngineOption
         return OffloadPlan(0, 0, n_layers, "CPU",
                            f"{backend} is available but free VRAM is unknown; set gpu_layers = N")
     count = estimate_gpu_layers(gguf, options.n_ctx, options.kv_type, options.n_ubatch, free,
-                                options.swa_full)
+                                options.swa_full, reserve_bytes)
     why = f"auto: {count} of {n_layers + 1} layers fit in {free // MiB} MiB free VRAM"
+    if reserve_bytes:
+        why += f" ({reserve_bytes // MiB} MiB kept for the draft model)"
     return OffloadPlan(count, min(count, n_layers), n_layers, backend if count else "CPU", why)
 
 

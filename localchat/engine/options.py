@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localchat.settings import EngineSection, GpuLayers, KvType, SamplingSection
+from localchat.settings import EngineSection, GpuLayers, KvType, SamplingSection, Speculative
 
 
 @dataclass
@@ -53,3 +53,7 @@ class EngineOptions:
     # How many leading reply tokens carry those numbers: each costs a pass over the whole
     # vocabulary, and escalation decides within the first tokens anyway.
     confidence_tokens: int = EngineSection.confidence_tokens
+    # Speculative decoding (engine/speculate.py) and the draft model it may use (a model
+    # reference; the factory fills in the registry's pairing when the config names none).
+    speculative: Speculative = EngineSection.speculative
+    draft_model: str | None = EngineSection.draft_model

@@ -247,32 +247,49 @@ class LlamaRuntime:
             n = self._lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
         return buf.raw[:n]
 
+    def end_of_generation_tokens(self) -> list[int]:
+        """Every token that ends a reply (a pass over the vocabulary: for measuring, not per
+        token)."""
+        return [t for t in range(self.n_vocab) if self.is_end_of_generation(t)]
+
     # -- decoding -----------------------------------------------------------------------------
 
-    def decode(self, tokens: list[int], start_pos: int, abortable: bool = False) -> None:
-        """Evaluate ``tokens`` at positions start_pos.. in sequence 0 (one llama_decode call).
+    def decode(self, tokens: list[int], start_pos: int, abortable: bool = False,
+               outputs: int = 1) -> None:
+        """Evaluate ``tokens`` at positions start_pos.. in sequence 0 (one llama_decode call),
+        with logits after each of the last ``outputs`` of them (``logits_at(i)``: after the
+        batch's i-th token; a speculative check asks for every drafted position, never for the
+        whole context, which ``logits_all`` would).
 
         With ``abortable`` the abort callback is armed, so a long batch can be stopped mid-graph
         (CPU and Metal backends; CUDA runs asynchronously and finishes the batch). Armed only for
         prefill: llama.cpp calls it for every graph node, which would tax each decoded token.
         """
-        assert 0 < len(tokens) <= self.n_batch
+        assert 0 < len(tokens) <= self.n_batch and 0 < outputs <= len(tokens)
         batch = self._batch
         batch.n_tokens = len(tokens)
+        first_output = len(tokens) - outputs
         for i, token in enumerate(tokens):
             batch.token[i] = token
             batch.pos[i] = start_pos + i
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
-            batch.logits[i] = False
-        batch.logits[len(tokens) - 1] = True
+            batch.logits[i] = i >= first_output
         if abortable:
             self._lib.llama_set_abort_callback(self.ctx, self._abort_callback, None)
+        # A speculative check is a decode of a few tokens: it takes the thread count the
+        # governor chose for single tokens (under contention, two threads spinning at ggml's
+        # barriers made checks of 2-17 tokens 5-30 times slower than one token here).
+        few = outputs > 1 and self.governor.threads != self._batch_threads
+        if few:
+            self._lib.llama_set_n_threads(self.ctx, self.governor.threads, self.governor.threads)
         try:
             status = self._lib.llama_decode(self.ctx, batch)
         finally:
             if abortable:
                 self._lib.llama_set_abort_callback(self.ctx, self._no_callback, None)
+            if few:
+                self.set_threads(self.governor.threads)
         if status == 2:
             # llama.cpp already dropped this batch's cells; make sure nothing of it stays.
             self.remove(start_pos, -1)
@@ -302,11 +319,17 @@ class LlamaRuntime:
         return self._abort_requested.is_set()
 
     def last_logits(self) -> np.ndarray:
-        """The logits of the last decoded position: a view of llama.cpp's buffer (edits go
-        there, for its sampler chain to read), valid until the next decode. The view is kept
-        while llama.cpp keeps the buffer where it was: making one costs ~60 us a token right
-        after a decode has flushed the CPU caches."""
-        ptr = self._lib.llama_get_logits_ith(self.ctx, -1)
+        return self.logits_at(-1)
+
+    def logits_at(self, index: int) -> np.ndarray:
+        """The logits after the last decode's ``index``-th token (-1: its last output), as a
+        view of llama.cpp's buffer (edits go there, for its sampler chain to read), valid until
+        the next decode; that token must have had its logits requested (``decode``'s
+        ``outputs``). The last output's view is kept while llama.cpp keeps the buffer where it
+        was: making one costs ~60 us a token right after a decode has flushed the CPU caches."""
+        ptr = self._lib.llama_get_logits_ith(self.ctx, index)
+        if index != -1:
+            return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
         address = ctypes.cast(ptr, ctypes.c_void_p).value
         if address != self._logits_address or self._logits_view is None:
             self._logits_view = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
@@ -314,7 +337,7 @@ class LlamaRuntime:
         return self._logits_view
 
     def new_sampler(self, sampling: Sampling) -> Sampler:
-        return Sampler(self._lib, sampling, self.ctx, self.last_logits)
+        return Sampler(self._lib, sampling, self.ctx, self.logits_at)
 
     # -- KV cache -----------------------------------------------------------------------------
 
@@ -414,7 +437,7 @@ class Sampler:
     penalty is applied here to the few recently sampled tokens' logits, and greedy decoding is an
     argmax; only sampling with temperature runs llama.cpp's chain (top-k first, in C)."""
 
-    def __init__(self, lib, sampling: Sampling, ctx, logits: Callable[[], np.ndarray]) -> None:
+    def __init__(self, lib, sampling: Sampling, ctx, logits: Callable[[int], np.ndarray]) -> None:
         self._lib = lib
         self._ctx = ctx
         self._logits = logits
@@ -431,15 +454,18 @@ class Sampler:
             seed = sampling.seed if sampling.seed >= 0 else lib.LLAMA_DEFAULT_SEED
             lib.llama_sampler_chain_add(self._chain, lib.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
-    def sample(self) -> int:
-        """The next token, from the last logits (which the repeat penalty edits in place)."""
+    def sample(self, index: int = -1) -> int:
+        """The next token, from the logits after the last decode's ``index``-th token (-1: its
+        last output; the repeat penalty edits them in place). A speculative check calls it once
+        per position, in order, so the penalty window and the random draws are those of
+        one-by-one decoding."""
         if self._penalty != 1.0 and self._recent:
-            apply_repeat_penalty(self._lib.llama_get_logits_ith(self._ctx, -1), self._recent,
+            apply_repeat_penalty(self._lib.llama_get_logits_ith(self._ctx, index), self._recent,
                                  self._penalty)
         if self._chain is None:
-            token = int(self._logits().argmax())
+            token = int(self._logits(index).argmax())
         else:
-            token = int(self._lib.llama_sampler_sample(self._chain, self._ctx, -1))
+            token = int(self._lib.llama_sampler_sample(self._chain, self._ctx, index))
         self._recent.append(token)
         return token
 

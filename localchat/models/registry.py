@@ -62,6 +62,7 @@ class ModelSpec:
     thinking: str = "no"  # "no" | "always" | "switch" (the template takes enable_thinking)
     sha256: str | None = None
     gpu_layers: int | None = None
+    draft: str | None = None  # a smaller model with the same vocabulary, to draft for this one
     pypi: dict[str, str] | None = None  # {"package", "version", "member"}: a wheel holding the file
     path: Path | None = None
     description: str = ""
@@ -99,7 +100,7 @@ _ENTRY_FIELDS: dict[str, type] = {
     "repo": str, "filename": str, "revision": str, "quant": str, "size_bytes": int,
     "context_length": int, "n_ctx": int, "chat_format": str, "chat_template": str, "license": str,
     "sha256": str, "gpu_layers": int, "pypi": dict, "path": str, "description": str,
-    "family": str, "thinking": str,
+    "family": str, "thinking": str, "draft": str,
 }
 _PYPI_KEYS = ("package", "version", "member")
 

@@ -53,6 +53,10 @@ Thinking = Literal["auto", "on", "off"]  # enable_thinking for templates that ta
 THINKING_MODES: tuple[str, ...] = get_args(Thinking)
 # "auto" fits layers into free VRAM, "all" offloads every layer, a number offloads that many.
 GpuLayers = Literal["auto", "all"] | int
+# Speculative decoding (engine/speculate.py): prompt lookup and a draft model where one is set,
+# both only where they are expected to gain ("auto"); one of them alone; or none.
+Speculative = Literal["auto", "ngram", "draft", "off"]
+SPECULATIVE_MODES: tuple[str, ...] = get_args(Speculative)
 # A message too long for even an empty context: refused with the numbers, or cut to its head and
 # tail around a visible marker (context/oversized_message.py).
 OverlongPolicy = Literal["refuse", "head_tail"]
@@ -76,6 +80,10 @@ class EngineSection:
     chat_template: str | None = None  # a Jinja template; a registry entry's own one wins
     chat_format: str | None = None  # a named format for GGUFs without a template
     confidence_tokens: int = 32  # leading reply tokens scored for escalation
+    speculative: Speculative = "auto"  # draft tokens and check them in one decode
+    # A small model with the same vocabulary that drafts for every model (a registry name, hf:
+    # reference or path); unset: the one models.toml pairs with the model, if downloaded.
+    draft_model: str | None = None
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,14 @@ if TYPE_CHECKING:
     from localchat.engine.options import Sampling
 
 
-def build_engine(model_ref: str | None) -> Engine:
+def build_engine(model_ref: str | None, speculative: str | None = None) -> Engine:
     """An engine (not yet loaded) for ``model_ref`` (registry name, ``hf:`` reference, path or
-    None for the configured default). Raises ``ModelNotFound`` (whose message names the
-    ``localchat pull`` command when the file is not downloaded) or ``ConfigError``."""
+    None for the configured default), with the ``--speculative`` mode if one was given. Raises
+    ``ModelNotFound`` (whose message names the ``localchat pull`` command when the file is not
+    downloaded) or ``ConfigError``."""
     from localchat.engine.factory import open_engine
 
-    return open_engine(model_ref)
+    return open_engine(model_ref, speculative=speculative)
 
 
 def default_sampling() -> Sampling:

@@ -3,14 +3,19 @@ until it quits, and end the process even if a worker thread is stuck (``shutdown
 
 from __future__ import annotations
 
+from functools import partial
+
 from localchat import logs
 from localchat.store import Store
 from localchat.tui.app import LocalChatApp
+from localchat.tui.engine_factories import build_engine
 from localchat.tui.shutdown import exit_now, run_until_quit
 
 
-def run_app(model: str | None = None, continue_last: bool = False, session: str | None = None) -> int:
+def run_app(model: str | None = None, continue_last: bool = False, session: str | None = None,
+            speculative: str | None = None) -> int:
     """Open the app (``localchat`` with no sub-command). Returns the exit status.
+    ``speculative``: the ``--speculative`` mode for every model it loads (None: the config's).
 
     Raises ``UserError`` (shown by the CLI as one line) when the session database cannot be used.
     """
@@ -18,7 +23,8 @@ def run_app(model: str | None = None, continue_last: bool = False, session: str 
         if session:
             store.resolve_session(session, create=True)  # an unknown id: one line, before the window opens
         logs.attach()  # the app's own failures (a turn, a model load) keep their tracebacks too
-        app = LocalChatApp(store=store, model=model, continue_last=continue_last, session=session)
+        app = LocalChatApp(store=store, model=model, continue_last=continue_last, session=session,
+                           engine_factory=partial(build_engine, speculative=speculative))
         code, stuck = run_until_quit(app)
     if stuck:  # a worker that never returns must not keep the process alive after a quit
         exit_now(code)

@@ -38,6 +38,7 @@ class StatusInfo:
     n_ctx_used: int = 0
     n_ctx: int = 0
     route: str = "local"
+    draft_acceptance: float | None = None  # share of drafted tokens accepted (speculation)
 
     def show_loaded(self, loaded: Loaded) -> None:
         self.model, self.backend, self.n_ctx = loaded.model, backend_label(loaded), loaded.n_ctx
@@ -52,6 +53,7 @@ class StatusInfo:
         self.n_ctx_used = timings.n_ctx_used
         self.n_ctx = timings.n_ctx or self.n_ctx
         self.route = timings.route or "local"
+        self.draft_acceptance = timings.draft_acceptance
 
 
 def backend_label(loaded: Loaded) -> str:
@@ -129,7 +131,9 @@ def _second_line(info: StatusInfo, width: int) -> str:
     fields = {"ttft": answer, "tpot": f"TPOT {_number(info.tpot_ms, 1)} ms",
               "speed": f"{_number(info.tokens_per_s, 1)} tok/s",
               "reused": reused if info.cache_n is None else f"{reused} · new {info.prompt_n}"}
-    kept = _fitted(fields, [("reused", reused), ("speed", None), ("reused", None),
+    if info.draft_acceptance is not None:
+        fields["draft"] = f"draft {100 * info.draft_acceptance:.0f}%"
+    kept = _fitted(fields, [("reused", reused), ("draft", None), ("speed", None), ("reused", None),
                             ("ttft", ttft), ("tpot", None)], width)
     return _fit(SEPARATOR.join(kept.values()), width)
 

@@ -1,0 +1,254 @@
+"""Speculative decoding: drafted tokens checked in one decode change how fast a reply comes,
+never the reply, and leave the KV cache exactly as one-by-one decoding would.
+
+The drafting policy only drafts where it expects a gain, which on a busy test machine may be
+nowhere; the real-model tests below make it draft wherever a drafter proposes (``always_draft``),
+so that every reply goes through checks, hits and misses alike.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from oracle import assert_matches_fresh, loaded_engine, reply_tokens
+
+from localchat.engine import speculate
+from localchat.engine.ngram import TokenLog, lookup
+from localchat.engine.options import Sampling
+from localchat.engine.runtime import Sampler
+from localchat.engine.speculate import Acceptance, DraftPolicy, TurnDrafts, best_length
+from localchat.events import Done, Notice, Timings, Token
+
+# An edit that copies: prompt lookup drafts long runs of it.
+EDIT = [{"role": "user", "content":
+         "Fix the spelling mistakes in this text and write it out again in full:\n\nThe quick "
+         "brown fox jumpd over the lazy dog. The dog was not amused and barkd loudly at the fox, "
+         "who ran away into the forrest."}]
+GREEDY = Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=48)
+
+
+@pytest.fixture
+def always_draft(monkeypatch):
+    """Draft as many tokens as the drafter proposes, whatever the policy expects."""
+    monkeypatch.setattr(speculate, "best_length", lambda rate, limit, cost: limit)
+
+
+@pytest.fixture
+def spec_engine(engine, always_draft):
+    """The shared engine, drafting by prompt lookup."""
+    engine.set_speculative("ngram")
+    yield engine
+    engine.set_speculative("auto")
+
+
+# -- prompt lookup and the policy, without a model -------------------------------------------
+
+def test_lookup_drafts_what_followed_the_most_recent_longest_match():
+    tokens = np.array([5, 1, 2, 3, 9, 8, 2, 3, 7, 7, 1, 2, 3], dtype=np.int32)
+    # "1 2 3" occurred at 1..3 (then 9 8); "2 3" also at 6..7 (then 7 7), more recent but shorter.
+    match = lookup(tokens, 4)
+    assert match is not None and match.draft == [9, 8, 2, 3] and match.length == 3
+    assert lookup(np.array([4, 5, 6, 7], dtype=np.int32), 4) is None  # nothing recurs
+    assert lookup(np.array([1, 2, 9, 1, 2], dtype=np.int32), 4).draft == [9, 1, 2]
+    # A one-token key is not a match; an end-of-generation token ends the draft before it.
+    assert lookup(np.array([3, 1, 9, 1], dtype=np.int32), 4) is None
+    assert lookup(np.array([1, 2, 0, 7, 1, 2], dtype=np.int32), 4, is_end=lambda t: t == 0) is None
+
+
+def test_the_token_log_grows_in_place():
+    log = TokenLog([1, 2])
+    for token in range(3, 200):
+        log.append(token)
+    assert len(log) == 199 and log.tokens[-1] == 199 and log.tokens[:3].tolist() == [1, 2, 3]
+
+
+def test_the_policy_drafts_only_where_a_check_is_expected_to_pay():
+    assert best_length(0.3, 8, 0.42) == 0  # mostly wrong drafts: plain decoding is faster
+    assert best_length(0.95, 16, 0.42) >= 4  # a passage being copied
+    assert best_length(0.95, 16, 0.02) == 16  # checks nearly free (a GPU): draft all
+    policy = DraftPolicy()
+    for _ in range(8):
+        policy.decoded(1, 10.0)
+        policy.decoded(5, 30.0)
+    assert policy.extra_cost == pytest.approx(0.5)
+    policy.decoded(1, 5000.0)  # one decode held up by another program does not decide
+    assert policy.extra_cost == pytest.approx(0.5)
+    rate = Acceptance.prior(0.5)
+    rate.record(4, 4)
+    assert rate.rate > 0.5
+
+
+def test_the_draft_length_doubles_after_hits_and_falls_back_after_a_miss():
+    drafts = TurnDrafts(DraftPolicy(), ngram=True, model=None)
+    assert drafts.length == speculate.START_LENGTH
+    drafts.checked(4, 4)
+    drafts.checked(8, 8)
+    assert drafts.length == 16
+    drafts.checked(16, 16)
+    assert drafts.length == speculate.MAX_LENGTH
+    drafts.checked(16, 2)
+    assert drafts.length == 3
+
+
+# -- checks on the real model ----------------------------------------------------------------
+
+def test_a_greedy_reply_with_drafts_is_the_reply_without_them(spec_engine, fresh):
+    tokens, done = reply_tokens(spec_engine.submit(EDIT, GREEDY))
+    timings = done.timings
+    assert timings.draft_n > 0 and 0 < timings.draft_n_accepted <= timings.draft_n
+    assert {"draft_n", "draft_n_accepted"} <= set(timings.to_dict())
+    assert timings.predicted_n == len(tokens)
+    assert_matches_fresh(tokens, fresh, EDIT)
+    # The cache holds exactly the reply's evaluated tokens: no rejected draft is left.
+    assert spec_engine._runtime.max_position() + 1 == spec_engine.tokens_in_context
+
+
+def test_the_sampler_draws_once_per_position_in_order(spec_engine, monkeypatch):
+    """Drafted and checked, a reply sampled at temperature 0.7 with a fixed seed is the one
+    decoding without drafts gives, up to where a check's logits differ from a single decode's
+    (other CPU kernels for several query tokens: the cause of greedy near-ties): up to there
+    every draw matches, one per token, in order. (The engine does not draft seeded turns, so
+    that a fixed seed keeps giving the same reply: here it is made to.)"""
+    monkeypatch.setattr(speculate, "reproducible_with_drafts", lambda sampling: True)
+    seen: list[np.ndarray] = []
+    original = Sampler.sample
+
+    def recording(self, index=-1):
+        seen.append(np.array(self._logits(index)))
+        return original(self, index)
+
+    monkeypatch.setattr(Sampler, "sample", recording)
+    seeded = Sampling(temperature=0.7, seed=7, repeat_penalty=1.1, max_tokens=48)
+    runs = {}
+    for mode in ("off", "ngram"):
+        spec_engine.set_speculative(mode)
+        spec_engine.reset()
+        seen.clear()
+        tokens, done = reply_tokens(spec_engine.submit(EDIT, seeded))
+        runs[mode] = tokens, list(seen), done.timings
+    (plain, plain_logits, _), (drafted, drafted_logits, timings) = runs["off"], runs["ngram"]
+    assert timings.draft_n > 0
+    for run_tokens, logits in ((plain, plain_logits), (drafted, drafted_logits)):
+        assert len(logits) == len(run_tokens) + (len(run_tokens) < seeded.max_tokens)
+    first = next((i for i, (a, b) in enumerate(zip(plain, drafted)) if a != b), None)
+    if first is not None:
+        assert not np.array_equal(plain_logits[first], drafted_logits[first]), (
+            f"the replies part at token {first} although the sampler saw the same logits there")
+
+
+def test_a_seeded_reply_is_not_drafted_and_stays_the_same(spec_engine):
+    seeded = Sampling(temperature=0.7, seed=11, max_tokens=32)
+    replies = []
+    for mode in ("off", "ngram"):
+        spec_engine.set_speculative(mode)
+        spec_engine.reset()
+        tokens, done = reply_tokens(spec_engine.submit(EDIT, seeded))
+        replies.append(tokens)
+        assert done.timings.draft_n == 0
+    assert replies[0] == replies[1]
+
+
+def test_rejected_drafts_leave_the_cache_exact_for_the_next_turn(spec_engine, fresh):
+    prose = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
+    tokens, done = reply_tokens(spec_engine.submit(prose, GREEDY))
+    assert done.timings.draft_n > done.timings.draft_n_accepted  # some drafts were rejected
+    assert spec_engine._runtime.max_position() + 1 == spec_engine.tokens_in_context
+    history = prose + [{"role": "assistant", "content": done.reply},
+                       {"role": "user", "content": "Now tell it again in two sentences."}]
+    again, second = reply_tokens(spec_engine.submit(history, GREEDY))
+    assert second.timings.cache_n >= len(tokens)  # the reply's cells were reused
+    assert_matches_fresh(again[:24], fresh, history)
+
+
+def test_a_stop_during_a_check_ends_the_reply_with_an_exact_cache(spec_engine, fresh):
+    runtime = spec_engine._runtime
+    decode = runtime.decode
+    handle = None
+    checks = []
+
+    def stopping(tokens, start_pos, abortable=False, outputs=1):
+        if outputs > 1 and handle is not None:
+            checks.append(len(tokens))
+            handle.stop()  # the stop arrives while the check is being decoded
+        return decode(tokens, start_pos, abortable, outputs)
+
+    runtime.decode = stopping
+    try:
+        handle = spec_engine.submit(EDIT, Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=200))
+        final = handle.wait(60)
+    finally:
+        runtime.decode = decode
+    assert isinstance(final, Done) and final.finish_reason == "aborted"
+    assert checks and final.timings.predicted_n <= 200
+    assert runtime.max_position() + 1 == spec_engine.tokens_in_context
+    history = EDIT + [{"role": "assistant", "content": final.reply},
+                      {"role": "user", "content": "Thanks. Now in capitals?"}]
+    tokens, _ = reply_tokens(spec_engine.submit(history, GREEDY))
+    assert_matches_fresh(tokens[:24], fresh, history)
+
+
+def test_the_test_model_drafting_for_itself_accepts_nearly_every_draft(test_model_path, fresh):
+    with loaded_engine(test_model_path, 2048, "self-draft", speculative="draft",
+                       draft_model=str(test_model_path)) as engine:
+        assert engine.speculation == f"draft {test_model_path.stem}"
+        tokens, done = reply_tokens(engine.submit(EDIT, GREEDY))
+        timings = done.timings
+        assert timings.draft_n >= 16
+        assert timings.draft_n_accepted >= 0.9 * timings.draft_n
+        assert_matches_fresh(tokens, fresh, EDIT)
+        assert engine._runtime.max_position() + 1 == engine.tokens_in_context
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused_in_one_line(test_model_path, synthetic_model):
+    other = synthetic_model("llama-tiny-othervocab")
+    with loaded_engine(test_model_path, 512, "target", speculative="auto",
+                       draft_model=str(other)) as engine:
+        assert engine.speculation == "ngram"  # the chat goes on, drafting by prompt lookup
+        events = list(engine.submit([{"role": "user", "content": "Hi!"}], GREEDY))
+        notices = [e.message for e in events if isinstance(e, Notice)]
+        assert len(notices) == 1 and "\n" not in notices[0]
+        assert other.stem in notices[0] and "target" in notices[0]
+        assert "another vocabulary (token 17 differs)" in notices[0]
+        assert isinstance(events[-1], Done) and events[-1].finish_reason in ("stop", "length")
+        assert any(isinstance(e, Token) for e in events)
+        # Said once, not at every turn.
+        assert not [e for e in engine.submit([{"role": "user", "content": "Hi!"}], GREEDY)
+                    if isinstance(e, Notice)]
+
+
+def test_ask_summary_shows_the_drafts():
+    from localchat.commands.ask import summary_line
+
+    line = summary_line(Timings(predicted_n=40, predicted_ms=1000.0, draft_n=30, draft_n_accepted=24))
+    assert "drafted 30, 24 accepted (80%)" in line
+    assert "drafted" not in summary_line(Timings(predicted_n=40, predicted_ms=1000.0))
+
+
+def test_the_shipped_prompt_set_reads_and_a_bad_line_is_one_error(tmp_path):
+    from localchat.bench.speculative import read_set, shipped_set
+    from localchat.errors import UserError
+
+    kinds = {kind for kind, _ in read_set(shipped_set())}
+    assert kinds == {"edit", "prose"}
+    bad = tmp_path / "set.jsonl"
+    bad.write_text('{"kind": "edit", "prompt": "x"}\n{"kind": "poem", "prompt": "y"}\n')
+    with pytest.raises(UserError, match=r"set.jsonl:2: kind must be edit or prose"):
+        read_set(bad)
+
+
+def test_models_toml_pairs_a_draft_model_only_once_it_is_downloaded():
+    from localchat.engine.factory import engine_options
+    from localchat.models.registry import load_registry, local_path
+    from localchat.settings import EngineSection, Settings
+
+    registry = load_registry()
+    target = registry["smollm2-1.7b"]
+    assert target.draft == "smollm2-135m"
+    assert engine_options(target, Settings()).draft_model is None  # not downloaded: no draft
+    draft_file = local_path(registry["smollm2-135m"])
+    draft_file.parent.mkdir(parents=True, exist_ok=True)
+    draft_file.touch()
+    assert engine_options(target, Settings()).draft_model == "smollm2-135m"
+    configured = Settings(engine=EngineSection(draft_model="my-draft"))
+    assert engine_options(target, configured).draft_model == "my-draft"
+    assert engine_options(target, configured, draft_model="flag").draft_model == "flag"
