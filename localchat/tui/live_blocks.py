@@ -21,7 +21,7 @@ When the block ends, each becomes what a one-shot render would have made (``sett
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from markdown_it import MarkdownIt
 from rich.segment import Segment
@@ -44,17 +44,16 @@ _WORD = re.compile(r"\S+")
 @dataclass
 class StreamWork:
     """What the live view of one reply did, counted (the proof tests assert on these): characters
-    handed to the Markdown parser, block-level and inline; blocks built as settled widgets; lines
-    rendered to strips; and the most any one frame did."""
+    handed to the Markdown parser, block-level and inline; blocks built as finished widgets;
+    lines rendered to strips; and per frame (characters fed, parsed, lines rendered). Work done
+    while Textual lays a frame out counts towards the next frame."""
 
-    frames: int = 0
     block_chars: int = 0
     inline_chars: int = 0
     blocks_built: int = 0
     lines_rendered: int = 0
     frozen_lines: int = 0
-    most_chars_in_a_frame: int = 0
-    most_lines_in_a_frame: int = 0
+    per_frame: list[tuple[int, int, int]] = field(default_factory=list)
     _frame_chars: int = 0
     _frame_lines: int = 0
 
@@ -69,10 +68,8 @@ class StreamWork:
         self.lines_rendered += lines
         self._frame_lines += lines
 
-    def end_frame(self) -> None:
-        self.frames += 1
-        self.most_chars_in_a_frame = max(self.most_chars_in_a_frame, self._frame_chars)
-        self.most_lines_in_a_frame = max(self.most_lines_in_a_frame, self._frame_lines)
+    def end_frame(self, fed: int) -> None:
+        self.per_frame.append((fed, self._frame_chars, self._frame_lines))
         self._frame_chars = self._frame_lines = 0
 
 

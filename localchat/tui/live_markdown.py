@@ -79,7 +79,7 @@ class LiveMarkdown(Markdown):
         if not self._extend(fragment, open_src):
             async with self.lock:
                 await self._restructure(open_src)
-        self.work.end_frame()
+        self.work.end_frame(len(fragment))
 
     def get_content_height(self, container, viewport, width: int) -> int:
         """While streaming, the body grows in steps of ``reserve_rows + 1``: a block that grows
@@ -166,9 +166,9 @@ class LiveMarkdown(Markdown):
             live.set_lexer(first.info)
             live.show(_fence_body(open_src))
         else:
-            await self._rebuild_open(open_src)
+            await self._rebuild_open(open_src, tokens)
 
-    async def _rebuild_open(self, open_src: str) -> None:
+    async def _rebuild_open(self, open_src: str, tokens: list[Token]) -> None:
         """A list, table, quote or heading, from its source: updated in place where it can be
         (``live_update``), else built again. A long one follows its complete lines only, when
         one is added, with the line being written shown raw below it."""
@@ -177,7 +177,9 @@ class LiveMarkdown(Markdown):
         line = self._live_line or LiveLine()
         if source != self._built_from or self._live_line is None:
             self._built_from = source
-            blocks = self._blocks(self._parse(source), self._open_line) if source.strip() else []
+            if cut < len(open_src):
+                tokens = self._parse(source) if source.strip() else []
+            blocks = self._blocks(tokens, self._open_line)
             shown = [w for w in self._live if w is not line]
             if len(blocks) == len(shown) == 1 and await update_in_place(shown[0], blocks[0]):
                 self._live = [*shown, line]

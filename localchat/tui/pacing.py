@@ -101,6 +101,7 @@ class FramePacer:
         self._cpu_mark = 0.0
         self._cost: float | None = None
         self._next_frame_at = 0.0
+        self.interval = 0.0  # the wait the last frame set
 
     def start(self) -> None:
         self._cpu_mark = self._cpu_clock()
@@ -118,5 +119,5 @@ class FramePacer:
         cost = spent if self._cost is None else COST_SMOOTHING * spent + (1 - COST_SMOOTHING) * self._cost
         self._cost = cost
         budget = self.budget
-        interval = min(budget.max_frame_s, max(budget.min_frame_s, cost / budget.share))
-        self._next_frame_at = self._clock() + interval
+        self.interval = min(budget.max_frame_s, max(budget.min_frame_s, cost / budget.share))
+        self._next_frame_at = self._clock() + self.interval
