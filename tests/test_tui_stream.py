@@ -14,6 +14,7 @@ from textual.app import App
 from textual.containers import VerticalScroll
 from textual.widget import Widget
 
+from localchat.bench import scripted_engine as bench_shapes
 from localchat.tui.chat_log import ReplyView
 from localchat.tui.live_blocks import LiveParagraph, opens_nothing
 from localchat.tui.live_markdown import LiveMarkdown, top_level_starts
@@ -23,24 +24,22 @@ TOKEN_DELAY_S = 0.001  # 5,000 tokens in ~6 s: frames of a few dozen tokens each
 
 
 def one_paragraph(tokens: int) -> str:
-    return ", ".join(str(n) for n in range(1, tokens + 1)) + "."
+    """The bench's one-paragraph reply, ``tokens`` of the scripted engine's tokens long."""
+    return _sized(bench_shapes.one_paragraph, tokens)
 
 
 def many_blocks(tokens: int) -> str:
-    parts: list[str] = []
-    section = 0
-    while sum(len(split_tokens(p)) for p in parts) < tokens:
-        section += 1
-        parts += [
-            f"## Part {section}",
-            f"Some prose about **part {section}** that goes on for a while, with `inline code`, "
-            f"*emphasis* and a [link](https://example.org/{section}) " + "and more words " * 6 + ".",
-            "```python\n" + "\n".join(f"def f{section}_{k}(x):\n    return x * {k}  # times {k}"
-                                      for k in range(3)) + "\n```",
-            "\n".join(f"- item {k} of list {section}, with *some* `code`" for k in range(4)),
-            "| n | square | cube |\n|---|---|---|\n" + "\n".join(f"| {k} | {k * k} | {k ** 3} |" for k in range(4)),
-        ]
-    return "\n\n".join(parts)
+    """The bench's many-block reply (headings, prose, code, lists, tables), ``tokens`` long."""
+    return _sized(bench_shapes.many_blocks, tokens)
+
+
+def _sized(shape, tokens: int) -> str:
+    # The bench counts token-sized pieces; the scripted engine here streams a word a token.
+    text, size = shape(tokens), tokens
+    while len(split_tokens(text)) < tokens:
+        size += tokens // 4
+        text = shape(size)
+    return text
 
 
 class RecordingPacer(FramePacer):
