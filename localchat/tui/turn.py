@@ -24,7 +24,7 @@ from localchat.tui.messages import (
     TurnsArrived,
     TurnWake,
 )
-from localchat.tui.pacing import FramePacer, engine_budget
+from localchat.tui.pacing import FramePacer, FullCollectionsPaused, engine_budget
 from localchat.tui.prompt import PromptInput
 from localchat.tui.screens import ConfirmScreen
 from localchat.tui.status import LiveMeter, StatusInfo
@@ -92,6 +92,7 @@ class Turns:
         self._current: ActiveTurn | None = None
         self._ids = itertools.count(1)
         self.pacer = FramePacer()
+        self.collections = FullCollectionsPaused()
         self.quit_when_idle = False  # the user quit while a reply streamed: exit once it is saved
         self._previous_switch_interval = sys.getswitchinterval()
         self._status_shown_at = 0.0
@@ -103,8 +104,9 @@ class Turns:
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
     def close(self) -> None:
-        """At unmount: the process's switch interval as it was."""
+        """At unmount: the process's switch interval and collector as they were."""
         sys.setswitchinterval(self._previous_switch_interval)
+        self.collections.resume()
 
     @property
     def current(self) -> ActiveTurn | None:
@@ -117,6 +119,10 @@ class Turns:
         if (turn is None) != (self._current is None):
             self._current = turn
             self._app.refresh_bindings()  # the footer's Stop key is live only while a reply runs
+            if turn is None:
+                self.collections.resume()
+            else:
+                self.collections.pause()
         self._current = turn
 
     # --- sending and streaming --------------------------------------------------------------
