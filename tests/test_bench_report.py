@@ -124,3 +124,87 @@ def test_the_bare_loop_runs_where_the_turn_decoded_and_leaves_its_cells_as_they_
     # The first reply ran to max_tokens: its last token was sampled but never decoded.
     assert bare["tokens"] == 11 and bare["depth"] == second.timings.cache_n - 11
     assert tokens == control_tokens and second.timings.cache_n == control.timings.cache_n
+
+
+def frames(p90: float, lag: float, growth: float | None = 1.1) -> dict:
+    record = {"frames": 40, "frame_interval_p50_ms": p90 / 2, "frame_interval_p90_ms": p90,
+              "frame_interval_max_ms": p90 * 2, "display_lag_p95_ms": lag,
+              "frame_cpu_early_ms": 6.0, "frame_cpu_late_ms": None if growth is None else 6.0 * growth}
+    if growth is not None:
+        record["frame_cpu_late_over_early"] = growth
+    return record
+
+
+def tui_report() -> dict:
+    return {"engine_alone_tokens_per_s": 80.0, "in_app_tokens_per_s": 77.6, "overhead_percent": 3.0,
+            "keypress_p50_ms": 8.0, "keypress_p95_ms": 12.0, "keypress_max_ms": 14.0, "keypresses": 30,
+            "frames": frames(90.0, 80.0, None),
+            "one_thread": {"engine_alone_tokens_per_s": 50.0, "in_app_tokens_per_s": 49.0,
+                           "overhead_percent": 2.0, "frames": frames(40.0, 30.0, None)},
+            "shapes": {"one_paragraph": frames(95.0, 70.0), "many_blocks": frames(180.0, 250.0, 1.7)}}
+
+
+def test_bench_tui_checks_frames_lag_and_flat_frame_cost_for_each_reply():
+    from localchat.bench.targets import tui_targets
+
+    checks = {c["target"]: c["ok"] for c in tui_targets(tui_report())}
+    assert checks["decode in the app (headless) / engine alone"]
+    assert checks["test model: frame interval p90 (ms)"] and checks["scripted one_paragraph: display lag p95 (ms)"]
+    assert checks["llama.cpp on one thread: frame interval p90 (ms)"]
+    assert not checks["scripted many_blocks: frame interval p90 (ms)"]
+    assert not checks["scripted many_blocks: frame CPU at ~2,000 tokens / at ~100"]
+
+
+def test_bench_tui_prints_a_row_of_frame_figures_per_reply(capsys):
+    from localchat.bench.report import print_tui
+    from localchat.bench.targets import tui_targets
+
+    report = tui_report()
+    report["targets"] = tui_targets(report)
+    print_tui(report)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("decode: engine alone 80.0 tok/s, in the app 77.6 tok/s (overhead 3.0%)")
+    rows = {line[:24].strip(): line[24:].split() for line in out if line.startswith(("test model", "scripted"))}
+    assert rows["scripted many_blocks"] == ["40", "90.0", "180.0", "360.0", "250.0", "6.0", "10.2", "1.7"]
+    assert rows["test model"][-2:] == ["-", "-"]  # a 1,000-token reply has no frames 2,000 tokens in
+    assert out[-1].startswith("  [") and "MISS" in "\n".join(out)
+
+
+def test_the_frame_log_times_frames_lag_and_frame_cpu_early_and_late():
+    from localchat.bench.frame_log import Frame, FrameLog
+
+    log = FrameLog()
+    # 2,400 tokens, one every 10 ms; a frame every 50 ms shows what came, painted 5 ms after it
+    # ends; each frame costs 4 ms of CPU, those past 1,000 tokens 6 ms.
+    log.emitted = [i * 0.01 for i in range(2400)]
+    cpu = 0.0
+    for n in range(1, 481):
+        start = n * 0.05
+        log.frames.append(Frame(start, start + 0.002, cpu, min(2400, int(start / 0.01) + 1)))
+        log.paints.append(start + 0.007)
+        cpu += 0.004 if n * 5 < 1000 else 0.006
+    summary = log.summary()
+    assert summary["frame_interval_p50_ms"] == summary["frame_interval_max_ms"] == 50.0
+    assert summary["frame_cpu_early_ms"] == 4.0 and summary["frame_cpu_late_ms"] == 6.0
+    assert summary["frame_cpu_late_over_early"] == 1.5
+    # A token waits for the next frame (up to 40 ms after it came, here), then 7 ms for its paint.
+    assert summary["display_lag_p95_ms"] == 47.0
+
+
+def test_bench_pty_reads_the_echo_of_a_key_from_the_terminal(tmp_path):
+    import os
+    import subprocess
+
+    from localchat.bench.pty_app import PtyReader, _bursts
+
+    master, slave = os.openpty()
+    process = subprocess.Popen(["cat"], stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    reader = PtyReader(master)
+    os.write(master, b"q")
+    echo = reader.wait_for(b"q", 0, 5.0)
+    process.kill()
+    process.wait()
+    os.close(master)
+    assert echo is not None
+    assert _bursts([0.0, 0.001, 0.003, 0.1, 0.102, 0.5]) == [0.0, 0.1, 0.5]

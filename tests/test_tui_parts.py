@@ -13,7 +13,7 @@ from localchat.events import Loaded, Notice, PrefillProgress, Timings, Token
 from localchat.store import Store
 from localchat.tui import commands
 from localchat.tui.messages import TokenRun, TurnMailbox
-from localchat.tui.pacing import MIN_FRAME_S, FramePacer
+from localchat.tui.pacing import FrameBudget, FramePacer
 from localchat.tui.status import StatusInfo, backend_label, render_status
 
 
@@ -133,17 +133,18 @@ def test_tokens_that_arrive_between_two_looks_are_merged_in_order():
 
 def test_expensive_redraws_are_spaced_out_to_keep_the_ui_within_its_cpu_budget():
     now, cpu = [100.0], [5.0]
-    pacer = FramePacer(budget=0.1, clock=lambda: now[0], cpu_clock=lambda: cpu[0])
+    budget = FrameBudget("test", share=0.1, min_frame_s=0.05, max_frame_s=0.5)
+    pacer = FramePacer(budget, clock=lambda: now[0], cpu_clock=lambda: cpu[0])
     pacer.start()
     assert pacer.wait() == 0  # the first token shows at once
     cpu[0] += 0.002  # a cheap frame: the minimum interval applies
     pacer.frame()
-    assert pacer.wait() == pytest.approx(MIN_FRAME_S)
-    now[0] += MIN_FRAME_S
-    cpu[0] += 0.02  # 20 ms of UI work since the last redraw: wait 200 ms (10% of a core)
+    assert pacer.wait() == pytest.approx(0.05)
+    now[0] += 0.05
+    cpu[0] += 0.02  # 20 ms of UI work: the running cost is 0.2 × 20 + 0.8 × 2 ms, so wait 56 ms
     pacer.frame()
-    assert pacer.wait() == pytest.approx(0.2)
-    now[0] += 0.2
+    assert pacer.wait() == pytest.approx(0.056)
+    now[0] += 0.056
     cpu[0] += 0.3  # very expensive: capped so the screen never lags by more than half a second
     pacer.frame()
     assert pacer.wait() == pytest.approx(0.5)

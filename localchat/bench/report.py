@@ -104,3 +104,50 @@ def print_conversation(report: dict[str, Any]) -> None:
 
 def _target_line(check: dict[str, Any]) -> str:
     return f"  [{'ok' if check['ok'] else 'MISS'}] {check['target']}: {check['value']} (limit {check['limit']})"
+
+
+_FRAME_COLUMNS = (("frames", "frames", ""), ("frame_interval_p50_ms", "p50", "ms"),
+                  ("frame_interval_p90_ms", "p90", "ms"), ("frame_interval_max_ms", "max", "ms"),
+                  ("display_lag_p95_ms", "lag p95", "ms"), ("frame_cpu_early_ms", "cpu@100", "ms"),
+                  ("frame_cpu_late_ms", "cpu@2000", "ms"), ("frame_cpu_late_over_early", "late/early", ""))
+
+
+def print_tui(report: dict[str, Any]) -> None:
+    """``bench --tui``: decode and keypresses, then one row of frame figures per reply."""
+    print(f"decode: engine alone {report['engine_alone_tokens_per_s']} tok/s, in the app "
+          f"{report['in_app_tokens_per_s']} tok/s (overhead {report['overhead_percent']}%) · "
+          f"keypress p50/p95/max {report['keypress_p50_ms']}/{report['keypress_p95_ms']}/"
+          f"{report['keypress_max_ms']} ms ({report['keypresses']})")
+    one = report.get("one_thread")
+    if one:
+        print(f"llama.cpp on one thread: engine alone {one['engine_alone_tokens_per_s']} tok/s, in the "
+              f"app {one['in_app_tokens_per_s']} tok/s (overhead {one['overhead_percent']}%)")
+    rows = [("test model", report.get("frames"))]
+    if one:
+        rows.append(("test model, 1 thread", one.get("frames")))
+    rows += [(f"scripted {name}", frames) for name, frames in report.get("shapes", {}).items()]
+    print(f"{'frames of the reply':<24}" + "".join(f"{title:>11}" for _, title, _ in _FRAME_COLUMNS))
+    for name, frames in rows:
+        if frames:
+            print(f"{name:<24}" + "".join(f"{_cell(frames.get(key)):>11}" for key, _, _ in _FRAME_COLUMNS))
+    print("  (intervals, display lag and UI CPU per frame in ms; cpu@N: median frame ~N tokens in)")
+    for check in report["targets"]:
+        print(_target_line(check))
+
+
+def print_pty(report: dict[str, Any]) -> None:
+    """``bench --tui --pty``: the app on a terminal, against ``ask``."""
+    print(f"on a {report['size']} {report['terminal']}: engine alone (ask) {report['engine_alone_tokens_per_s']} "
+          f"tok/s, TPOT {report['engine_alone_tpot_ms']} ms · in the app {report['in_app_tokens_per_s']} tok/s, "
+          f"TPOT {report['in_app_tpot_ms']} ms · ratio {report['decode_ratio']}")
+    print(f"keypress p50/p95/max {report['keypress_p50_ms']}/{report['keypress_p95_ms']}/"
+          f"{report['keypress_max_ms']} ms ({report['keypresses']}) · screen updates "
+          f"{report['screen_updates']}, interval p50/p90/max {report['frame_interval_p50_ms']}/"
+          f"{report['frame_interval_p90_ms']}/{report['frame_interval_max_ms']} ms · "
+          f"{report['bytes_written_per_reply']} bytes written per reply")
+    for check in report["targets"]:
+        print(_target_line(check))
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)

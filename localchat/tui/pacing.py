@@ -1,22 +1,87 @@
-"""Pacing the redraws of a streaming reply so that the UI never slows the model down.
+"""Pacing the redraws of a streaming reply: as often as the eye wants, as rarely as decode needs.
 
-On a small machine the model's threads use every core; whatever CPU the UI thread spends
-re-laying out and repainting the screen is taken from decoding (and the engine thread also
-waits for the GIL while the UI holds it). Redrawing per token cost over 40% of decode speed
-with SmolLM2-135M on a 2-core CPU. So the app redraws a streaming reply at most once per frame, and
-stretches the frame when redrawing is expensive (a long chat with many Markdown blocks), keeping
-the UI thread's share of one core under a budget.
+Whatever CPU the UI thread spends laying out and painting is taken from decoding when the
+model's threads use every core (and the engine thread also waits for the GIL while the UI holds
+it). Redrawing per token cost over 40% of decode speed with SmolLM2-135M on a 2-core CPU. So the
+app redraws at most once per frame, and sets each frame's interval from what the frames cost:
+``interval = clamp(recent frame cost / share, min_frame_s, max_frame_s)``, where the share of
+one core the UI may use, and the bounds, depend on the hardware (``frame_budget``):
+
+- **CPU-bound** (llama.cpp runs one thread per core, nothing on a GPU): share 10%, frames every
+  50–150 ms, and an open paragraph keeps 2 blank rows below its text so that the reply grows
+  (and the log scrolls) once every 3 lines instead of every line.
+- **A core to spare** (llama.cpp told to use fewer threads than there are CPUs, or every layer
+  offloaded to a GPU): share 50%, frames every 33–80 ms (30 a second at most), no slack rows.
+
+What a frame costs (``bench --tui`` and the proof tests; Textual 8, 2-core Xeon, 120×40):
+repainting the line being written costs ~6 ms of UI time whatever the reply's length (Textual
+re-renders every widget the dirty line crosses, from cache); a frame that changes the reply's
+height costs ~20–30 ms (the reply's and the log's widgets are laid out and repainted whole).
+At 80 tokens/s a 120-column paragraph gains ~4 lines a second. So on a CPU-bound machine the
+UI spends ~6 ms × 10 frames + 25 ms × 1.3 resizes ≈ 90 ms a second: 9% of one core for a
+frame every ~100 ms, where 5% (the previous budget) stretched frames to 0.3–0.5 s. Measured with
+a Python thread holding the GIL for that share of each 100 ms beside a greedy decode (2 threads,
+2 cores), and through the app itself (``bench --tui``, headless and on a pty), the decode
+slowdown is what ``bench --tui`` reports as ``overhead_percent``.
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-# The UI thread may use this fraction of one core while a reply streams.
-UI_CPU_BUDGET = 0.05
-MIN_FRAME_S = 0.05  # 20 redraws a second at most: smooth to read
-MAX_FRAME_S = 0.5  # the screen never lags the model by more than this
+# Weight of the newest frame's cost in the running estimate: low, so that one frame that resized
+# the reply does not stretch the next interval to the cap.
+COST_SMOOTHING = 0.2
+
+
+@dataclass(frozen=True)
+class FrameBudget:
+    """How much the UI may spend on a streaming reply: ``share`` of one core, frames between
+    ``min_frame_s`` and ``max_frame_s`` apart; ``slack_rows`` kept below an open paragraph or
+    code block and ``reserve_rows`` below the reply's body, so that it resizes less often."""
+
+    name: str
+    share: float
+    min_frame_s: float
+    max_frame_s: float
+    slack_rows: int = 0
+    reserve_rows: int = 0
+
+
+CPU_BOUND = FrameBudget("cpu-bound", share=0.10, min_frame_s=0.05, max_frame_s=0.15,
+                        slack_rows=2, reserve_rows=2)
+SPARE_CORE = FrameBudget("spare-core", share=0.5, min_frame_s=1 / 30, max_frame_s=0.08)
+
+
+def frame_budget(decode_threads: int, cpus: int, gpu_layers: int = 0, n_layers: int = 0,
+                 backend: str = "CPU") -> FrameBudget:
+    """The budget for a model decoding with ``decode_threads`` llama.cpp threads (0: one per
+    physical core) on ``cpus`` logical CPUs, ``gpu_layers`` of its ``n_layers`` offloaded."""
+    on_gpu = backend != "CPU" and n_layers > 0 and gpu_layers >= n_layers
+    if on_gpu or 0 < decode_threads < cpus:
+        return SPARE_CORE
+    return CPU_BOUND
+
+
+def engine_budget(engine: object) -> FrameBudget:
+    """``frame_budget`` for a loaded engine (a remote or scripted one counts as CPU-bound)."""
+    options = getattr(engine, "options", None)
+    info = getattr(engine, "info", None)
+    threads = int(getattr(options, "n_threads", 0) or 0)
+    if info is None:
+        return frame_budget(threads, available_cpus())
+    return frame_budget(threads, available_cpus(), info.gpu_layers, info.n_layers, info.backend)
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 class FramePacer:
@@ -29,7 +94,7 @@ class FramePacer:
 
     def __init__(
         self,
-        budget: float = UI_CPU_BUDGET,
+        budget: FrameBudget = CPU_BOUND,
         clock: Callable[[], float] = time.perf_counter,
         cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
@@ -37,10 +102,13 @@ class FramePacer:
         self._clock = clock
         self._cpu_clock = cpu_clock
         self._cpu_mark = 0.0
+        self._cost: float | None = None
         self._next_frame_at = 0.0
+        self.interval = 0.0  # the wait the last frame set
 
     def start(self) -> None:
         self._cpu_mark = self._cpu_clock()
+        self._cost = None
         self._next_frame_at = 0.0
 
     def wait(self) -> float:
@@ -51,5 +119,35 @@ class FramePacer:
         """A redraw starts now: the CPU spent since the previous one sets the next interval."""
         cpu = self._cpu_clock()
         spent, self._cpu_mark = cpu - self._cpu_mark, cpu
-        interval = min(MAX_FRAME_S, max(MIN_FRAME_S, spent / self.budget))
-        self._next_frame_at = self._clock() + interval
+        cost = spent if self._cost is None else COST_SMOOTHING * spent + (1 - COST_SMOOTHING) * self._cost
+        self._cost = cost
+        budget = self.budget
+        self.interval = min(budget.max_frame_s, max(budget.min_frame_s, cost / budget.share))
+        self._next_frame_at = self._clock() + self.interval
+
+
+class FullCollectionsPaused:
+    """While a reply streams, Python's garbage collector skips full (oldest-generation) passes.
+
+    A full pass walks every live object, and a streaming app holds many (widgets, the strips of
+    frozen lines): measured at 90–135 ms each, two or three times in a 2,200-token reply, with
+    the GIL held, so the screen and the engine's thread both stood still. The young generations
+    are still collected (the widgets a frame parses and throws away die young), so garbage does
+    not pile up; the oldest generation gets its pass when the reply has ended.
+    """
+
+    FULL_PASS_NEVER = 1 << 30
+
+    def __init__(self) -> None:
+        self._thresholds: tuple[int, int, int] | None = None
+
+    def pause(self) -> None:
+        if self._thresholds is None:
+            self._thresholds = gc.get_threshold()
+            young, middle, _ = self._thresholds
+            gc.set_threshold(young, middle, self.FULL_PASS_NEVER)
+
+    def resume(self) -> None:
+        if self._thresholds is not None:
+            gc.set_threshold(*self._thresholds)
+            self._thresholds = None
