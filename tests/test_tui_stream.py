@@ -240,7 +240,7 @@ def test_the_ui_may_spend_more_when_llama_cpp_leaves_a_core_free_or_runs_on_a_gp
     assert frame_budget(1, cpus=2) is SPARE_CORE
     assert frame_budget(0, cpus=8, gpu_layers=30, n_layers=30, backend="CUDA") is SPARE_CORE
     assert frame_budget(0, cpus=8, gpu_layers=10, n_layers=30, backend="CUDA") is CPU_BOUND
-    assert SPARE_CORE.share > CPU_BOUND.share and SPARE_CORE.max_frame_s < CPU_BOUND.max_frame_s
+    assert SPARE_CORE.share > CPU_BOUND.share and SPARE_CORE.min_frame_s < CPU_BOUND.min_frame_s
 
 
 def test_frames_follow_their_smoothed_cost_within_the_budgets_bounds():

@@ -27,7 +27,7 @@ from textual.widgets import Markdown
 from textual.widgets._markdown import MarkdownBlock, MarkdownFence, MarkdownParagraph
 
 from localchat.tui.live_blocks import LiveFence, LiveLine, LiveParagraph, StreamWork
-from localchat.tui.live_update import update_in_place
+from localchat.tui.live_update import update_from_tokens
 from localchat.tui.scrolled_away import ScrolledAway
 
 # A line shorter than this may still turn out to start a block ("- ", "1. ", "```", "|---|"):
@@ -51,23 +51,16 @@ class LiveMarkdown(Markdown):
         self._parser = MarkdownIt("gfm-like")
         self.work = StreamWork()
         self.slack_rows = 0  # blank rows an open paragraph or code block keeps below its text
-        self.reserve_rows = 0  # blank rows the body keeps below the open block while it streams
-        self._reserved = 0
         self._away = ScrolledAway(self, can_fold=lambda widget: widget not in self._live)
         self._reset_stream()
 
     def _reset_stream(self) -> None:
         self._streamed = False
-        self._reserved = 0
         self._open_at = 0  # offset in the source where the open block starts
         self._open_line = 0  # its first line in the source
         self._live: list[Widget] = []  # the widgets showing the open block
         self._live_line: LiveLine | None = None
         self._built_from = ""  # the source a rebuilt open block was built from
-
-    @property
-    def live(self) -> list[Widget]:
-        return list(self._live)
 
     async def feed(self, fragment: str) -> None:
         """Add ``fragment`` to the reply and show it (one call per frame)."""
@@ -80,17 +73,6 @@ class LiveMarkdown(Markdown):
             async with self.lock:
                 await self._restructure(open_src)
         self.work.end_frame(len(fragment))
-
-    def get_content_height(self, container, viewport, width: int) -> int:
-        """While streaming, the body grows in steps of ``reserve_rows + 1``: a block that grows
-        within the reserve is laid out without resizing the reply or scrolling the log, which
-        would repaint the whole view."""
-        height = super().get_content_height(container, viewport, width)
-        if not self._streamed or not self.reserve_rows:
-            return height
-        if not self._reserved - self.reserve_rows <= height <= self._reserved:
-            self._reserved = height + self.reserve_rows
-        return self._reserved
 
     async def fold_scrolled_away(self, above_y: int, at_least: int) -> None:
         """Hide the finished blocks that end above screen row ``above_y`` (``ScrolledAway``)."""
@@ -110,7 +92,6 @@ class LiveMarkdown(Markdown):
             tokens = self._parse(self._markdown[self._open_at:])
             await self._settle(tokens, self._open_line)
         self._reset_stream()
-        self.refresh(layout=True)  # without the reserve
 
     async def reset(self) -> None:
         """Empty the body (a reply handed to another model starts again)."""
@@ -179,12 +160,15 @@ class LiveMarkdown(Markdown):
             self._built_from = source
             if cut < len(open_src):
                 tokens = self._parse(source) if source.strip() else []
-            blocks = self._blocks(tokens, self._open_line)
             shown = [w for w in self._live if w is not line]
-            if len(blocks) == len(shown) == 1 and await update_in_place(shown[0], blocks[0]):
+
+            def build() -> list[MarkdownBlock]:
+                return self._blocks(tokens, self._open_line)
+
+            if len(shown) == 1 and await update_from_tokens(shown[0], tokens, build):
                 self._live = [*shown, line]
             else:
-                await self._replace_live([*blocks, line])
+                await self._replace_live([*build(), line])
             self._live_line = line
         line.show(partial)
 

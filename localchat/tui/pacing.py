@@ -42,19 +42,17 @@ COST_SMOOTHING = 0.2
 class FrameBudget:
     """How much the UI may spend on a streaming reply: ``share`` of one core, frames between
     ``min_frame_s`` and ``max_frame_s`` apart; ``slack_rows`` kept below an open paragraph or
-    code block and ``reserve_rows`` below the reply's body, so that it resizes less often."""
+    code block, so that the reply resizes less often."""
 
     name: str
     share: float
     min_frame_s: float
     max_frame_s: float
     slack_rows: int = 0
-    reserve_rows: int = 0
 
 
-CPU_BOUND = FrameBudget("cpu-bound", share=0.10, min_frame_s=0.05, max_frame_s=0.15,
-                        slack_rows=2, reserve_rows=2)
-SPARE_CORE = FrameBudget("spare-core", share=0.5, min_frame_s=1 / 30, max_frame_s=0.08)
+CPU_BOUND = FrameBudget("cpu-bound", share=0.10, min_frame_s=0.05, max_frame_s=0.5, slack_rows=2)
+SPARE_CORE = FrameBudget("spare-core", share=0.5, min_frame_s=1 / 30, max_frame_s=0.25)
 
 
 def frame_budget(decode_threads: int, cpus: int, gpu_layers: int = 0, n_layers: int = 0,

@@ -181,7 +181,6 @@ class Turns:
         await asyncio.sleep(0)  # lets the worker's task hand the turn to its thread now
         turn.reply = await app.chat_log.add_prompt(text)
         turn.reply.body.slack_rows = self.pacer.budget.slack_rows
-        turn.reply.body.reserve_rows = self.pacer.budget.reserve_rows
 
     def _generate(self, turn: ActiveTurn, text: str, model: str, route: str = "auto") -> None:
         app = self._app
