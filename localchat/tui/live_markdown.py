@@ -24,7 +24,7 @@ from markdown_it import MarkdownIt
 from markdown_it.token import Token
 from textual.widget import Widget
 from textual.widgets import Markdown
-from textual.widgets._markdown import MarkdownBlock, MarkdownFence, MarkdownParagraph
+from textual.widgets._markdown import MarkdownBlock, MarkdownFence, MarkdownTable
 
 from localchat.tui.live_blocks import LiveFence, LiveLine, LiveParagraph, StreamWork
 from localchat.tui.live_update import update_from_tokens
@@ -186,21 +186,35 @@ class LiveMarkdown(Markdown):
         return blocks
 
     async def _settle(self, tokens: list[Token], first_line: int) -> None:
-        """Finished blocks (the open one first): its live widget takes the final render, the
-        others are mounted before the next open block."""
-        blocks = self._blocks(tokens, first_line)
-        self.work.blocks_built += len(blocks)
+        """Finished blocks (the open one first): its live widget takes the final render (a list
+        or table one last update in place), the others are built and mounted before the next
+        open block."""
+        starts = top_level_starts(tokens)
+        cut = starts[1][0] if len(starts) > 1 else len(tokens)
+        first, rest = tokens[:cut], tokens[cut:]
         live = self._live[0] if self._live else None
         kept: list[Widget] = []
-        if blocks and isinstance(live, LiveParagraph) and isinstance(blocks[0], MarkdownParagraph) \
-                and blocks[0]._inline_token is not None:
-            live.settle(blocks[0]._inline_token)
-            live.source_range = blocks[0].source_range
-            kept, blocks = [live], blocks[1:]
-        elif blocks and isinstance(live, LiveFence) and isinstance(blocks[0], MarkdownFence):
-            await live.settle(blocks[0])
-            live.source_range = blocks[0].source_range
-            kept, blocks = [live], blocks[1:]
+        blocks: list[MarkdownBlock] = []
+        if first and isinstance(live, LiveParagraph) and first[0].type == "paragraph_open" and len(first) > 1:
+            live.settle(first[1])
+            kept = [live]
+        elif first and isinstance(live, LiveFence) and first[0].type == "fence":
+            fence = self._blocks(first, first_line)[0]
+            assert isinstance(fence, MarkdownFence)
+            await live.settle(fence)
+            kept = [live]
+        elif first and live is not None and not isinstance(live, (LiveParagraph, LiveFence, MarkdownTable)):
+            # (A table is built again: the lines of a grid updated in place can keep the column
+            # widths of an earlier layout.)
+            def build() -> list[MarkdownBlock]:
+                return self._blocks(first, first_line)
+
+            if await update_from_tokens(live, first, build):
+                kept = [live]
+        if not kept:
+            blocks = self._blocks(first, first_line)
+        blocks += self._blocks(rest, first_line)
+        self.work.blocks_built += len(blocks)
         stale = [w for w in self._live if w not in kept]
         self._live, self._live_line, self._built_from = [], None, ""
         with self.app.batch_update():

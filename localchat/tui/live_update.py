@@ -99,6 +99,7 @@ async def _extend_table(live: MarkdownTable, headers: list[Content], rows: list[
             # A cell keeps its column's width unless its text outgrows it.
             cell.update(text, layout=text.cell_length > cell.content_size.width or "\n" in text.plain)
     cells = [MarkdownTableCellContents(text, classes=f"row{index} cell", name=f"cell{index}.{column}")
+             .with_tooltip(text.plain)
              for index, row in enumerate(rows[last:], last + 1) for column, text in enumerate(row, 1)]
     if cells:
         await table.mount_all(cells)

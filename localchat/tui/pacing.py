@@ -3,26 +3,36 @@
 Whatever CPU the UI thread spends laying out and painting is taken from decoding when the
 model's threads use every core (and the engine thread also waits for the GIL while the UI holds
 it). Redrawing per token cost over 40% of decode speed with SmolLM2-135M on a 2-core CPU. So the
-app redraws at most once per frame, and sets each frame's interval from what the frames cost:
-``interval = clamp(recent frame cost / share, min_frame_s, max_frame_s)``, where the share of
-one core the UI may use, and the bounds, depend on the hardware (``frame_budget``):
+app redraws at most once per frame, and sets each frame's interval from what recent frames
+cost: ``interval = clamp(frame cost / share, min_frame_s, max_frame_s)``, where the share of one
+core the UI may use, and the bounds, depend on the hardware (``frame_budget``):
 
-- **CPU-bound** (llama.cpp runs one thread per core, nothing on a GPU): share 10%, frames every
-  50–150 ms, and an open paragraph keeps 2 blank rows below its text so that the reply grows
-  (and the log scrolls) once every 3 lines instead of every line.
+- **CPU-bound** (llama.cpp runs one thread per core, nothing on a GPU): share 10%, frames
+  50–500 ms apart, and an open paragraph or code block keeps 2 blank rows below its text, so
+  that the reply grows (and the log scrolls) once every 3 lines instead of every line.
 - **A core to spare** (llama.cpp told to use fewer threads than there are CPUs, or every layer
-  offloaded to a GPU): share 50%, frames every 33–80 ms (30 a second at most), no slack rows.
+  offloaded to a GPU): share 25%, frames 33–250 ms apart (30 a second at most), no blank rows.
 
-What a frame costs (``bench --tui`` and the proof tests; Textual 8, 2-core Xeon, 120×40):
-repainting the line being written costs ~6 ms of UI time whatever the reply's length (Textual
-re-renders every widget the dirty line crosses, from cache); a frame that changes the reply's
-height costs ~20–30 ms (the reply's and the log's widgets are laid out and repainted whole).
-At 80 tokens/s a 120-column paragraph gains ~4 lines a second. So on a CPU-bound machine the
-UI spends ~6 ms × 10 frames + 25 ms × 1.3 resizes ≈ 90 ms a second: 9% of one core for a
-frame every ~100 ms, where 5% (the previous budget) stretched frames to 0.3–0.5 s. Measured with
-a Python thread holding the GIL for that share of each 100 ms beside a greedy decode (2 threads,
-2 cores), and through the app itself (``bench --tui``, headless and on a pty), the decode
-slowdown is what ``bench --tui`` reports as ``overhead_percent``.
+The measurements behind it (SmolLM2-135M Q4_1, Textual 8, a 2-core Xeon shared with other
+work, so each figure is a median of alternating runs):
+
+- What a frame costs (``bench --tui``, proof tests): repainting the line being written ~6 ms of
+  UI time whatever the reply's length (Textual repaints every widget the dirty line crosses, from
+  cache); a frame that grows the reply ~20–30 ms for prose (the reply and the log are laid out
+  and repainted whole), 45–80 ms when lists, tables and code are on screen (a widget per item
+  and cell). The UI's cost grows with the text more than with the frame rate: ~0.8 ms of UI per
+  token for a paragraph, ~4 ms for many Markdown blocks.
+- What UI time costs decode, CPU-bound: the headless app over 600-token greedy replies (2
+  threads on 2 cores, ~55 tokens/s): share 5% → decode 2.8–7.3% slower, frames p90 ~375 ms;
+  10% → 9.2–9.5% slower, p90 110–120 ms; 20% → 8–16% slower, p90 ~55 ms. A Python thread
+  holding the GIL for that share of every 100 ms beside a bare decode: 2% → 0.96 of the speed,
+  10% → 0.91, 30% → 0.81. The first few per cent cost most (the GIL and a descheduled llama.cpp
+  thread); 10% buys frames ~3× as often as 5% for ~4 points of decode speed.
+- A core to spare (llama.cpp on 1 thread of 2 cores): frames p90 36–48 ms in the app; a thread
+  holding the GIL beside that decode: 10% → 0.93, 30% → 0.88, 50% → 0.74, so the share stays
+  at 25%.
+- Full garbage-collection passes took 90–135 ms with the GIL held, so they wait for the end of
+  a reply (``FullCollectionsPaused``).
 """
 
 from __future__ import annotations
@@ -52,7 +62,7 @@ class FrameBudget:
 
 
 CPU_BOUND = FrameBudget("cpu-bound", share=0.10, min_frame_s=0.05, max_frame_s=0.5, slack_rows=2)
-SPARE_CORE = FrameBudget("spare-core", share=0.5, min_frame_s=1 / 30, max_frame_s=0.25)
+SPARE_CORE = FrameBudget("spare-core", share=0.25, min_frame_s=1 / 30, max_frame_s=0.25)
 
 
 def frame_budget(decode_threads: int, cpus: int, gpu_layers: int = 0, n_layers: int = 0,
