@@ -381,3 +381,15 @@ async def test_a_narrow_status_bar_shows_whole_fields_only(store, columns):
         fields = second.split(" │ ")
         assert len(fields) == 3 and fields[2] == "reused 0"
     assert re.fullmatch(r"TTFT \d+ ms", fields[0]) and re.fullmatch(r"TPOT [\d.]+ ms", fields[1])
+
+
+@pytest.mark.parametrize("columns", [120, 60, 40])
+async def test_the_key_hint_under_the_prompt_is_never_cut(store, columns):
+    app = make_app(store, FakeEngine("smollm2-135m"))
+    async with app.run_test(size=(columns, 20)) as pilot:
+        await ready(pilot)
+        await pilot.pause()
+        region = app.prompt.region
+        bottom = screen_lines(app)[region.y + region.height - 1]  # the prompt's lower border
+    assert "╰" in bottom and "…" not in bottom and "F1 help" in bottom
+    assert ("PgUp/PgDn scroll" in bottom) == (columns >= 63)

@@ -128,7 +128,6 @@ class LocalChatApp(App[int]):
         if saved_theme in self.available_themes:
             self.theme = saved_theme
         self.theme_changed_signal.subscribe(self, lambda theme: self.save_setting("theme", theme.name))
-        self.prompt.border_subtitle = "Enter send · Ctrl+J newline · PgUp/PgDn scroll · F1 help"
         await self.sessions.start()
         self.prompt.focus()
         self.composer.fetch_model_names()

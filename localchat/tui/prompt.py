@@ -18,6 +18,20 @@ NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
 # Keys the terminal parser emits together arrive within microseconds; a person's two keys, tens
 # of milliseconds apart. A ^ followed by another key sooner than this was not typed.
 STRAY_ESCAPE_S = 0.01
+# The keys under the prompt, longest first: the longest that fits the border is shown whole
+# (Textual would cut the longest one mid-word at 60 columns).
+KEY_HINTS = (
+    "Enter send · Ctrl+J newline · PgUp/PgDn scroll · F1 help",
+    "Enter send · Ctrl+J newline · F1 help",
+    "Enter send · F1 help",
+    "F1 help",
+)
+BORDER_CHROME = 6  # "╰─ " and " ─╯" around a border subtitle
+
+
+def key_hint(width: int) -> str:
+    """The longest of ``KEY_HINTS`` that fits a prompt ``width`` columns wide, or ""."""
+    return next((hint for hint in KEY_HINTS if len(hint) <= width - BORDER_CHROME), "")
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,9 @@ class PromptInput(TextArea):
         self._browsing: int | None = None  # index into history while recalling
         self._draft = ""  # what was typed before recalling started
         self._pending_caret: events.Key | None = None  # see _stray_escape
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.border_subtitle = key_hint(self.outer_size.width)
 
     def remember(self, text: str) -> None:
         """Add a sent prompt to the history and stop recalling."""
