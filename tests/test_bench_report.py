@@ -208,3 +208,23 @@ def test_bench_pty_reads_the_echo_of_a_key_from_the_terminal(tmp_path):
     os.close(master)
     assert echo is not None
     assert _bursts([0.0, 0.001, 0.003, 0.1, 0.102, 0.5]) == [0.0, 0.1, 0.5]
+
+
+async def test_bench_tuis_scripted_replies_stream_through_the_app_and_are_stored(store):
+    # What bench --tui does with each reply shape, shortened: the scripted engine streams it
+    # through the bench's timed app. An engine that drifts from the app's engine protocols fails
+    # here (the app asks it for tokens, template overhead and its KV record on the way).
+    import asyncio
+
+    from localchat.bench import app as bench_app
+    from localchat.bench.scripted_engine import many_blocks, one_paragraph, split_pieces
+
+    for shape in (one_paragraph, many_blocks):
+        text = shape(60)
+        summary = await asyncio.wait_for(bench_app._shape(text, store, tpot_s=0.005), 60)
+        assert summary["tokens"] == len(split_pieces(text))
+        assert summary["frames"] >= 1
+        turns = store.turns(store.last_session().id)
+        assert [t.role for t in turns[-2:]] == ["user", "assistant"]
+        assert turns[-1].content == text and turns[-1].finish_reason == "stop"
+        assert turns[-1].timings.predicted_n == len(split_pieces(text))

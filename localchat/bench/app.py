@@ -126,7 +126,7 @@ async def _through_app(engine: Any, prompt: str, sampling: Sampling, store: Stor
             await pilot.pause(0.05)
         app.prompt.text = prompt
         await pilot.press("enter")
-        while app.turns.current is None:
+        while app.chat_log.last_reply() is None:  # the turn started (it may end at once)
             await pilot.pause(0.01)
         while app.turns.current is not None:
             await asyncio.sleep(KEYPRESS_INTERVAL_S)
@@ -138,9 +138,14 @@ async def _through_app(engine: Any, prompt: str, sampling: Sampling, store: Stor
             if len(app.prompt_changed_at) > seen:
                 latencies.append((app.prompt_changed_at[seen] - pressed_at) * 1000)
         reply = app.chat_log.last_reply()
+        assert reply is not None  # waited for above
         while not reply.finished:
             await pilot.pause(0.01)
-    turn = store.turns(store.last_session().id)[-1]
+        if reply.has_class("-failed"):
+            raise RuntimeError(f"the bench's turn failed in the app: {reply.query_one('.caption').render()}")
+    session = store.last_session()
+    assert session is not None  # the turn was stored
+    turn = store.turns(session.id)[-1]
     return {"timings": turn.timings, "keypress_ms": latencies}
 
 
@@ -159,9 +164,10 @@ async def _alternate(engine: Engine, prompt: str, sampling: Sampling, store: Sto
     return {**_speeds(alone, in_app, keypress_ms), "frames": _median_summary(frames)}
 
 
-async def _shape(text: str, store: Store) -> dict[str, Any]:
+async def _shape(text: str, store: Store, tpot_s: float = SHAPE_TPOT_S) -> dict[str, Any]:
+    """The frames of ``text`` streamed through the app by the scripted engine."""
     log = FrameLog()
-    engine = ScriptedEngine(text, SHAPE_TPOT_S, on_token=lambda _index: log.token())
+    engine = ScriptedEngine(text, tpot_s, on_token=lambda _index: log.token())
     await _through_app(engine, "go", Sampling(), store, log, keys=False)
     return log.summary()
 
