@@ -136,6 +136,32 @@ def test_the_sampler_draws_once_per_position_in_order(spec_engine, monkeypatch):
             f"the replies part at token {first} although the sampler saw the same logits there")
 
 
+def test_where_kernels_round_alike_a_drafted_reply_is_bit_identical(test_model_path, always_draft,
+                                                                     monkeypatch):
+    """The strongest form of the oracle: with flash attention on one thread, this CPU build
+    computes a check's logits bit for bit as one-by-one decoding does (elsewhere its kernels for
+    several query tokens round differently), so any difference would be the speculation's own:
+    a stale cell, a penalty window or a draw out of order. Greedy and seeded, the reply is the
+    same token for token, drafts accepted and rejected alike."""
+    monkeypatch.setattr(speculate, "reproducible_with_drafts", lambda sampling: True)
+    prose = [{"role": "user", "content": "Describe a walk through a forest in autumn."}]
+    with loaded_engine(test_model_path, 1024, "exact", flash_attn=True, n_threads=1,
+                       speculative="ngram") as engine:
+        drafted = rejected = 0
+        for sampling in (GREEDY, Sampling(temperature=0.7, seed=5, max_tokens=48)):
+            for messages in (EDIT, prose):
+                replies = []
+                for mode in ("off", "ngram"):
+                    engine.set_speculative(mode)
+                    engine.reset()
+                    tokens, done = reply_tokens(engine.submit(messages, sampling))
+                    replies.append(tokens)
+                drafted += done.timings.draft_n
+                rejected += done.timings.draft_n - done.timings.draft_n_accepted
+                assert replies[0] == replies[1], (sampling, messages[0]["content"][:30])
+        assert drafted > 40 and rejected > 5
+
+
 def test_a_seeded_reply_is_not_drafted_and_stays_the_same(spec_engine):
     seeded = Sampling(temperature=0.7, seed=11, max_tokens=32)
     replies = []

@@ -140,22 +140,42 @@ def _measure_prompt(engine: Engine, mode: str, kind: str, prompt: str, greedy: S
 def _judge(engine: Engine, messages: list[dict[str, str]], off: list[int], on: list[int],
            sampling: Sampling) -> dict[str, Any]:
     """Whether a speculative greedy reply is the one decoding without it gave: identical, or
-    first different after a near-tie under a decode without speculation (margin in logits,
-    with the turn's repeat penalty applied), or wrong."""
+    first different after a near-tie, or wrong. A near-tie: at the first different token, the
+    margin (in logits, the turn's repeat penalty applied) between the two choices is under
+    NEAR_TIE_LOGITS under a decode without speculation, or under one that evaluates the reply
+    in checks as speculation does (their kernels round differently: on the test model up to ~2
+    logits apart from one-by-one decoding at some positions). A wrong cell or sample is a clear
+    preference under all of them."""
     if on == off:
         return {"verdict": "identical"}
     i = next((k for k, (a, b) in enumerate(zip(off, on)) if a != b), min(len(off), len(on)))
-    logits = np.array(engine.fresh_logits(messages, off[:i]))
+    ends = engine.end_tokens() if i == min(len(off), len(on)) else []
+    plain = _margin(engine.fresh_logits(messages, off[:i]), off, on, i, ends, sampling)
+    checked = min(_margin(engine.fresh_logits(messages, on[:i], check_size=size),
+                          off, on, i, ends, sampling) for size in CHECK_SIZES)
+    verdict = "near-tie" if min(plain, checked) < NEAR_TIE_LOGITS else "wrong"
+    return {"verdict": verdict, "token": i, "margin": round(plain, 4),
+            "margin_as_checked": round(checked, 4)}
+
+
+# Checks of these sizes over the whole reply stand in for the run's own (its exact schedule
+# depends on timings): each rounds like checks do.
+CHECK_SIZES = (2, 4, 8, 16)
+
+
+def _margin(logits: np.ndarray, off: list[int], on: list[int], i: int, ends: list[int],
+            sampling: Sampling) -> float:
+    """How much the plain reply's token at ``i`` beats the speculative one's under ``logits``
+    (negative: the speculative one wins). A reply that stopped there chose the likeliest end
+    token."""
+    logits = np.array(logits)
     if sampling.repeat_penalty != 1.0 and i:
         ids = np.array(sorted(set(off[max(0, i - PENALTY_WINDOW):i])), dtype=np.int64)
         values = logits[ids]
         logits[ids] = np.where(values <= 0, values * sampling.repeat_penalty,
                                values / sampling.repeat_penalty)
-    # One stopped where the other went on: its choice there was the likeliest end token.
-    end = max(engine.end_tokens(), key=lambda t: logits[t]) if i == min(len(off), len(on)) else -1
-    margin = float(logits[off[i] if i < len(off) else end] - logits[on[i] if i < len(on) else end])
-    verdict = "near-tie" if margin < NEAR_TIE_LOGITS else "wrong"
-    return {"verdict": verdict, "token": i, "margin": round(margin, 4)}
+    end = max(ends, key=lambda t: logits[t]) if ends else -1
+    return float(logits[off[i] if i < len(off) else end] - logits[on[i] if i < len(on) else end])
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
