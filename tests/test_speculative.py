@@ -136,17 +136,17 @@ def test_the_sampler_draws_once_per_position_in_order(spec_engine, monkeypatch):
             f"the replies part at token {first} although the sampler saw the same logits there")
 
 
-def test_where_kernels_round_alike_a_drafted_reply_is_bit_identical(test_model_path, always_draft,
-                                                                     monkeypatch):
+def test_where_kernels_round_alike_a_drafted_reply_is_bit_identical(test_model_path, always_draft):
     """The strongest form of the oracle: with flash attention on one thread, this CPU build
     computes a check's logits bit for bit as one-by-one decoding does (elsewhere its kernels for
     several query tokens round differently), so any difference would be the speculation's own:
-    a stale cell, a penalty window or a draw out of order. Greedy and seeded, the reply is the
-    same token for token, drafts accepted and rejected alike."""
-    monkeypatch.setattr(speculate, "reproducible_with_drafts", lambda sampling: True)
+    a stale cell, a penalty window or a draw out of order. Greedy and seeded (there the engine
+    drafts seeded turns too), the reply is the same token for token, drafts accepted and
+    rejected alike."""
     prose = [{"role": "user", "content": "Describe a walk through a forest in autumn."}]
     with loaded_engine(test_model_path, 1024, "exact", flash_attn=True, n_threads=1,
                        speculative="ngram") as engine:
+        assert engine._runtime.exact_checks
         drafted = rejected = 0
         for sampling in (GREEDY, Sampling(temperature=0.7, seed=5, max_tokens=48)):
             for messages in (EDIT, prose):

@@ -67,9 +67,11 @@ def read_set(path: Path) -> list[tuple[str, str]]:
 
 def measure_speculative(model: str | None, config: Settings, path: Path, *, mode: str,
                         draft_model: str | None, n_ctx: int, gpu_layers: str | int | None,
-                        max_tokens: int, rounds: int, say: Callable[[str], None]) -> dict[str, Any]:
-    """Answer every prompt of the set at ``path`` with speculation off and in ``mode``; the
-    report ``--json`` prints, its targets checked."""
+                        max_tokens: int, rounds: int, say: Callable[[str], None],
+                        exact_pass: bool = True) -> dict[str, Any]:
+    """Answer every prompt of the set at ``path`` with speculation off and in ``mode``; then
+    (``exact_pass``) again where checks round as single decodes do, which must give identical
+    replies. The report ``--json`` prints, its targets checked."""
     prompts = read_set(path)
     engine = open_engine(model, config, n_ctx=n_ctx, gpu_layers=gpu_layers, speculative=mode,
                          draft_model=draft_model)
@@ -96,8 +98,38 @@ def measure_speculative(model: str | None, config: Settings, path: Path, *, mode
         }
     finally:
         engine.close()
+    if exact_pass:
+        report["exact_kernels"] = _exact_pass(model, config, prompts, mode, draft_model, n_ctx,
+                                              greedy, seeded)
+        say("answered the set again with bit-exact kernels")
     report["targets"] = speculative_targets(report)
     return report
+
+
+def _exact_pass(model: str | None, config: Settings, prompts: list[tuple[str, str]], mode: str,
+                draft_model: str | None, n_ctx: int, greedy: Sampling,
+                seeded: Sampling) -> dict[str, Any]:
+    """Every prompt greedy and seeded, off and on, where a check's logits are a single decode's
+    bit for bit (flash attention on one CPU thread, ``LlamaRuntime.exact_checks``; there the
+    engine drafts seeded turns too): any difference would be the speculation's own fault."""
+    engine = open_engine(model, config, n_ctx=n_ctx, gpu_layers=0, speculative=mode,
+                         draft_model=draft_model, flash_attn=True, n_threads=1)
+    identical = {"greedy": 0, "seeded": 0}
+    drafted = 0
+    try:
+        engine.load()
+        for _, prompt in prompts:
+            messages = [{"role": "user", "content": prompt}]
+            for name, sampling in (("greedy", greedy), ("seeded", seeded)):
+                _, plain = _answer(engine, "off", messages, sampling)
+                timings, checked = _answer(engine, mode, messages, sampling)
+                identical[name] += plain == checked
+                drafted += timings.draft_n
+    finally:
+        engine.close()
+    return {"flash_attn": True, "n_threads": 1, "prompts": len(prompts),
+            "greedy_identical": identical["greedy"], "seeded_identical": identical["seeded"],
+            "draft_n": drafted}
 
 
 def _answer(engine: Engine, mode: str, messages: list[dict[str, str]],
@@ -211,6 +243,11 @@ def print_speculative(report: dict[str, Any]) -> None:
               f"{s['greedy_identical']} identical, {s['greedy_near_tie']} near-tie, "
               f"{s['greedy_wrong']} wrong · seeded {s['seeded_same']}/{s['prompts']} same "
               f"({s['seeded_draft_n']} drafted)")
+    exact = report.get("exact_kernels")
+    if exact:
+        print(f"bit-exact kernels (flash attention, 1 thread): greedy {exact['greedy_identical']}/"
+              f"{exact['prompts']} and seeded {exact['seeded_identical']}/{exact['prompts']} "
+              f"identical, {exact['draft_n']} tokens drafted")
     for check in report["targets"]:
         print(f"  [{'ok' if check['ok'] else 'MISS'}] {check['target']}: {check['value']} "
               f"(limit {check['limit']})")

@@ -22,7 +22,8 @@ configured, both only where the policy expects a gain), ``ngram`` (prompt lookup
 ``draft`` (the draft model only, drafting wherever it is confident even if the policy expects
 no gain: for measuring a pairing), ``off``. Memories that cannot drop the cells of rejected
 drafts (recurrent, hybrid, window-size caches) turn it off, and say why. A turn sampled with a
-fixed seed is not drafted (``reproducible_with_drafts``).
+fixed seed is not drafted (``reproducible_with_drafts``), except where checks round exactly as
+single decodes do (flash attention on one CPU thread: ``LlamaRuntime.exact_checks``).
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ def build_speculator(options: EngineOptions, runtime: LlamaRuntime, target: GGUF
         notices.append('speculative = "draft" needs a draft model: set draft_model under '
                        "[engine]; speculative decoding is off")
     cost = plan.gguf.file_size / target.file_size if plan is not None and target.file_size else None
-    speculator = Speculator(mode, off_reason, draft, runtime.is_end_of_generation, cost)
+    speculator = Speculator(mode, off_reason, draft, runtime.is_end_of_generation, cost,
+                            exact_checks=runtime.exact_checks)
     return speculator, notices
 
 
@@ -147,8 +149,12 @@ def _ngram_bucket(match: int) -> int:
 
 
 # Priors per match-length group: a two-token key is usually a common phrase, a long match a
-# passage being copied. Measured on bench --speculative's set with the test model.
-_NGRAM_PRIORS = (0.3, 0.4, 0.5, 0.65, 0.8, 0.9)
+# passage being copied (rates learned on bench --speculative's set with the test model: 0.3,
+# 0.4, 0.68, 0.77, 0.92, 0.996). Right after a draft accepted whole the reply is usually still
+# copying: that state has its own rate (``DraftPolicy.streak``), which ramps a copy up at once
+# instead of waiting for each longer match length to prove itself.
+_NGRAM_PRIORS = (0.3, 0.4, 0.55, 0.7, 0.85, 0.93)
+_STREAK_PRIOR = 0.9
 
 
 class RecentTimes:
@@ -174,6 +180,7 @@ class DraftPolicy:
     """How many drafted tokens are worth checking, learned over the engine's turns."""
 
     ngram: list[Acceptance] = field(default_factory=lambda: [Acceptance.prior(p) for p in _NGRAM_PRIORS])
+    streak: Acceptance = field(default_factory=lambda: Acceptance.prior(_STREAK_PRIOR))
     model: Acceptance = field(default_factory=lambda: Acceptance.prior(0.6))
     single_ms: RecentTimes = field(default_factory=RecentTimes)  # one plain decode
     extra_ms: RecentTimes = field(default_factory=RecentTimes)  # each further position in a check
@@ -209,11 +216,15 @@ class DraftPolicy:
             return min(2.0, max(0.005, draft / single))
         return self.draft_cost_prior
 
-    def ngram_length(self, match: int, limit: int) -> int:
+    def ngram_rate(self, match: int, streak: bool) -> Acceptance:
+        """What predicts a prompt-lookup draft: the streak's rate right after a draft accepted
+        whole, else that of matches reaching ``match`` tokens back."""
+        return self.streak if streak else self.ngram[_ngram_bucket(match)]
+
+    def ngram_length(self, match: int, limit: int, streak: bool = False) -> int:
         """Prompt-lookup tokens worth checking, for a match reaching ``match`` tokens back."""
-        bucket = _ngram_bucket(match)
-        length = best_length(self.ngram[bucket].rate, limit, self.extra_cost)
-        return self._or_explore(bucket, length, limit)
+        length = best_length(self.ngram_rate(match, streak).rate, limit, self.extra_cost)
+        return length if streak else self._or_explore(_ngram_bucket(match), length, limit)
 
     def model_length(self, limit: int) -> int:
         """Draft-model tokens worth asking for and checking."""
@@ -262,12 +273,13 @@ class Speculator:
 
     def __init__(self, mode: Speculative, off_reason: str | None = None,
                  draft: DraftModel | None = None, is_end: Callable[[int], bool] | None = None,
-                 draft_cost: float | None = None) -> None:
+                 draft_cost: float | None = None, exact_checks: bool = False) -> None:
         self.mode: Speculative = mode
         self.off_reason = off_reason  # the memory kind's, if it cannot speculate at all
         self.draft = draft
         self.is_end = is_end
         self.policy = DraftPolicy()
+        self.exact_checks = exact_checks  # a check's logits are a single decode's, bit for bit
         if draft_cost is not None:
             self.policy.draft_cost_prior = draft_cost
 
@@ -284,7 +296,9 @@ class Speculator:
 
     def for_turn(self, sampling: Sampling) -> TurnDrafts | None:
         """The drafting of one reply with ``sampling``, or None when nothing drafts."""
-        if self.mode == "off" or self.off_reason or not reproducible_with_drafts(sampling):
+        if self.mode == "off" or self.off_reason:
+            return None
+        if not (self.exact_checks or reproducible_with_drafts(sampling)):
             return None
         ngram = self.mode in ("auto", "ngram")
         model = self.draft if self.mode in ("auto", "draft") else None
@@ -321,6 +335,7 @@ class TurnDrafts:
         self.draft_n = 0
         self.draft_n_accepted = 0
         self._source: Acceptance | None = None  # what made the draft being checked
+        self._streak = False  # the last draft was accepted whole
 
     def propose(self, log: TokenLog, room: int, should_stop: Callable[[], bool]) -> list[int]:
         """The tokens to check after ``log`` (at most ``room``; empty: decode plainly)."""
@@ -332,10 +347,10 @@ class TurnDrafts:
         if self._ngram:
             match = lookup(log.tokens, limit, self._is_end)
             if match is not None:
-                n = self.policy.ngram_length(match.length, len(match.draft))
+                n = self.policy.ngram_length(match.length, len(match.draft), self._streak)
                 if n:
                     draft = match.draft[:n]
-                    self._source = self.policy.ngram[_ngram_bucket(match.length)]
+                    self._source = self.policy.ngram_rate(match.length, self._streak)
         if not draft and self._model is not None:
             n = self.policy.model_length(limit) if self._gated else limit
             if n:
@@ -355,6 +370,7 @@ class TurnDrafts:
         """A draft of ``drafted`` tokens was checked to its end: ``accepted`` were kept."""
         if self._source is not None:
             self._source.record(drafted, accepted)
+        self._streak = accepted == drafted
         self.length = min(MAX_LENGTH, 2 * self.length) if accepted == drafted else max(1, accepted + 1)
 
     def decoded(self, n_tokens: int, ms: float) -> None:
