@@ -7,11 +7,14 @@ numbers, before anything is sent.
 
 ``outgoing_message`` is the one rule for the message as it will be sent: the app's Enter, its
 prefill while typing and ``ask`` all build the text the model sees with it, so what was
-prefilled is what is sent.
+prefilled is what is sent. The prefill, handed the draft at every pause in typing, reads the files
+it mentions through a ``FileReads`` cache; Enter reads them again.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +38,17 @@ class Attachment:
         return f"{self.path.name} · {'~' if self.estimated else ''}{self.tokens:,} tokens"
 
 
-def read_attachment(path_text: str, count_tokens: Callable[[str], int] | None, max_tokens: int | None) -> Attachment:
+CountTokens = Callable[[str], int]
+ReadAttachment = Callable[[str, CountTokens | None, int | None], "Attachment"]
+
+
+def read_attachment(path_text: str, count_tokens: CountTokens | None, max_tokens: int | None) -> Attachment:
     """Read a text file to attach. ``count_tokens`` is the model's tokenizer (None: estimate);
     ``max_tokens`` the most a message may hold (None: no limit known). Raises ``UserError``."""
-    path = Path(path_text).expanduser()
+    return _within(_read(Path(path_text).expanduser(), count_tokens), max_tokens)
+
+
+def _read(path: Path, count_tokens: CountTokens | None) -> Attachment:
     if not path.is_file():
         raise UserError(f"{path} is not a file." if path.exists() else f"No file {path}.")
     try:
@@ -55,10 +65,46 @@ def read_attachment(path_text: str, count_tokens: Callable[[str], int] | None, m
     except UnicodeDecodeError as exc:
         raise UserError(f"{path.name} is not UTF-8 text (byte {exc.start} is not); only text files can be attached.") from None
     tokens = count_tokens(text) if count_tokens is not None else (len(text) + 3) // 4
-    if max_tokens is not None and tokens > max_tokens:
-        raise UserError(f"{path.name} is {'about ' if count_tokens is None else ''}{tokens:,} tokens; "
-                        f"a message can hold at most {max_tokens:,} with this model's context.")
     return Attachment(path, text, tokens, estimated=count_tokens is None)
+
+
+def _within(attachment: Attachment, max_tokens: int | None) -> Attachment:
+    if max_tokens is not None and attachment.tokens > max_tokens:
+        raise UserError(f"{attachment.path.name} is {'about ' if attachment.estimated else ''}"
+                        f"{attachment.tokens:,} tokens; a message can hold at most {max_tokens:,} "
+                        "with this model's context.")
+    return attachment
+
+
+class FileReads:
+    """Files read and counted for a draft, reused while each keeps its size and modification
+    time (and the tokenizer is the same): the draft is handed over at every pause in typing, and
+    a large file would be read and tokenized each time. A change within the file system's time
+    resolution that keeps the size can go unseen here, which costs only a prefill that Enter's
+    own read does not reuse. ``read`` is ``read_attachment``, from any thread."""
+
+    MAX_FILES = 16
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._files: OrderedDict[tuple[str, int, int, CountTokens | None], Attachment] = OrderedDict()
+
+    def read(self, path_text: str, count_tokens: CountTokens | None, max_tokens: int | None) -> Attachment:
+        path = Path(path_text).expanduser()
+        try:
+            stat = path.stat()
+        except OSError:
+            return read_attachment(path_text, count_tokens, max_tokens)  # which says why
+        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, count_tokens)
+        with self._lock:
+            attachment = self._files.get(key)
+        if attachment is None:
+            attachment = _read(path, count_tokens)
+            with self._lock:
+                self._files[key] = attachment
+                while len(self._files) > self.MAX_FILES:
+                    self._files.popitem(last=False)
+        return _within(attachment, max_tokens)
 
 
 def with_attachments(message: str, attachments: list[Attachment]) -> str:
@@ -83,14 +129,15 @@ def mentioned_files(message: str, cwd: Path | None = None) -> list[str]:
 
 
 def outgoing_message(text: str, attached: Sequence[Attachment], cwd: Path, *,
-                     count_tokens: Callable[[str], int] | None = None, room: int | None = None,
-                     files: Sequence[str] = ()) -> str:
+                     count_tokens: CountTokens | None = None, room: int | None = None,
+                     files: Sequence[str] = (), read: ReadAttachment = read_attachment) -> str:
     """The message as it will be sent: ``text`` with the files ``attached`` already (``/file``),
     those named in ``files`` (``ask -f``) and those it mentions as ``@path`` (relative to
     ``cwd``), each file once, as fenced blocks before the text.
 
     ``count_tokens`` and ``room`` are as for ``read_attachment``, ``room`` for all the files
-    together (``session.budget.message_room``). Raises ``UserError`` for a file that cannot go.
+    together (``context.budget.message_room``); ``read`` reads each file (a draft's:
+    ``FileReads.read``). Raises ``UserError`` for a file that cannot go.
     """
     attachments = list(attached)
     if room is not None:
@@ -99,7 +146,7 @@ def outgoing_message(text: str, attached: Sequence[Attachment], cwd: Path, *,
         path = _in(cwd, path_text)
         if any(_same_file(a.path, path) for a in attachments):
             continue
-        attachment = read_attachment(str(path), count_tokens, room)
+        attachment = read(str(path), count_tokens, room)
         if room is not None:
             room -= attachment.tokens
         attachments.append(attachment)

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="reopen the most recently used session")
     parser.add_argument("--session", "-s", help="open the session with this id or name (a new name starts one)")
     parser.add_argument("--speculative", choices=("auto", "ngram", "draft", "off"),
-                        help="speculative decoding (default: [engine] speculative, auto)")
+                        help="speculative decoding (default: [engine] speculative, off)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:

@@ -67,6 +67,7 @@ class Timings:
     draft_n_accepted: int = 0
     route: str = "local"  # "local" or "remote"
     route_reason: str = ""
+    fell_back: bool = False  # the remote was asked and failed: this local reply stands
     model: str = ""
 
     @property

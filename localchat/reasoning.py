@@ -46,6 +46,8 @@ class ReasoningSplitter:
 
     def feed(self, text: str) -> tuple[str, str]:
         """(reasoning, answer) released by this piece; either may be empty."""
+        if self.phase == "answer" and not self._trim_next and not self._pending:
+            return "", text  # the answer has begun and nothing is held back: once per token
         self._pending += text
         thinking, answer = [], []
         while True:

@@ -15,6 +15,11 @@ Knobs for tests:
 - Reasoning: a script with ``<think>…</think>`` streams its reasoning as ``Thinking`` events (the
   engine's own splitter); ``thinking_switch=True`` makes it a model whose template takes
   ``enable_thinking`` (``supports_thinking``); ``samplings`` records each turn's Sampling.
+
+It implements every protocol the app has for an engine (``localchat.tui.model_state.AppEngine``;
+mypy checks that at the end of this file), so a stored conversation over it gets the context
+keeper and KV snapshots as over the real one. Its "KV cache" is the token record of the last
+turn (each message's words plus ``TEMPLATE_TOKENS``, then the reply's); a snapshot is that record.
 """
 
 from __future__ import annotations
@@ -24,18 +29,39 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from localchat.engine.layout import CachedMessage
+from localchat.engine.snapshot_file import KVSnapshot
 from localchat.engine.turn import TurnHandle
 from localchat.errors import EngineError
-from localchat.events import Done, Failed, Loaded, PrefillProgress, Thinking, Timings, Token
+from localchat.events import (
+    Done,
+    Failed,
+    FinishReason,
+    Loaded,
+    PrefillProgress,
+    Thinking,
+    Timings,
+    Token,
+)
 from localchat.reasoning import ReasoningSplitter
+
+if TYPE_CHECKING:
+    from localchat.engine.engine import Engine
+    from localchat.tui.model_state import AppEngine
 
 ReplyScript = str | Callable[[list[dict[str, str]]], str]
 
 DEFAULT_REPLY = "Hello! Here is some `code`:\n\n```python\nprint('hi')\n```\n\nAnything else?"
 
 _TOKEN = re.compile(r"\s*\S+|\s+")
+
+# What the template adds per message (role header, end marker): all the fake's template tokens.
+TEMPLATE_TOKENS = 4
+_MARKER = 0  # the id of a template token (detokenized as nothing)
 
 
 def split_tokens(text: str) -> list[str]:
@@ -46,7 +72,7 @@ def split_tokens(text: str) -> list[str]:
 class FakeEngine:
     """Implements the methods of ``localchat.engine.Engine`` with a scripted model."""
 
-    has_kv_cache = False  # no context budget, no KV snapshots (see localchat.chat.conversation)
+    can_trim_in_place = True  # dropping old turns keeps the later cells
 
     def __init__(
         self,
@@ -84,8 +110,14 @@ class FakeEngine:
         self.prepared: list[list[dict[str, str]]] = []
         self.closed = False
         self._current: TurnHandle | None = None
+        self._background: list[TurnHandle] = []  # queued or running; the next turn stops them
         self._one_turn_at_a_time = threading.Lock()
-        self._cached_tokens = 0  # like a KV cache: the previous turn's prompt + reply
+        # Like a KV cache: the previous turn's prompt + reply, as a count and per message.
+        self._cache_lock = threading.Lock()
+        self._cached_tokens = 0
+        self._records: list[CachedMessage] = []
+        self._vocabulary: dict[str, int] = {"": _MARKER}  # word-sized piece -> token id
+        self._pieces = [""]  # token id -> piece
 
     def __repr__(self) -> str:
         return f"FakeEngine({self.name!r}, loaded={self.info is not None})"
@@ -108,14 +140,85 @@ class FakeEngine:
     def count_tokens(self, text: str) -> int:
         return len(split_tokens(text))
 
-    def submit(self, messages: list[dict[str, str]], sampling: object = None) -> TurnHandle:
+    def tokenize(self, text: str) -> list[int]:
+        return self._token_ids(split_tokens(text))
+
+    def _token_ids(self, pieces: list[str]) -> list[int]:
+        with self._cache_lock:
+            for piece in pieces:
+                if piece not in self._vocabulary:
+                    self._vocabulary[piece] = len(self._pieces)
+                    self._pieces.append(piece)
+            return [self._vocabulary[piece] for piece in pieces]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        with self._cache_lock:
+            return "".join(self._pieces[token] for token in tokens)
+
+    def template_overhead(self) -> int:
+        return TEMPLATE_TOKENS
+
+    def prompt_tokens(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> int:
+        return sum(self.count_tokens(m["content"]) + TEMPLATE_TOKENS for m in messages)
+
+    # -- the "KV cache": what the context keeper measures and a snapshot holds -----------------
+
+    @property
+    def tokens_in_context(self) -> int:
+        return self._cached_tokens
+
+    def cached_messages(self) -> list[CachedMessage]:
+        with self._cache_lock:
+            return [replace(r, tokens=list(r.tokens)) for r in self._records]
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"model": self.name, "n_ctx": self.n_ctx}
+
+    def export_snapshot(self) -> KVSnapshot:
+        records = self.cached_messages()
+        return KVSnapshot(records, b"", sum(len(r.tokens) for r in records))
+
+    def import_snapshot(self, snapshot: KVSnapshot) -> float:
+        started = time.perf_counter()
+        with self._cache_lock:
+            self._records = [replace(r, tokens=list(r.tokens)) for r in snapshot.records]
+            self._cached_tokens = snapshot.n_tokens
+        return (time.perf_counter() - started) * 1000
+
+    def reset(self) -> None:
+        with self._cache_lock:
+            self._records, self._cached_tokens = [], 0
+
+    def _record_turn(self, messages: list[dict[str, str]], reply: list[str]) -> None:
+        """The cache now holds ``messages`` and the ``reply`` pieces sampled after them."""
+        records = [CachedMessage(m["role"], m["content"], "",
+                                 self.tokenize(m["content"]) + [_MARKER] * TEMPLATE_TOKENS)
+                   for m in messages]
+        records.append(CachedMessage("assistant", "".join(reply), "", self._token_ids(reply), open=True))
+        with self._cache_lock:
+            self._records = records
+            self._cached_tokens = sum(len(r.tokens) for r in records)
+
+    # -- turns ---------------------------------------------------------------------------------
+
+    def submit(self, messages: list[dict[str, str]], sampling: object = None, *,
+               background: bool = False) -> TurnHandle:
+        """A turn; a ``background`` one (a summary) leaves the cache as it found it, and the
+        next foreground turn stops it, as the engine's does."""
         if self.info is None:
             raise RuntimeError("submit() before load()")
         self.submitted.append([dict(m) for m in messages])
         self.samplings.append(sampling)
         stopped = threading.Event()
         handle = TurnHandle(on_stop=lambda _handle: stopped.set())
-        threading.Thread(target=self._run_turn, args=(messages, handle, stopped), daemon=True).start()
+        if background:
+            self._background.append(handle)
+        else:
+            waiting, self._background = self._background, []
+            for pending in waiting:
+                pending.stop()
+        threading.Thread(target=self._run_turn, args=(messages, handle, stopped, background),
+                         daemon=True).start()
         return handle
 
     def prepare(self, messages: list[dict[str, str]]) -> TurnHandle:
@@ -134,19 +237,21 @@ class FakeEngine:
         self.stop()
         self.closed = True
 
-    def _run_turn(self, messages: list[dict[str, str]], handle: TurnHandle, stop: threading.Event) -> None:
+    def _run_turn(self, messages: list[dict[str, str]], handle: TurnHandle, stop: threading.Event,
+                  background: bool) -> None:
         # Like the real engine, turns queue up and run one at a time.
         with self._one_turn_at_a_time:
             self._current = handle
             try:
-                handle.emit(self._turn(messages, handle, stop))
+                handle.emit(self._turn(messages, handle, stop, background))
             finally:
                 self._current = None
 
-    def _turn(self, messages: list[dict[str, str]], handle: TurnHandle, stop: threading.Event) -> Done | Failed:
+    def _turn(self, messages: list[dict[str, str]], handle: TurnHandle, stop: threading.Event,
+              background: bool) -> Done | Failed:
         out = handle
         started = handle.submitted_at
-        prompt_tokens = sum(self.count_tokens(m["content"]) + 4 for m in messages)
+        prompt_tokens = self.prompt_tokens(messages)
         cache_n = min(self._cached_tokens, prompt_tokens)
         prompt_n = prompt_tokens - cache_n
         for done in range(0, prompt_n, 64):
@@ -160,7 +265,7 @@ class FakeEngine:
         pieces, sent_at, reasoning = [], [], []
         thinking_n, answer_at = 0, None
         splitter = ReasoningSplitter()
-        finish = "stop"
+        finish: FinishReason = "stop"
         for index, piece in enumerate(split_tokens(script)):
             if self.hold_after is not None and index >= self.hold_after:
                 while not stop.wait(0.01) and not (self.release and self.release.is_set()):
@@ -184,7 +289,8 @@ class FakeEngine:
             sent_at.append(time.perf_counter())
 
         reply = "".join(pieces)
-        self._cached_tokens = prompt_tokens + len(pieces)
+        if not background:
+            self._record_turn(messages, pieces)
         timings = self._timings(started, prompt_ms, cache_n, prompt_n, sent_at)
         timings.thinking_n = thinking_n
         timings.time_to_answer_ms = (answer_at - started) * 1000 if answer_at else 0.0
@@ -209,6 +315,12 @@ class FakeEngine:
         )
 
 
+if TYPE_CHECKING:
+    def _both_are_app_engines(fake: FakeEngine, real: Engine) -> list[AppEngine]:
+        """mypy's proof that the fake and the real engine implement every engine protocol."""
+        return [fake, real]
+
+
 # --- driving the app with a fake engine -------------------------------------------------------
 
 SIZE = (80, 24)  # the smallest terminal the app promises to work in
@@ -224,7 +336,7 @@ class NoDownloads:
         raise AssertionError("nothing to pull")
 
 
-def make_app(store: object, engine: FakeEngine | None = None, **options: object):
+def make_app(store: Any, engine: FakeEngine | None = None, **options: Any):
     """A ``LocalChatApp`` over ``store`` whose model is ``engine`` (a default FakeEngine if None).
 
     Every model name maps to the same fake unless ``engine_factory`` is given in ``options``."""
@@ -248,6 +360,12 @@ async def wait_until(pilot, condition: Callable[[], bool], what: str = "conditio
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+def screen_lines(app) -> list[str]:
+    """What the terminal shows now, one plain-text string per row (the top screen drawn over
+    the ones below it, as Textual composes them)."""
+    return [strip.text for strip in app.screen._compositor.render_strips()]
 
 
 def notices(app) -> list[str]:

@@ -65,3 +65,4 @@ def test_json_output_sets_the_local_start_aside_and_restores_it_when_the_remote_
                      ["retract", "restore", "notice", "token", "done"])
     assert events[kinds.index("restore")]["text"] == events[kinds.index("superseded")]["text"]
     assert events[-1]["route"] == "local" and events[-1]["route_reason"].startswith("fallback:")
+    assert events[-1]["timings"]["fell_back"] is True

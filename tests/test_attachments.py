@@ -10,6 +10,7 @@ import pytest
 from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, wait_until
 
 from localchat.attachments import (
+    FileReads,
     complete_path,
     mentioned_files,
     outgoing_message,
@@ -71,6 +72,30 @@ def test_the_message_as_sent_has_each_file_once_and_files_share_the_room(notes, 
         "hi", [read_attachment(str(other), None, None)])
     with pytest.raises(UserError, match="other.txt is 4 tokens; a message can hold at most 3"):  # 5 of 8 taken
         outgoing_message("see @other.txt", attached, tmp_path, count_tokens=words, room=8)
+
+
+def test_a_draft_reads_a_mentioned_file_again_only_when_it_changed_and_enter_always_does(notes, tmp_path):
+    counted: list[str] = []
+
+    def counting(text: str) -> int:
+        counted.append(text)
+        return words(text)
+
+    reads = FileReads()
+
+    def draft() -> str:
+        return outgoing_message("see @notes.md", [], tmp_path, count_tokens=counting, room=100,
+                                read=reads.read)
+
+    first = draft()
+    assert draft() == first and len(counted) == 1  # the second hand-over reused the read
+    notes.write_text("The launch is on Wednesday, not Tuesday.\n")  # another size
+    assert "Wednesday" in draft() and len(counted) == 2
+    with pytest.raises(UserError, match="notes.md is 7 tokens; a message can hold at most 5"):
+        outgoing_message("see @notes.md", [], tmp_path, count_tokens=counting, room=5, read=reads.read)
+    assert len(counted) == 2  # a cached file still gets the room check
+    sent = outgoing_message("see @notes.md", [], tmp_path, count_tokens=counting, room=100)
+    assert sent == draft() and len(counted) == 3  # Enter reads the file itself
 
 
 async def test_a_message_mentioning_a_file_is_prefilled_with_it_as_it_will_be_sent(store, notes, monkeypatch):

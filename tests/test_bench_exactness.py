@@ -40,3 +40,23 @@ def test_turns_after_a_reply_that_does_not_tokenize_back_are_not_compared():
     result = exactness(Tokens(), cached, fresh)
     assert result["exact_turns"] == 1 and result["wrong_turns"] == 0
     assert result["not_comparable_turns"] == 2
+
+
+class PenalizedTokens(Tokens):
+    """Fresh logits where 'c' leads 'b' by 1.2, until the repeat penalty lowers 'c' (seen)."""
+
+    def fresh_logits(self, messages, reply):
+        import numpy as np
+
+        logits = np.zeros(128, dtype=np.float32)
+        logits[ord("b")], logits[ord("c")] = 1.8, 3.0
+        return logits
+
+
+def test_the_margin_is_taken_after_the_repeat_penalty_the_turns_sampled_with():
+    b, c = ord("b"), ord("c")
+    cached, fresh = [turn([c, c, b])], [turn([c, c, c])]
+    assert exactness(PenalizedTokens(), cached, fresh)["wrong_turns"] == 1
+    result = exactness(PenalizedTokens(), cached, fresh, repeat_penalty=1.5)
+    assert (result["near_tie_turns"], result["wrong_turns"]) == (1, 0)
+    assert result["first_differences"] == [{"turn": 1, "token": 2, "margin": 0.2}]

@@ -35,17 +35,18 @@ def test_each_memory_kind_is_named_at_load(synthetic_model, engine):
     for shape, kind in [("mamba-tiny", "recurrent"), ("lfm2-tiny", "hybrid"), ("gemma3-tiny", "swa")]:
         path = synthetic_model(shape)
         assert read_gguf(path).memory_kind == kind  # what doctor shows without loading
-        with loaded_engine(path, 512, shape) as e:
+        with loaded_engine(path, 512, shape, speculative="auto") as e:
             assert e.info.memory == kind == e.memory_kind
             assert not e.can_trim_in_place  # window-size caches by default: checkpoints
-            # Rejected drafts cannot be dropped either: no speculative decoding, and why.
+            # Rejected drafts cannot be dropped either: asked for, speculation is off, and why.
             assert e.info.speculative.startswith("off: ") and "cannot drop" in e.info.speculative
             events = list(e.submit([{"role": "user", "content": "Hi"}],
                                    Sampling(temperature=0, max_tokens=2)))
             assert [n.message for n in events if isinstance(n, Notice)] == [
                 "speculative decoding is " + e.info.speculative]
     # Full-size sliding-window caches can drop turns like any KV cache.
-    with loaded_engine(synthetic_model("gemma3-tiny"), 512, "full", swa_full=True) as e:
+    with loaded_engine(synthetic_model("gemma3-tiny"), 512, "full", swa_full=True,
+                       speculative="auto") as e:
         assert e.memory_kind == "swa" and e.can_trim_in_place
         assert e.info.speculative == "ngram"
 

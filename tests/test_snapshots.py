@@ -209,3 +209,29 @@ def test_the_app_saves_and_restores_a_session_only_while_snapshots_are_enabled(
     else:
         assert services.snapshots is None
         assert saved == [] and done.timings.restore_ms == 0 and done.timings.cache_n == 0
+
+
+def test_a_conversation_over_the_fake_engine_is_kept_and_restored_like_one_over_the_real():
+    """No branch asks which engine a conversation has: over the UI tests' fake, too, the context
+    keeper measures each turn and a reopened session's cache comes back from its snapshot."""
+    from fake_engine import FakeEngine
+
+    from localchat.chat.conversation import Conversation
+    from localchat.chat.services import build_services
+
+    services = build_services()
+    engine = FakeEngine()
+    engine.load()
+    with Store.open() as store:
+        session = store.create_session("s")
+        first = Conversation(store, session, services)
+        first.attach(engine)
+        assert first.chat is not None and first.chat.keeper is not None
+        first.record_reply(list(first.send("My name is Ada."))[-1], engine.name)
+        services.close()  # the snapshot's file is written
+        cached = engine.tokens_in_context
+        engine.reset()  # as if the app had been closed and opened again
+        reopened = Conversation(store, store.session(session.id), services)
+        reopened.attach(engine)
+        done = list(reopened.send("What is my name?"))[-1]
+    assert cached > 0 and done.timings.cache_n == cached

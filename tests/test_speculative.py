@@ -38,7 +38,7 @@ def spec_engine(engine, always_draft):
     """The shared engine, drafting by prompt lookup."""
     engine.set_speculative("ngram")
     yield engine
-    engine.set_speculative("auto")
+    engine.set_speculative(engine.options.speculative)  # as loaded: the default
 
 
 # -- prompt lookup and the policy, without a model -------------------------------------------

@@ -1,6 +1,13 @@
 """The thread governor: whichever thread count decodes faster, re-checked now and then."""
 
-from localchat.engine.threads import FIRST_PROBE, PROBE_EVERY, PROBE_TOKENS, ThreadGovernor
+from localchat.engine.threads import (
+    FIRST_PROBE,
+    MAX_PROBE_EVERY,
+    PROBE_EVERY,
+    PROBE_TOKENS,
+    SLOW_STREAK,
+    ThreadGovernor,
+)
 
 
 class FakeCPU:
@@ -51,3 +58,40 @@ def test_single_core_machines_are_left_alone():
     for ms in [10, 5000, 10]:
         governor.observe(ms)
     assert switches == []
+
+
+def test_an_idle_machine_is_not_tried_again_for_a_long_while_despite_hiccups():
+    cpu = FakeCPU(two=12, one=20)
+    for _ in range(10):
+        cpu.decode(90)
+        cpu.governor.observe(40)  # one slow token now and then (a page fault, a frame drawn)
+    assert cpu.switches == [1, 2]  # the first try only: tries cost ~1.7x per token here
+
+
+def test_an_idle_machine_is_tried_again_after_max_probe_every_tokens():
+    cpu = FakeCPU(two=12, one=20)
+    cpu.decode(FIRST_PROBE + PROBE_TOKENS + MAX_PROBE_EVERY + PROBE_TOKENS)
+    assert cpu.switches == [1, 2, 1, 2]
+
+
+def test_a_competitor_arriving_later_is_noticed_within_a_few_tokens():
+    cpu = FakeCPU(two=12, one=20)
+    cpu.decode(600)
+    cpu.ms = {2: 3000, 1: 40}
+    cpu.decode(SLOW_STREAK + PROBE_TOKENS)
+    assert cpu.governor.threads == 1
+
+
+def test_a_deeper_context_decoding_slower_is_not_a_competitor():
+    cpu = FakeCPU(two=12, one=20)
+    for i in range(900):
+        cpu.governor.observe(12 + i * 0.01)  # 12 ms at the start, 21 ms 900 tokens later
+    assert cpu.switches == [1, 2]
+
+
+def test_a_competitor_right_after_the_first_try_is_noticed_at_once():
+    cpu = FakeCPU(two=12, one=20)
+    cpu.decode(FIRST_PROBE + PROBE_TOKENS + 3)
+    cpu.ms = {2: 3000, 1: 40}
+    cpu.decode(SLOW_STREAK + PROBE_TOKENS)
+    assert cpu.governor.threads == 1

@@ -3,6 +3,7 @@ shown as notices. Each test waits for what the user would see, never for a fixed
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -13,6 +14,7 @@ from fake_engine import (
     notices,
     ready,
     reply_finished,
+    screen_lines,
     send,
     split_tokens,
     wait_until,
@@ -325,7 +327,7 @@ async def test_the_chosen_theme_is_remembered(store):
 
 
 async def test_help_opens_with_f1_and_lists_every_command(store):
-    from localchat.tui import slash
+    from localchat.tui.commands import COMMANDS
     from localchat.tui.screens import HelpScreen
 
     app = make_app(store, FakeEngine())
@@ -335,7 +337,7 @@ async def test_help_opens_with_f1_and_lists_every_command(store):
         from textual.widgets import Markdown
 
         source = app.screen.query_one(Markdown).source
-        for command in slash.COMMANDS:
+        for command in COMMANDS:
             assert command.usage in source
         assert "TTFT" in source and "Ctrl+J" in source
         await pilot.press("escape")
@@ -356,3 +358,26 @@ async def test_after_a_failed_load_another_model_can_be_chosen_and_the_old_notic
         await ready(pilot)
         assert not app.chat_log.query(".notice")
         assert status_text(app).startswith("fake-model · CPU │ idle")
+
+
+@pytest.mark.parametrize("columns", [60, 40])
+async def test_a_narrow_status_bar_shows_whole_fields_only(store, columns):
+    app = make_app(store, FakeEngine("smollm2-135m", reply="Sure, here is a short answer to that."))
+    async with app.run_test(size=(columns, 24)) as pilot:
+        await ready(pilot)
+        await send(pilot, "hello there, how are you doing today?")
+        await reply_finished(pilot)
+        await pilot.pause()
+        region = app.status.region
+        first, second = (line.strip() for line in screen_lines(app)[region.y:region.y + 2])
+        used = app.status.info.n_ctx_used
+    assert "…" not in first + second
+    if columns == 60:  # the context bar's glyphs went first, then "· new N"
+        assert first.split(" │ ") == ["smollm2-135m · CPU", "idle", f"ctx {used}/4096 0%", "local"]
+        fields = second.split(" │ ")
+        assert len(fields) == 4 and fields[3] == "reused 0" and re.fullmatch(r"[\d.]+ tok/s", fields[2])
+    else:  # then the backend, the route, tokens/s
+        assert first.split(" │ ") == ["smollm2-135m", "idle", f"ctx {used}/4096 0%"]
+        fields = second.split(" │ ")
+        assert len(fields) == 3 and fields[2] == "reused 0"
+    assert re.fullmatch(r"TTFT \d+ ms", fields[0]) and re.fullmatch(r"TPOT [\d.]+ ms", fields[1])

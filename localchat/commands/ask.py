@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="drop the model's reasoning; print only the answer")
     p.add_argument("--speculative", choices=("auto", "ngram", "draft", "off"),
                    help="speculative decoding: drafted tokens checked in one decode (default: "
-                   "[engine] speculative, auto)")
+                   "[engine] speculative, off)")
     p.add_argument("--draft-model", help="the draft model for speculative decoding (registry "
                    "name, hf: reference or .gguf path)")
     p.add_argument("--route", choices=("local", "remote", "auto"),

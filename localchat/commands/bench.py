@@ -32,9 +32,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mode.add_argument("--restore", action="store_true",
                       help="measure reopening a ~2,000-token session in a new process (KV snapshot) "
                       "against the same turn in a process that never closed it")
-    mode.add_argument("--tui", nargs="?", const=1000, type=int, metavar="N_TOKENS",
+    mode.add_argument("--tui", nargs="?", const=0, type=int, metavar="N_TOKENS",
                       help="measure what streaming N tokens through the running app costs against "
-                      "the engine alone, and keypress latency during streaming")
+                      "the engine alone, keypress latency during streaming, and how steadily "
+                      "frames come (also with llama.cpp on one thread, and for two scripted "
+                      "~2,200-token replies: one paragraph, many Markdown blocks); default 1000 "
+                      "tokens (400 with --pty)")
     mode.add_argument("--typing", nargs="?", const=1.0, type=float, metavar="DELAY_S",
                       help="measure prefill while typing: TTFT of a ~1,000-token paste sent DELAY_S "
                       "(default 1) after pasting, against a 20-token message and against no prefill")
@@ -54,6 +57,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-exact", action="store_true",
                    help="with --speculative: skip answering the set again with bit-exact kernels "
                    "(flash attention on one CPU thread)")
+    p.add_argument("--pty", nargs="?", const="pty", choices=("pty", "tmux"), metavar="TERMINAL",
+                   help="with --tui: run the real app on a pseudo-terminal (or inside tmux on one) "
+                   "so that the terminal's cost counts: decode against `ask`, keypresses, screen "
+                   "updates (default 400 tokens)")
     p.add_argument("--rules-only", action="store_true",
                    help="with --router: score the rules alone, without running the local model")
     p.add_argument("--temperature", type=float, default=0.0,
@@ -77,9 +84,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.spec_mode or args.draft_model or args.no_exact:
         raise UserError("--spec-mode, --draft-model and --no-exact go with --speculative")
+    if args.pty and args.tui is None:
+        raise UserError("--pty goes with --tui")
     max_tokens = args.max_tokens or 48
-    if args.restore or args.tui or args.typing is not None:
-        report.show(_with_model_path(args, max_tokens), args.json)
+    if args.restore or args.tui is not None or args.typing is not None:
+        text = None if args.tui is None else report.print_pty if args.pty else report.print_tui
+        report.show(_with_model_path(args, max_tokens), args.json, text=text)
         return 0
     from localchat.bench.conversation import measure_conversation
     from localchat.bench.script import load_script
@@ -144,9 +154,13 @@ def _with_model_path(args: argparse.Namespace, max_tokens: int) -> dict:
         from localchat.bench.typing_prefill import measure_typing_prefill
 
         return measure_typing_prefill(path, args.typing, n_ctx=args.n_ctx)
+    if args.pty:
+        from localchat.bench.pty_app import measure_pty
+
+        return measure_pty(path, args.tui or 400, terminal=args.pty)
     from localchat.bench.app import measure_streaming_overhead
 
-    return measure_streaming_overhead(path, args.tui)
+    return measure_streaming_overhead(path, args.tui or 1000)
 
 
 def _gpu_layers(args: argparse.Namespace) -> str | int | None:

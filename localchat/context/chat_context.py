@@ -34,10 +34,16 @@ class Message:
 
 
 class TurnEngine(Protocol):
-    """What a ChatContext needs from an engine (the real one, or a scripted fake in UI tests)."""
+    """What a ChatContext needs from an engine: turns, and the cache prepared ahead of one.
+    ``engine.Engine`` implements it, and so does the scripted fake of the UI tests; the context
+    keeper (``keeper.ContextEngine``) and the KV snapshots (``chat.snapshots.SnapshotEngine``)
+    need more of the same engine."""
 
-    # The local model's parameter count, which sets how readily a turn escalates (None: unknown).
-    n_params: int | None
+    @property
+    def n_params(self) -> int | None:
+        """The local model's parameter count, which sets how readily a turn escalates (None:
+        unknown)."""
+        ...
 
     def submit(self, messages: list[dict[str, str]], sampling: Sampling | None = None) -> Turn: ...
 
@@ -183,7 +189,7 @@ class ChatContext:
             if keeper is not None:
                 if keeper.in_flight is not None:
                     return None
-                engine = keeper.engine  # a real engine: it has a keeper
+                engine = keeper.engine  # it measures what the cache holds
                 needed = (engine.tokens_in_context + engine.count_tokens(draft)
                           + engine.template_overhead())
                 if not draft_may_be_prefilled(keeper.settings, needed):

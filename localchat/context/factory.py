@@ -1,4 +1,4 @@
-"""A ChatContext wired to a real engine with the user's context settings."""
+"""A ChatContext kept within its engine's context by the user's context settings."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from collections.abc import Sequence
 
 from localchat.context.budget import ContextSettings
 from localchat.context.chat_context import ChatContext, Message
-from localchat.context.keeper import ContextKeeper
-from localchat.engine.engine import Engine
+from localchat.context.keeper import ContextEngine, ContextKeeper
 from localchat.engine.options import Sampling
 from localchat.settings import ContextSection, Settings
 
@@ -22,7 +21,7 @@ def context_settings(section: ContextSection, n_ctx: int, max_tokens: int) -> Co
 
 
 def open_chat(
-    engine: Engine,
+    engine: ContextEngine,
     settings: Settings,
     *,
     system: str | None = None,

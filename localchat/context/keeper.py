@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from localchat.context.budget import (
     ContextLayout,
@@ -24,13 +24,14 @@ from localchat.context.budget import (
     plan_turn,
     should_prepare_summary,
 )
+from localchat.context.chat_context import TurnEngine
 from localchat.context.oversized_message import head_tail_cut, marker_text
 from localchat.engine.options import Sampling
-from localchat.events import Done, Failed, Timings
+from localchat.events import Done, Failed, Timings, Turn
 
 if TYPE_CHECKING:
     from localchat.context.chat_context import ChatContext
-    from localchat.engine.engine import Engine
+    from localchat.engine.layout import CachedMessage
 
 SUMMARY_INSTRUCTION = (
     "Write a summary of our conversation so far (and of any earlier summary) in at most {words} "
@@ -40,8 +41,47 @@ SUMMARY_INSTRUCTION = (
 END_MARKER_ALLOWANCE = 2
 
 
+class ContextEngine(TurnEngine, Protocol):
+    """What the keeper needs from the engine besides turns: the model's tokenizer and context
+    size, exact counts of what its KV cache holds, and background turns (a summary) that any
+    turn of the user's stops."""
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def tokens_in_context(self) -> int: ...
+
+    @property
+    def can_trim_in_place(self) -> bool:
+        """Whether dropping old turns keeps the later cells (else the kept turns are prefilled
+        again)."""
+        ...
+
+    def cached_messages(self) -> list[CachedMessage]:
+        """What the KV cache holds, one record per message."""
+        ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def detokenize(self, tokens: list[int]) -> str: ...
+
+    def template_overhead(self) -> int:
+        """Template tokens a new user message adds around its text, with the reply header."""
+        ...
+
+    def prompt_tokens(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> int:
+        """The exact length of ``messages`` as the template renders them."""
+        ...
+
+    def submit(self, messages: list[dict[str, str]], sampling: Sampling | None = None, *,
+               background: bool = False) -> Turn: ...
+
+
 class ContextKeeper:
-    def __init__(self, engine: Engine, settings: ContextSettings) -> None:
+    def __init__(self, engine: ContextEngine, settings: ContextSettings) -> None:
         self.engine = engine
         self.settings = settings
         self.summary_through = -1  # newest exchange folded into the session's summary

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from localchat import logs
 from localchat.engine.kv import ConversationCache, KVSnapshot
@@ -43,6 +43,8 @@ __all__ = ["Engine", "KVSnapshot"]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 # Prompt tokens evaluated per llama_decode call on the CPU: small enough for steady progress
 # events, large enough to keep prefill throughput (measured: 128 vs 512 within noise here).
 CPU_PREFILL_CHUNK = 128
@@ -50,10 +52,6 @@ CPU_PREFILL_CHUNK = 128
 
 class Engine:
     """A loaded model plus the exact token log of the conversation in its KV cache."""
-
-    # A stored conversation over it gets the context budget and KV snapshots (chat/); a
-    # scripted engine in UI tests has no cache and says False.
-    has_kv_cache = True
 
     def __init__(self, model_path: Path, options: EngineOptions | None = None, name: str = "") -> None:
         self.model_path = Path(model_path)
@@ -526,29 +524,12 @@ class Engine:
 
     # -- measuring (``localchat bench``) -------------------------------------------------------
 
-    def raw_decode_ms_per_token(self, messages: list[dict[str, str]], n_tokens: int) -> float:
-        """llama.cpp's own greedy loop with no engine around it, in ms per token: ``Llama.eval``
-        of the rendered ``messages``, then ``n_tokens`` times argmax over the last logits and
-        ``Llama.eval([token])``. The bar the engine's decode speed is measured against. Runs on
-        the engine thread after queued work; the KV cache is empty afterwards."""
-        import numpy as np
-
-        def job() -> float:
-            kv, render = self._require_kv(), self._render
-            runtime = kv.runtime
-            kv.forget()
-            runtime.llama.reset()
-            try:
-                runtime.llama.eval(runtime.tokenize(render(messages, True), True))
-                started = time.perf_counter()
-                for _ in range(n_tokens):
-                    runtime.llama.eval([int(np.argmax(runtime.last_logits()))])
-                return (time.perf_counter() - started) * 1000.0 / n_tokens
-            finally:
-                kv.forget()
-                runtime.llama.reset()
-
-        result: float = self.call(job)
+    def with_cache(self, fn: Callable[[ConversationCache], T]) -> T:
+        """``fn(cache)`` on the engine thread after queued work, its result returned (or its
+        exception raised): for measurements that drive llama.cpp directly at the conversation's
+        own state (``bench.decode``'s bare loop). ``fn`` must leave the cells and their record
+        as it found them."""
+        result: T = self.call(lambda: fn(self._require_kv()))
         return result
 
 

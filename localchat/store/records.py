@@ -56,6 +56,8 @@ class TurnRecord:
     finish_reason: str = ""
     stopped: bool = False
     created_at: float = 0.0
+    local_model: str = ""  # the local model in charge of the turn (the one the router works for)
+    fell_back: bool = False  # the remote was asked and failed, so this local reply stands
 
 
 @dataclass(frozen=True)

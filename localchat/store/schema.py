@@ -114,8 +114,27 @@ def _v4_branches(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX branches_by_fork ON branches (session_id, fork_seq, id)")
 
 
+def _v5_route_outcome(db: sqlite3.Connection) -> None:
+    """Which local model was in charge of each reply, and whether an escalation failed and fell
+    back to it (``localchat stats``' route share: the router works for the local model, and a
+    remote reply's ``model`` names the remote one). Existing replies get the best we know: a local
+    reply's own model; a remote one, the model of the session's latest local reply before it; a
+    fallback, from the reason the escalator has always written for one."""
+    db.execute("ALTER TABLE turns ADD COLUMN local_model TEXT NOT NULL DEFAULT ''")
+    db.execute("ALTER TABLE turns ADD COLUMN fell_back INTEGER NOT NULL DEFAULT 0")
+    db.execute("UPDATE turns SET local_model = model WHERE role = 'assistant' AND route != 'remote'")
+    db.execute(
+        "UPDATE turns SET local_model = COALESCE((SELECT l.model FROM turns l "
+        "WHERE l.session_id = turns.session_id AND l.seq < turns.seq AND l.role = 'assistant' "
+        "AND l.route != 'remote' ORDER BY l.seq DESC LIMIT 1), '') "
+        "WHERE role = 'assistant' AND route = 'remote'"
+    )
+    db.execute("UPDATE turns SET fell_back = 1 WHERE role = 'assistant' AND route = 'local' "
+               "AND route_reason LIKE 'fallback:%'")
+
+
 UPGRADES: list[UpgradeStep] = [_v1_sessions_and_turns, _v2_system_prompt_history, _v3_message_search,
-                               _v4_branches]
+                               _v4_branches, _v5_route_outcome]
 
 
 def latest_version() -> int:

@@ -58,7 +58,7 @@ _SESSION_COLUMNS = (
 )
 _TURN_COLUMNS = (
     "id, session_id, seq, role, content, model, timings, route, route_reason, finish_reason, "
-    "stopped, created_at"
+    "stopped, created_at, local_model, fell_back"
 )
 
 
@@ -86,9 +86,10 @@ def _session(row: tuple) -> SessionRecord:
 
 
 def _turn(row: tuple) -> TurnRecord:
-    turn_id, session_id, seq, role, content, model, timings, route, reason, finish, stopped, created = row
+    (turn_id, session_id, seq, role, content, model, timings, route, reason, finish, stopped, created,
+     local_model, fell_back) = row
     return TurnRecord(turn_id, session_id, seq, role, content, model, timings_from_json(timings),
-                      route, reason, finish, bool(stopped), created)
+                      route, reason, finish, bool(stopped), created, local_model, bool(fell_back))
 
 
 def _inserted_id(cursor: sqlite3.Cursor) -> int:
@@ -363,18 +364,24 @@ class Store:
         stopped: bool = False,
         route: str = "local",
         route_reason: str = "",
+        local_model: str = "",
+        fell_back: bool = False,
     ) -> TurnRecord:
-        """Record a finished reply; ``stopped`` marks one the user cut short. Committed on return."""
+        """Record a finished reply; ``stopped`` marks one the user cut short. ``local_model``: the
+        local model in charge of the turn (by default ``model`` on the local route); ``fell_back``:
+        the remote was asked and failed, so this local reply stands. Committed on return."""
+        local_model = local_model or (model if route != "remote" else "")
         with self._write() as db:
             turn_id, seq, now = self._insert_turn(
                 db, session_id, "assistant", content,
                 model=model, timings=timings_to_json(timings), route=route,
                 route_reason=route_reason, finish_reason=finish_reason, stopped=int(stopped),
+                local_model=local_model, fell_back=int(fell_back),
             )
             db.execute("UPDATE sessions SET model = ? WHERE id = ?", (model, session_id))
         return TurnRecord(
             turn_id, session_id, seq, "assistant", content, model, timings, route, route_reason,
-            finish_reason, stopped, now,
+            finish_reason, stopped, now, local_model, fell_back,
         )
 
     def _insert_turn(self, db: sqlite3.Connection, session_id: int, role: str, content: str, **extra: object) -> tuple[int, int, float]:

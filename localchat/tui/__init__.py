@@ -8,12 +8,14 @@ and actions to its collaborators, plain objects that each own one part of the ap
 - ``app.downloads`` (``download.ModelDownloads``): offering and pulling a model not on disk;
 - ``app.turns`` (``turn.Turns``): the reply in flight, from send to saved, and stopping it;
 - ``app.queue`` (``typeahead.TypeAhead``): messages waiting for the engine;
-- ``app.draft`` (``draft.DraftPrefiller``): when the draft being typed is prefilled;
+- ``app.draft`` (``draft.DraftHandOver``): when the draft being typed is handed over to be
+  prefilled;
 - ``app.composer`` (``composer.Composer``): the input's attachments and completions;
 - ``app.message_actions`` (``message_actions.MessageActions``): copy, edit and versions of the
   messages on screen;
 - ``app.sessions`` (``sessions.Sessions``): the open session, the sidebar, the chat services;
-- ``app.commands`` (``commands.Commands``): the slash commands, each with its handler.
+- ``app.commands`` (``commands.Commands``): the slash commands' handlers; each command is one
+  record of ``commands.COMMANDS`` (help, argument, handler, completions).
 
 Widgets and screens (``chat_log``, ``prompt``, ``status``, ``sidebar``, ``screens``,
 ``thinking``, ``superseded_reply``) hold no app state; ``launch.run_app`` opens the store and runs

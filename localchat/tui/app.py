@@ -28,7 +28,7 @@ from localchat.tui.chat_log import ChatLog
 from localchat.tui.commands import Commands
 from localchat.tui.composer import AttachmentChips, Composer
 from localchat.tui.download import Downloads, ModelDownloads, RegistryDownloads
-from localchat.tui.draft import DraftPrefiller
+from localchat.tui.draft import DraftHandOver
 from localchat.tui.engine_factories import build_engine, default_sampling, model_choices
 from localchat.tui.message_actions import MessageActions
 from localchat.tui.messages import (
@@ -41,7 +41,6 @@ from localchat.tui.messages import (
 )
 from localchat.tui.model_state import EngineFactory, ModelState
 from localchat.tui.prompt import CommandHints, PromptInput
-from localchat.tui.screens import HelpScreen
 from localchat.tui.sessions import SessionRequest, Sessions
 from localchat.tui.sidebar import SessionSidebar
 from localchat.tui.status import StatusBar
@@ -84,10 +83,10 @@ class LocalChatApp(App[int]):
         self.conversation: Conversation | None = None  # the open session's (see ``Sessions.open``)
         self._notices_by_cause: dict[str, list[Notification]] = {}
         self.models = ModelState(self, model, engine_factory, sampling_factory)
-        self.downloads = ModelDownloads(self, downloads or RegistryDownloads())
+        self.downloads = ModelDownloads(self, downloads or RegistryDownloads(), self.models.load)
         self.turns = Turns(self)
-        self.queue = TypeAhead(self)
-        self.draft = DraftPrefiller(self)
+        self.queue = TypeAhead(self, self.turns, self.models)
+        self.draft = DraftHandOver(self)
         self.composer = Composer(self, list_models)
         self.message_actions = MessageActions(self)
         self.sessions = Sessions(self, services_factory, continue_last, session)
@@ -237,8 +236,7 @@ class LocalChatApp(App[int]):
         self.message_actions.external_editor()
 
     def action_help(self) -> None:
-        if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+        self.commands.show_help()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

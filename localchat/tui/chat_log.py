@@ -1,9 +1,9 @@
 """The chat log: the user's prompts and the assistant's replies, rendered as Markdown.
 
-A streaming reply is fed through Textual's ``MarkdownStream``, which appends only the new text and
-merges fragments when tokens arrive faster than the screen repaints; when the reply ends it gets
-one full render, so constructs that only make sense whole (a code fence closed at the very end)
-come out right.
+A streaming reply's body is a ``LiveMarkdown``: it lays out only what each frame changed (finished
+blocks are built once, the open one is extended) and ends as a one-shot render of the reply would
+draw it, so constructs that only make sense whole (a code fence closed at the very end) come out
+right.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Markdown, Static
-from textual.widgets.markdown import MarkdownStream
+from textual.widgets import Static
 
 from localchat.events import Timings
 from localchat.reasoning import split_reply
 from localchat.store import TurnRecord
+from localchat.tui.live_markdown import LiveMarkdown
+from localchat.tui.scrolled_away import ScrolledAway
 from localchat.tui.superseded_reply import SupersededReply
 from localchat.tui.thinking import ThinkingBlock, thinking_title
 
@@ -35,6 +36,9 @@ def reply_caption(model: str, timings: Timings | None, *, stopped: bool) -> str:
     if stopped:
         parts.append("■ stopped")
     return " · ".join(parts)
+
+
+FOLD_MARGIN_ROWS = 4  # rows kept above the view while folding: a small scroll-up finds them
 
 
 class UserMessage(Static):
@@ -78,7 +82,6 @@ class ReplyView(Vertical):
         super().__init__(classes="-stopped" if stopped else "")
         self._initial = text
         self._caption = caption
-        self._stream: MarkdownStream | None = None
         self.text = text  # the answer (reasoning, if any, is in the thinking block)
         self.finished = finished  # False while it streams
         self.show_thinking = show_thinking  # keep the reasoning open when the answer starts
@@ -87,12 +90,12 @@ class ReplyView(Vertical):
     def compose(self):
         if self._thinking is not None:
             yield self._thinking
-        yield Markdown(self._initial)
+        yield LiveMarkdown(self._initial)
         yield Static(self._caption, classes="caption", markup=False)
 
     @property
-    def body(self) -> Markdown:
-        return self.query_one(Markdown)
+    def body(self) -> LiveMarkdown:
+        return self.query_one(LiveMarkdown)
 
     @property
     def thinking(self) -> ThinkingBlock | None:
@@ -108,10 +111,8 @@ class ReplyView(Vertical):
     async def append(self, fragment: str) -> None:
         if self._thinking is not None and self._thinking.streaming:
             self._thinking.answer_started(keep_open=self.show_thinking)
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self.body)
         self.text += fragment
-        await self._stream.write(fragment)
+        await self.body.feed(fragment)
 
     @property
     def superseded(self) -> SupersededReply | None:
@@ -121,47 +122,36 @@ class ReplyView(Vertical):
     async def supersede(self, reason: str) -> None:
         """The reply is being handed to the remote model: fold the local text written so far into
         a collapsed block above an empty body, where the remote's answer will stream."""
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
         if self.text.strip():
             await self.mount(SupersededReply(self.text, reason), before=self.body)
         self.text = ""
-        await self.body.update("")
+        await self.body.reset()
 
     async def unsupersede(self) -> None:
         """The remote failed part-way: its text is void, and a local reply stands after all (the
         superseded one, which ``finish`` renders, or a new one that streams in), so the folded
         copy goes too."""
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
         await self.query(SupersededReply).remove()
         self.text = ""
-        await self.body.update("")
+        await self.body.reset()
 
     async def finish(self, reply: str, caption: str, *, stopped: bool, thinking: str = "",
                      timings: Timings | None = None) -> None:
         """End streaming and render the answer ``reply`` whole (its reasoning ``thinking`` in the
         block above); mark it if the user stopped it."""
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
         if thinking and self._thinking is None:
             self._thinking = ThinkingBlock(thinking, expanded=self.show_thinking)
             await self.mount(self._thinking, before=self.body)
         if self._thinking is not None:
             self._thinking.finish(thinking, timings, stopped=stopped, keep_open=self.show_thinking)
         self.text = reply
-        await self.body.update(reply)
+        await self.body.finish(reply)
         self.set_class(stopped, "-stopped")
         self.query_one(".caption", Static).update(caption)
         self.finished = True
 
     async def fail(self, message: str) -> None:
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+        await self.body.finish(self.text)  # the partial reply stays, drawn whole
         self.add_class("-failed")
         self.query_one(".caption", Static).update(f"✖ {message}")
         self.finished = True
@@ -172,8 +162,44 @@ class ChatLog(VerticalScroll):
 
     show_thinking = False  # reasoning blocks open (Ctrl+T) or folded (the default)
 
+    def __init__(self, *children, **options) -> None:
+        super().__init__(*children, **options)
+        self._away = ScrolledAway(self)
+        self._folded_reply: ReplyView | None = None
+        self._folded_width = 0
+
     def on_mount(self) -> None:
         self.anchor()
+
+    async def fold_scrolled_away(self, streaming: ReplyView) -> None:
+        """While the log follows ``streaming`` to its end: hide what scrolled more than a few
+        rows above the view (``ScrolledAway``), a quarter of a screen at a time."""
+        if not self.is_vertical_scroll_end or not self.size.height:
+            return
+        above_y = self.region.y - FOLD_MARGIN_ROWS
+        batch = max(1, self.size.height // 4)
+        await self._away.fold(above_y, batch)
+        self._folded_reply = streaming
+        await streaming.body.fold_scrolled_away(above_y, batch)
+
+    def unfold(self) -> None:
+        """Show everything folded away again."""
+        self._away.unfold()
+        if self._folded_reply is not None:
+            self._folded_reply.body.unfold()
+            self._folded_reply = None
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if new_value < old_value:  # the user scrolls up: the real text must be there
+            self.unfold()
+
+    def on_resize(self, event) -> None:
+        # Hidden widgets' heights change with the width (a Resize also comes when only the
+        # content's height changed, which folding itself does).
+        if event.size.width != self._folded_width:
+            self._folded_width = event.size.width
+            self.unfold()
 
     BINDINGS = [
         Binding("up,k", "select(-1)", "Previous", show=False),
@@ -199,6 +225,7 @@ class ChatLog(VerticalScroll):
         return [w for w in self.children if isinstance(w, (UserMessage, ReplyView))]
 
     def select(self, widget: UserMessage | ReplyView | None) -> None:
+        self.unfold()
         if self.selected is not None:
             self.selected.remove_class("-selected")
         self.selected = widget
@@ -227,7 +254,9 @@ class ChatLog(VerticalScroll):
     async def show_turns(self, turns: list[TurnRecord], forks: dict[int, tuple[int, int]] | None = None) -> None:
         """Replace the log with a stored session's turns; ``forks``: {seq: (version on screen,
         versions)} for turns an edit or a retry forked."""
+        self.unfold()
         await self.remove_children()
+        self._away.forget()
         self.selected = None
         widgets = self._stored_widgets(turns, forks or {})
         if widgets:

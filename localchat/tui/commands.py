@@ -1,6 +1,7 @@
-"""The slash commands as the app runs them: each ``Command`` is a record of ``slash.COMMANDS``
-(name, help, usage) with its handler, so ``/NAME ARG`` calls ``handler(ARG)``, and the command
-palette offers the same list.
+"""The slash commands: each ``Command`` record is one command entire (its name, help and
+argument as the user sees them, its handler, and where Tab's suggestions for its argument come
+from), so a command added to ``COMMANDS`` shows up in the hints, the help screen and the command
+palette, and ``/NAME ARG`` runs ``handler(ARG)``.
 
 Every handler lets ``UserError`` escape to ``run`` (or ``@shows_user_errors``), which turns it
 into a one-line notice.
@@ -12,7 +13,7 @@ import asyncio
 import functools
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,8 +25,8 @@ from localchat.atomic import write_text_atomic
 from localchat.errors import UserError
 from localchat.store import SessionRecord
 from localchat.store.export import quote
-from localchat.tui import slash
 from localchat.tui.clipboard import copy_text
+from localchat.tui.prompt import Completion
 from localchat.tui.screens import ConfirmScreen, HelpScreen, PageScreen, SearchScreen
 from localchat.tui.sessions import shows_user_errors
 
@@ -34,37 +35,46 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Command:
-    """One slash command: what the user sees of it (``slash``) and what it does (``handler``,
-    called with the stripped argument)."""
+class Choices:
+    """What argument completions draw on (the composer keeps it fresh)."""
 
-    slash: slash.SlashCommand
-    handler: Callable[[str], Awaitable[None]]
+    models: Sequence[tuple[str, bool]] = ()  # (name, downloaded)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One slash command. ``handler(registry, argument)`` runs it with the stripped argument;
+    ``complete(typed, choices)`` suggests what its argument may be (None: nothing to suggest)."""
+
+    name: str
+    help: str
+    handler: Callable[[Commands, str], Awaitable[None]]
+    argument: str = ""  # placeholder shown in usage, e.g. "NAME"; "" = takes none
+    argument_required: bool = False
+    complete: Callable[[str, Choices], list[Completion]] | None = None
 
     @property
-    def name(self) -> str:
-        return self.slash.name
+    def usage(self) -> str:
+        if not self.argument:
+            return f"/{self.name}"
+        return f"/{self.name} {self.argument}" if self.argument_required else f"/{self.name} [{self.argument}]"
 
 
 class Commands:
-    """The registry: every command of ``slash.COMMANDS`` with its handler."""
+    """The app's side of ``COMMANDS``: their handlers, and the command palette."""
 
     def __init__(self, app: LocalChatApp) -> None:
         self._app = app
-        handlers: dict[str, Callable[[str], Awaitable[None]]] = {
-            "new": self._new, "model": self._model, "system": self._system, "clear": self._clear,
-            "retry": self._retry, "copy": self._copy, "sessions": self._sessions,
-            "file": app.composer.file_command, "search": self._search, "rename": self._rename,
-            "export": self._export, "stats": self._stats, "summary": self._summary,
-            "think": self._think, "big": functools.partial(app.turns.send, route="remote"),
-            "help": self._help,
-        }
-        self.by_name = {c.name: Command(c, handlers[c.name]) for c in slash.COMMANDS}
 
     @shows_user_errors
     async def run(self, text: str) -> None:
-        command, argument = slash.parse(text)
-        await self.by_name[command.name].handler(argument)
+        command, argument = parse(text)
+        await command.handler(self, argument)
+
+    def show_help(self) -> None:
+        """F1, ``?`` or ``/help``: the keys and the commands (not over itself)."""
+        if not isinstance(self._app.screen, HelpScreen):
+            self._app.push_screen(HelpScreen([(c.usage, c.help) for c in COMMANDS]))
 
     async def _new(self, argument: str) -> None:
         await self._app.sessions.new()
@@ -173,16 +183,22 @@ class Commands:
         self._app.push_screen(PageScreen(text))
 
     async def _help(self, argument: str) -> None:
-        self._app.push_screen(HelpScreen())
+        self.show_help()
 
     async def _think(self, argument: str) -> None:
         self._app.notify(self._app.models.set_thinking(argument.lower()))
+
+    async def _file(self, path_text: str) -> None:
+        await self._app.composer.file_command(path_text)
+
+    async def _big(self, text: str) -> None:
+        await self._app.turns.send(text, route="remote")
 
     # --- command palette --------------------------------------------------------------------
 
     def palette(self) -> Iterable[SystemCommand]:
         """The commands in the command palette (after Textual's own)."""
-        for command in slash.COMMANDS:
+        for command in COMMANDS:
             if command.argument_required:
                 # Needs an argument: put the command in the input for the user to finish.
                 callback = functools.partial(self._prefill_prompt, f"/{command.name} ")
@@ -201,6 +217,84 @@ class Commands:
         prompt.text = text
         prompt.move_cursor(prompt.document.end)
         prompt.focus()
+
+
+def model_names(typed: str, choices: Choices) -> list[Completion]:
+    """``/model``'s argument: the known models starting with ``typed`` (one not downloaded says
+    how to get it)."""
+    return [Completion(f"/model {name}", name, "" if downloaded else f"not downloaded: `localchat pull {name}`")
+            for name, downloaded in choices.models if name.startswith(typed.strip())]
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("new", "Start a new session", Commands._new),
+    Command("model", "Switch model (loads in the background)", Commands._model, "NAME",
+            argument_required=True, complete=model_names),
+    Command("system", "Set this session's system prompt from the next message on; no text shows "
+            "it, `clear` removes it", Commands._system, "TEXT|clear"),
+    Command("clear", "Forget this session's messages (name and system prompt stay)", Commands._clear),
+    Command("retry", "Ask the last question again", Commands._retry),
+    Command("copy", "Copy the last reply, or its last code block with /copy code", Commands._copy,
+            "code"),
+    Command("sessions", "Show or hide the sessions sidebar", Commands._sessions),
+    Command("file", "Attach a text file to the next message (also @path in a message; `clear` "
+            "removes them)", Commands._file, "PATH|clear", argument_required=True),
+    Command("search", "Find messages in every session; Enter opens the session", Commands._search,
+            "TEXT", argument_required=True),
+    Command("rename", "Rename this session", Commands._rename, "NAME", argument_required=True),
+    Command("export", "Save this session as Markdown, or JSON for a .json PATH (default: a new .md "
+            "file in the current folder)", Commands._export, "PATH"),
+    Command("stats", "TTFT and TPOT of this session's replies as sparklines; p50/p95 per model",
+            Commands._stats),
+    Command("summary", "Show the summary of turns trimmed from the context", Commands._summary),
+    Command("think", "Thinking switch for models that have one: on, off or auto (the model's "
+            "default); no argument shows it", Commands._think, "on|off|auto"),
+    Command("big", "Send this message to the remote large model ([remote] in config.toml)",
+            Commands._big, "TEXT", argument_required=True),
+    Command("help", "Show keys and commands", Commands._help),
+)
+
+_BY_NAME = {command.name: command for command in COMMANDS}
+
+
+def is_command(text: str) -> bool:
+    """True for input meant as a command: ``/word``. ``//text`` sends ``/text`` as a message."""
+    return text.startswith("/") and not text.startswith("//")
+
+
+def message_text(text: str) -> str:
+    """The message that input which is not a command sends: ``//text`` sends ``/text``."""
+    return text[1:] if text.startswith("//") else text
+
+
+def parse(text: str) -> tuple[Command, str]:
+    """Split ``/name argument`` into its command and stripped argument.
+
+    Raises ``UserError`` for an unknown command or a missing required argument.
+    """
+    name, _, argument = text[1:].strip().partition(" ")
+    command = _BY_NAME.get(name.lower())
+    if command is None:
+        close = [c.usage for c in COMMANDS if c.name.startswith(name.lower()[:2])] if name else []
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise UserError(f"Unknown command /{name}.{hint} Type /help for the list.")
+    argument = argument.strip()
+    if command.argument_required and not argument:
+        raise UserError(f"Usage: {command.usage} — {command.help}.")
+    return command, argument
+
+
+def completions(text: str, choices: Choices = Choices()) -> list[Completion]:
+    """Suggestions for the input ``text``: command names after ``/``, then what the command
+    completes its argument with (model names after ``/model ``)."""
+    if not is_command(text) or "\n" in text:
+        return []
+    head, space, rest = text[1:].partition(" ")
+    if not space:
+        return [Completion(f"/{c.name}" + (" " if c.argument else ""), c.usage, c.help)
+                for c in COMMANDS if c.name.startswith(head.lower())]
+    command = _BY_NAME.get(head.lower())
+    return command.complete(rest, choices) if command is not None and command.complete else []
 
 
 def export_file_name(record: SessionRecord) -> str:

@@ -18,15 +18,15 @@ from textual.widgets import Static
 
 from localchat.attachments import (
     Attachment,
+    FileReads,
     complete_path,
     outgoing_message,
     read_attachment,
 )
 from localchat.context.budget import message_room
 from localchat.errors import UserError
-from localchat.tui import slash
-from localchat.tui.prompt import CommandHints
-from localchat.tui.slash import Completion
+from localchat.tui import commands
+from localchat.tui.prompt import CommandHints, Completion
 
 if TYPE_CHECKING:
     from localchat.tui.app import LocalChatApp
@@ -49,6 +49,7 @@ class Composer:
         self._app = app
         self._list_models = list_models
         self.attachments: list[Attachment] = []  # files going with the next message
+        self._draft_reads = FileReads()  # the @path files of the draft being prefilled
         self.model_choices: list[tuple[str, bool]] = []
         self._typing_model = False  # the input starts with /model (model names are re-read)
 
@@ -56,13 +57,13 @@ class Composer:
         """Enter: run a command, or send the message (with its files; resent from the prompt
         being edited, if one is)."""
         app = self._app
-        if slash.is_command(text):
+        if commands.is_command(text):
             if " " in text.strip():  # "/model qwen" is worth recalling; a bare "/retry" is not
                 app.prompt.remember(text)
             app.prompt.clear()
             await app.commands.run(text)
             return
-        typed = slash.message_text(text)
+        typed = commands.message_text(text)
         try:
             text = await self.message_with_files(typed)
         except UserError as exc:  # the message stays in the input
@@ -76,7 +77,7 @@ class Composer:
     # --- completions ------------------------------------------------------------------------
 
     def completions(self, text: str) -> list[Completion]:
-        return slash.completions(text, self.model_choices) or path_completions(text)
+        return commands.completions(text, commands.Choices(self.model_choices)) or path_completions(text)
 
     def changed(self, text: str) -> None:
         """The input now reads ``text``: new hints, and the draft handed over in a while."""
@@ -132,12 +133,16 @@ class Composer:
         reply = sampling.max_tokens if sampling is not None else 1024
         return engine.count_tokens, message_room(engine.n_ctx, reply)
 
-    def outgoing(self, text: str) -> Callable[[], str]:
+    def outgoing(self, text: str, *, draft: bool = False) -> Callable[[], str]:
         """``text`` as it will be sent now (``localchat.attachments.outgoing_message``): the
         attached files and those it mentions as ``@path``. The call returned reads and
-        tokenizes files, to be made off the event loop; it raises ``UserError``."""
+        tokenizes files, to be made off the event loop; it raises ``UserError``. For a ``draft``
+        (prefill while typing) a file unchanged since the last draft is not read again; Enter's
+        message reads every file."""
         attached, (count_tokens, room), cwd = list(self.attachments), self.file_budget(), Path.cwd()
-        return lambda: outgoing_message(text, attached, cwd, count_tokens=count_tokens, room=room)
+        read = self._draft_reads.read if draft else read_attachment
+        return lambda: outgoing_message(text, attached, cwd, count_tokens=count_tokens, room=room,
+                                        read=read)
 
     async def message_with_files(self, text: str) -> str:
         """``text`` as it will be sent (then the attachments are cleared). Raises ``UserError``

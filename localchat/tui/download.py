@@ -8,10 +8,11 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
@@ -22,7 +23,6 @@ from localchat.tui.screens import ConfirmScreen
 
 if TYPE_CHECKING:
     from localchat.models.progress import ProgressCallback
-    from localchat.tui.app import LocalChatApp
 
 
 class DownloadCancelled(DownloadError):
@@ -76,17 +76,21 @@ class DownloadScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(f"Downloading {self.offer.model}…", markup=False)
-            yield ProgressBar(total=self.offer.size_bytes or None, show_eta=True)
-            yield Label("", id="bytes", markup=False)
+            yield ProgressBar(total=None, show_eta=True)  # pulses until a byte count comes
+            yield Label("starting…", id="bytes", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Cancel (Esc)", id="cancel")
 
-    def show_progress(self, done: int, total: int | None) -> None:
+    def show_progress(self, done: int, total: int | None, step: str = "") -> None:
+        """``done`` bytes of ``total`` of the download's ``step`` (see ``ProgressCallback``);
+        with no total yet the bar pulses instead of sitting at 0%."""
         from localchat.models.progress import format_bytes
 
         self.query_one(ProgressBar).update(total=total, progress=done)
         of = f" of {format_bytes(total)}" if total else ""
-        self.query_one("#bytes", Label).update(f"{format_bytes(done)}{of}")
+        counted = f"{format_bytes(done)}{of}" if done or total else ""
+        text = f"{step}: {counted}" if step and counted else step or counted
+        self.query_one("#bytes", Label).update(text if total else f"{text}…")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.action_cancel()
@@ -96,11 +100,14 @@ class DownloadScreen(ModalScreen[str | None]):
 
 
 class ModelDownloads:
-    """The app's side of a download: the question, the dialog, the pull off the UI thread."""
+    """The app's side of a download: the question, the dialog, the pull off the UI thread, then
+    ``load_model`` with the model's name."""
 
-    def __init__(self, app: LocalChatApp, downloads: Downloads) -> None:
+    def __init__(self, app: App[Any], downloads: Downloads,
+                 load_model: Callable[[str | None], None]) -> None:
         self._app = app
         self._downloads = downloads
+        self._load_model = load_model
 
     def offer(self, model_ref: str | None) -> bool:
         """If ``model_ref`` failed only because it is not downloaded, ask to download it now."""
@@ -122,15 +129,16 @@ class ModelDownloads:
                              exit_on_error=False)
 
     def _download(self, screen: DownloadScreen) -> None:
-        last = [0.0]
+        last, last_step = [0.0], [""]
 
-        def progress(done: int, total: int | None) -> None:
+        def progress(done: int, total: int | None, step: str = "") -> None:
             if screen.cancelled.is_set():
                 raise DownloadCancelled("Download cancelled; it resumes where it stopped next time.")
             now = time.monotonic()
-            if now - last[0] > 0.1 or (total and done >= total):  # a repaint per chunk is too many
-                last[0] = now
-                self._app.call_from_thread(screen.show_progress, done, total)
+            # A repaint per chunk is too many; a new step and a step's end are always shown.
+            if now - last[0] > 0.1 or (total and done >= total) or step != last_step[0]:
+                last[0], last_step[0] = now, step
+                self._app.call_from_thread(screen.show_progress, done, total, step)
 
         try:
             self._downloads.pull(screen.offer.model, progress)
@@ -144,4 +152,4 @@ class ModelDownloads:
             self._app.notify(error, title="Download stopped", severity="warning", timeout=10)
             return
         self._app.notify(f"{offer.model} is downloaded.")
-        self._app.models.load(model_ref)
+        self._load_model(model_ref)

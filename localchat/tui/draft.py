@@ -8,15 +8,20 @@ input holds a command.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from localchat.errors import UserError
-from localchat.tui import slash
+from localchat.tui.commands import is_command, message_text
 
 if TYPE_CHECKING:
     from textual.timer import Timer
 
-    from localchat.tui.app import LocalChatApp
+    from localchat.chat.conversation import Conversation
+    from localchat.tui.composer import Composer
+    from localchat.tui.prompt import PromptInput
+    from localchat.tui.turn import Turns
+    from localchat.tui.typeahead import TypeAhead
 
 # A pause this long ends a burst of typing (a keystroke every 100-250 ms keeps it waiting).
 TYPING_PAUSE_S = 0.3
@@ -27,10 +32,35 @@ TYPING_MAX_WAIT_S = 1.0
 _clock = time.monotonic  # tests replace it
 
 
-class DraftPrefiller:
-    """When the draft in the input is handed to the open session's ``DraftPrefill``."""
+class DraftHost(Protocol):
+    """What the hand-over reads of the app: the input and its files, whether a reply runs or
+    waits, the open conversation, and the app's timers and workers."""
 
-    def __init__(self, app: LocalChatApp) -> None:
+    conversation: Conversation | None
+    composer: Composer
+    turns: Turns
+    queue: TypeAhead
+
+    @property
+    def prompt(self) -> PromptInput: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def is_running(self) -> bool: ...
+
+    def set_timer(self, delay: float, callback: Callable[[], None]) -> Timer: ...
+
+    def run_worker(self, work: Callable[[], None], *, thread: bool, group: str,
+                   exit_on_error: bool) -> object: ...
+
+
+class DraftHandOver:
+    """When the draft in the input is handed to the open session's ``DraftPrefill`` (which
+    prefills it, step by step)."""
+
+    def __init__(self, app: DraftHost) -> None:
         self._app = app
         self._timer: Timer | None = None
         self._seen = ""
@@ -60,14 +90,14 @@ class DraftPrefiller:
             return
         text = app.prompt.text
         attachments = app.composer.attachments
-        if (not text.strip() and not attachments) or slash.is_command(text) or app.turns.current is not None \
+        if (not text.strip() and not attachments) or is_command(text) or app.turns.current is not None \
                 or app.queue.items:
             chat.draft.cancel()
             return
         # As it will be sent (attached and @mentioned files first), so that Enter reuses it all.
         # Off the event loop: that reads the files, and sizing a step tokenizes the draft,
         # which a long paste would make keypresses wait for.
-        outgoing = app.composer.outgoing(slash.message_text(text))
+        outgoing = app.composer.outgoing(message_text(text), draft=True)
 
         def update() -> None:
             try:

@@ -16,9 +16,9 @@ from textual.message import Message
 from localchat.events import Event, Loaded, Thinking, Token
 
 if TYPE_CHECKING:
-    from localchat.engine.engine import Engine
     from localchat.engine.options import Sampling
     from localchat.store import TurnRecord
+    from localchat.tui.model_state import AppEngine
 
 
 @dataclass
@@ -34,7 +34,7 @@ class ModelReady(Message):
     """A model finished loading; ``engine`` is ready for turns with ``sampling`` (None: defaults).
     ``model_ref`` is what the user named (None: the default model)."""
 
-    engine: Engine
+    engine: AppEngine
     loaded: Loaded
     sampling: Sampling | None
     model_ref: str | None = None

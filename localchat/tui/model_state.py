@@ -11,17 +11,38 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from localchat.chat.conversation import ChatEngine
 from localchat.errors import UserError
 from localchat.tui.messages import ModelFailed, ModelLoading, ModelReady
 
 if TYPE_CHECKING:
-    from localchat.engine.engine import Engine
     from localchat.engine.options import Sampling
+    from localchat.events import Loaded
     from localchat.tui.app import LocalChatApp
 
-EngineFactory = Callable[[str | None], "Engine"]
+
+class AppEngine(ChatEngine, Protocol):
+    """What the app needs from an engine besides a conversation's turns: the model checked, then
+    loaded off the UI thread, its name, whether it has a thinking switch, and its memory freed."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def supports_thinking(self) -> bool: ...
+
+    def preflight(self) -> object:
+        """Check without loading weights that the model can be loaded (raises ``UserError``)."""
+        ...
+
+    def load(self, on_progress: Callable[[float], None] | None = None) -> Loaded: ...
+
+    def close(self) -> None: ...
+
+
+EngineFactory = Callable[[str | None], AppEngine]
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +63,7 @@ class ModelState:
         self._sampling_factory = sampling_factory
         # What the loaded model was called (``--model`` at start; reloaded if a switch fails).
         self.loaded_ref = model_ref
-        self.engine: Engine | None = None
+        self.engine: AppEngine | None = None
         self.sampling: Sampling | None = None
         self.thinking_mode = ""
         self.loading: str | None = None
@@ -63,7 +84,7 @@ class ModelState:
             raise UserError(f"{self.loading} is still loading; switch when it is ready.")
         self.load(name)
 
-    def _release_engine(self) -> Engine | None:
+    def _release_engine(self) -> AppEngine | None:
         """Detach the current engine from the UI (called on the UI thread before it closes)."""
         previous, self.engine = self.engine, None
         if self._app.conversation is not None:
@@ -158,7 +179,7 @@ class ModelState:
         from localchat.settings import THINKING_MODES
 
         engine = self.engine
-        has_switch = bool(getattr(engine, "supports_thinking", False))
+        has_switch = engine is not None and engine.supports_thinking
         model = engine.name if engine is not None else "the model"
         if not mode:
             current = self.sampling.thinking if self.sampling is not None else "auto"

@@ -1,22 +1,95 @@
-"""Pacing the redraws of a streaming reply so that the UI never slows the model down.
+"""Pacing the redraws of a streaming reply: as often as the eye wants, as rarely as decode needs.
 
-On a small machine the model's threads use every core; whatever CPU the UI thread spends
-re-laying out and repainting the screen is taken from decoding (and the engine thread also
-waits for the GIL while the UI holds it). Redrawing per token cost over 40% of decode speed
-with SmolLM2-135M on a 2-core CPU. So the app redraws a streaming reply at most once per frame, and
-stretches the frame when redrawing is expensive (a long chat with many Markdown blocks), keeping
-the UI thread's share of one core under a budget.
+Whatever CPU the UI thread spends laying out and painting is taken from decoding when the
+model's threads use every core (and the engine thread also waits for the GIL while the UI holds
+it). Redrawing per token cost over 40% of decode speed with SmolLM2-135M on a 2-core CPU. So the
+app redraws at most once per frame, and sets each frame's interval from what recent frames
+cost: ``interval = clamp(frame cost / share, min_frame_s, max_frame_s)``, where the share of one
+core the UI may use, and the bounds, depend on the hardware (``frame_budget``):
+
+- **CPU-bound** (llama.cpp runs one thread per core, nothing on a GPU): share 10%, frames
+  50–500 ms apart, and an open paragraph or code block keeps 2 blank rows below its text, so
+  that the reply grows (and the log scrolls) once every 3 lines instead of every line.
+- **A core to spare** (llama.cpp told to use fewer threads than there are CPUs, or every layer
+  offloaded to a GPU): share 25%, frames 33–250 ms apart (30 a second at most), no blank rows.
+
+The measurements behind it (SmolLM2-135M Q4_1, Textual 8, a 2-core Xeon shared with other
+work, so each figure is a median of alternating runs):
+
+- What a frame costs (``bench --tui``, proof tests): repainting the line being written ~6 ms of
+  UI time whatever the reply's length (Textual repaints every widget the dirty line crosses, from
+  cache); a frame that grows the reply ~20–30 ms for prose (the reply and the log are laid out
+  and repainted whole), 45–80 ms when lists, tables and code are on screen (a widget per item
+  and cell). The UI's cost grows with the text more than with the frame rate: ~0.8 ms of UI per
+  token for a paragraph, ~4 ms for many Markdown blocks.
+- What UI time costs decode, CPU-bound: the headless app over 600-token greedy replies (2
+  threads on 2 cores, ~55 tokens/s): share 5% → decode 2.8–7.3% slower, frames p90 ~375 ms;
+  10% → 9.2–9.5% slower, p90 110–120 ms; 20% → 8–16% slower, p90 ~55 ms. A Python thread
+  holding the GIL for that share of every 100 ms beside a bare decode: 2% → 0.96 of the speed,
+  10% → 0.91, 30% → 0.81. The first few per cent cost most (the GIL and a descheduled llama.cpp
+  thread); 10% buys frames ~3× as often as 5% for ~4 points of decode speed.
+- A core to spare (llama.cpp on 1 thread of 2 cores): frames p90 36–48 ms in the app; a thread
+  holding the GIL beside that decode: 10% → 0.93, 30% → 0.88, 50% → 0.74, so the share stays
+  at 25%.
+- Full garbage-collection passes took 90–135 ms with the GIL held, so they wait for the end of
+  a reply (``FullCollectionsPaused``).
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-# The UI thread may use this fraction of one core while a reply streams.
-UI_CPU_BUDGET = 0.05
-MIN_FRAME_S = 0.05  # 20 redraws a second at most: smooth to read
-MAX_FRAME_S = 0.5  # the screen never lags the model by more than this
+# Weight of the newest frame's cost in the running estimate: low, so that one frame that resized
+# the reply does not stretch the next interval to the cap.
+COST_SMOOTHING = 0.2
+
+
+@dataclass(frozen=True)
+class FrameBudget:
+    """How much the UI may spend on a streaming reply: ``share`` of one core, frames between
+    ``min_frame_s`` and ``max_frame_s`` apart; ``slack_rows`` kept below an open paragraph or
+    code block, so that the reply resizes less often."""
+
+    name: str
+    share: float
+    min_frame_s: float
+    max_frame_s: float
+    slack_rows: int = 0
+
+
+CPU_BOUND = FrameBudget("cpu-bound", share=0.10, min_frame_s=0.05, max_frame_s=0.5, slack_rows=2)
+SPARE_CORE = FrameBudget("spare-core", share=0.25, min_frame_s=1 / 30, max_frame_s=0.25)
+
+
+def frame_budget(decode_threads: int, cpus: int, gpu_layers: int = 0, n_layers: int = 0,
+                 backend: str = "CPU") -> FrameBudget:
+    """The budget for a model decoding with ``decode_threads`` llama.cpp threads (0: one per
+    physical core) on ``cpus`` logical CPUs, ``gpu_layers`` of its ``n_layers`` offloaded."""
+    on_gpu = backend != "CPU" and n_layers > 0 and gpu_layers >= n_layers
+    if on_gpu or 0 < decode_threads < cpus:
+        return SPARE_CORE
+    return CPU_BOUND
+
+
+def engine_budget(engine: object) -> FrameBudget:
+    """``frame_budget`` for a loaded engine (a remote or scripted one counts as CPU-bound)."""
+    options = getattr(engine, "options", None)
+    info = getattr(engine, "info", None)
+    threads = int(getattr(options, "n_threads", 0) or 0)
+    if info is None:
+        return frame_budget(threads, available_cpus())
+    return frame_budget(threads, available_cpus(), info.gpu_layers, info.n_layers, info.backend)
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 class FramePacer:
@@ -29,7 +102,7 @@ class FramePacer:
 
     def __init__(
         self,
-        budget: float = UI_CPU_BUDGET,
+        budget: FrameBudget = CPU_BOUND,
         clock: Callable[[], float] = time.perf_counter,
         cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
@@ -37,10 +110,13 @@ class FramePacer:
         self._clock = clock
         self._cpu_clock = cpu_clock
         self._cpu_mark = 0.0
+        self._cost: float | None = None
         self._next_frame_at = 0.0
+        self.interval = 0.0  # the wait the last frame set
 
     def start(self) -> None:
         self._cpu_mark = self._cpu_clock()
+        self._cost = None
         self._next_frame_at = 0.0
 
     def wait(self) -> float:
@@ -51,5 +127,35 @@ class FramePacer:
         """A redraw starts now: the CPU spent since the previous one sets the next interval."""
         cpu = self._cpu_clock()
         spent, self._cpu_mark = cpu - self._cpu_mark, cpu
-        interval = min(MAX_FRAME_S, max(MIN_FRAME_S, spent / self.budget))
-        self._next_frame_at = self._clock() + interval
+        cost = spent if self._cost is None else COST_SMOOTHING * spent + (1 - COST_SMOOTHING) * self._cost
+        self._cost = cost
+        budget = self.budget
+        self.interval = min(budget.max_frame_s, max(budget.min_frame_s, cost / budget.share))
+        self._next_frame_at = self._clock() + self.interval
+
+
+class FullCollectionsPaused:
+    """While a reply streams, Python's garbage collector skips full (oldest-generation) passes.
+
+    A full pass walks every live object, and a streaming app holds many (widgets, the strips of
+    frozen lines): measured at 90–135 ms each, two or three times in a 2,200-token reply, with
+    the GIL held, so the screen and the engine's thread both stood still. The young generations
+    are still collected (the widgets a frame parses and throws away die young), so garbage does
+    not pile up; the oldest generation gets its pass when the reply has ended.
+    """
+
+    FULL_PASS_NEVER = 1 << 30
+
+    def __init__(self) -> None:
+        self._thresholds: tuple[int, int, int] | None = None
+
+    def pause(self) -> None:
+        if self._thresholds is None:
+            self._thresholds = gc.get_threshold()
+            young, middle, _ = self._thresholds
+            gc.set_threshold(young, middle, self.FULL_PASS_NEVER)
+
+    def resume(self) -> None:
+        if self._thresholds is not None:
+            gc.set_threshold(*self._thresholds)
+            self._thresholds = None

@@ -14,12 +14,19 @@ from textual import events
 from textual.message import Message
 from textual.widgets import Static, TextArea
 
-from localchat.tui.slash import Completion
-
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
 # Keys the terminal parser emits together arrive within microseconds; a person's two keys, tens
 # of milliseconds apart. A ^ followed by another key sooner than this was not typed.
 STRAY_ESCAPE_S = 0.01
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One autocomplete suggestion: what Tab inserts, and what the hint line shows."""
+
+    text: str
+    label: str
+    help: str = ""
 
 
 class PromptInput(TextArea):

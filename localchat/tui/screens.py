@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from rich.text import Text
@@ -12,8 +13,6 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Markdown, OptionList
 from textual.widgets.option_list import Option
-
-from localchat.tui.slash import COMMANDS
 
 KEYS = (
     ("Enter", "send the message"),
@@ -54,13 +53,14 @@ STATUS_FIELDS = (
 )
 
 
-def help_markdown() -> str:
-    def table(rows: tuple[tuple[str, str], ...], head: tuple[str, str]) -> str:
+def help_markdown(commands: Sequence[tuple[str, str]]) -> str:
+    """The help page; ``commands``: each command's usage and help."""
+
+    def table(rows: Sequence[tuple[str, str]], head: tuple[str, str]) -> str:
         lines = [f"| {head[0]} | {head[1]} |", "|---|---|"]
         lines += [f"| `{a}` | {b} |" for a, b in rows]
         return "\n".join(lines)
 
-    commands = tuple((c.usage, c.help) for c in COMMANDS)
     return "\n\n".join(
         (
             "# localchat",
@@ -91,8 +91,8 @@ class PageScreen(ModalScreen[None]):
 
 
 class HelpScreen(PageScreen):
-    def __init__(self) -> None:
-        super().__init__(help_markdown())
+    def __init__(self, commands: Sequence[tuple[str, str]]) -> None:
+        super().__init__(help_markdown(commands))
 
 
 class ConfirmScreen(ModalScreen[bool]):

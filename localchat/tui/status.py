@@ -1,6 +1,7 @@
 """The status bar: what the model is doing and what the current or last reply cost.
 
-Two lines, so every field fits in 80 columns::
+Two lines, so every field fits in 80 columns (a narrower terminal drops the least useful fields,
+whole, down to the model, the state, TTFT and TPOT at 40 columns)::
 
     smollm2-135m · CPU │ generating │ ctx 412/4096 ▮▯▯▯▯▯▯▯ 10% │ local
     TTFT 182 ms │ TPOT 11.4 ms │ 87.7 tok/s │ reused 310 · new 24
@@ -75,32 +76,66 @@ def _fit(line: str, width: int) -> str:
     return line if len(line) <= width else line[: max(0, width - 1)] + "…"
 
 
+SEPARATOR = " │ "
+Reduction = tuple[str, str | None]  # (field, its shorter form) or (field, None): drop it
+
+
+def _fitted(fields: dict[str, str], reductions: list[Reduction], width: int) -> dict[str, str]:
+    """``fields`` after as few of ``reductions`` as it takes, in order, for their line to fit
+    in ``width`` (all of them if it never does): a field is shown whole or not at all."""
+    fields = dict(fields)
+    for name, shorter in reductions:
+        if len(SEPARATOR.join(fields.values())) <= width:
+            break
+        if name not in fields:
+            continue
+        if shorter is None:
+            del fields[name]
+        else:
+            fields[name] = shorter
+    return fields
+
+
 def render_status(info: StatusInfo, width: int = 200) -> tuple[str, str]:
-    """The two status lines as plain text, each at most ``width`` characters: a long model name
-    is shortened first, so that the state and the numbers stay visible."""
+    """The two status lines as plain text, each at most ``width`` characters. Where they do not
+    fit, the least useful fields go first (a field is never cut mid-word): the context bar's
+    glyphs, the backend, the route, the context's token counts, then the context; on the second
+    line the new-token count, tokens/s (TPOT says it too), the reuse, the answer time, then TPOT.
+    The model and the state always stay; a model name too long even for that is shortened."""
+    return _first_line(info, width), _second_line(info, width)
+
+
+def _first_line(info: StatusInfo, width: int) -> str:
     if info.n_ctx:
         percent = 100 * info.n_ctx_used // info.n_ctx
-        context = f"ctx {info.n_ctx_used}/{info.n_ctx} {_context_bar(info.n_ctx_used, info.n_ctx)} {percent}%"
+        counts = f"ctx {info.n_ctx_used}/{info.n_ctx}"
+        context = [f"{counts} {_context_bar(info.n_ctx_used, info.n_ctx)} {percent}%", f"{counts} {percent}%",
+                   f"ctx {percent}%"]
     else:
-        context = f"ctx {DASH}"
-    tail = " │ " + " │ ".join((info.state, context, info.route))
-    backend = f" · {info.backend}" if info.backend else ""
-    model = _fit(info.model or "no model", max(12, width - len(backend) - len(tail)))
-    first = model + backend + tail
-    reuse = DASH if info.cache_n is None else f"{info.cache_n} · new {info.prompt_n}"
+        context = [f"ctx {DASH}"] * 3
+    model = info.model or "no model"
+    fields = {"model": f"{model} · {info.backend}" if info.backend else model, "state": info.state,
+              "context": context[0], "route": info.route}
+    kept = _fitted(fields, [("context", context[1]), ("model", model), ("route", None),
+                            ("context", context[2]), ("context", None)], width)
+    rest = SEPARATOR + SEPARATOR.join(v for k, v in kept.items() if k != "model")
+    return _fit(_fit(kept["model"], max(12, width - len(rest))) + rest, width)
+
+
+def _second_line(info: StatusInfo, width: int) -> str:
     ttft = f"TTFT {_number(info.ttft_ms)} ms"
+    answer = ttft
     if info.answer_ms is not None:
-        ttft += f" · answer {info.answer_ms / 1000:.1f} s" if info.answer_ms else " · no answer"
-    second = " │ ".join(
-        (
-            ttft,
-            f"TPOT {_number(info.tpot_ms, 1)} ms",
-            f"{_number(info.tokens_per_s, 1)} tok/s",
-            f"reused {reuse}",
-            *([f"draft {100 * info.draft_acceptance:.0f}%"] if info.draft_acceptance is not None else []),
-        )
-    )
-    return _fit(first, width), _fit(second, width)
+        answer += f" · answer {info.answer_ms / 1000:.1f} s" if info.answer_ms else " · no answer"
+    reused = f"reused {DASH if info.cache_n is None else info.cache_n}"
+    fields = {"ttft": answer, "tpot": f"TPOT {_number(info.tpot_ms, 1)} ms",
+              "speed": f"{_number(info.tokens_per_s, 1)} tok/s",
+              "reused": reused if info.cache_n is None else f"{reused} · new {info.prompt_n}"}
+    if info.draft_acceptance is not None:
+        fields["draft"] = f"draft {100 * info.draft_acceptance:.0f}%"
+    kept = _fitted(fields, [("reused", reused), ("draft", None), ("speed", None), ("reused", None),
+                            ("ttft", ttft), ("tpot", None)], width)
+    return _fit(SEPARATOR.join(kept.values()), width)
 
 
 @dataclass

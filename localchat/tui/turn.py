@@ -8,6 +8,7 @@ import functools
 import itertools
 import logging
 import sys
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,7 @@ from localchat.tui.messages import (
     TurnsArrived,
     TurnWake,
 )
-from localchat.tui.pacing import FramePacer
+from localchat.tui.pacing import FramePacer, FullCollectionsPaused, engine_budget
 from localchat.tui.prompt import PromptInput
 from localchat.tui.screens import ConfirmScreen
 from localchat.tui.status import LiveMeter, StatusInfo
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GIL_SWITCH_INTERVAL_S = 0.001
+# The live numbers in the status bar are read, not watched: repainting them on every frame cost
+# ~1.5 ms of UI time per frame and widened each frame's repaint from the reply's last line to
+# the bottom of the screen.
+STATUS_REFRESH_S = 0.25
 
 
 @dataclass
@@ -87,8 +92,10 @@ class Turns:
         self._current: ActiveTurn | None = None
         self._ids = itertools.count(1)
         self.pacer = FramePacer()
+        self.collections = FullCollectionsPaused()
         self.quit_when_idle = False  # the user quit while a reply streamed: exit once it is saved
         self._previous_switch_interval = sys.getswitchinterval()
+        self._status_shown_at = 0.0
 
     def start(self) -> None:
         """At mount. The engine thread needs the GIL back after every llama_decode; with Python's
@@ -97,8 +104,9 @@ class Turns:
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
     def close(self) -> None:
-        """At unmount: the process's switch interval as it was."""
+        """At unmount: the process's switch interval and collector as they were."""
         sys.setswitchinterval(self._previous_switch_interval)
+        self.collections.resume()
 
     @property
     def current(self) -> ActiveTurn | None:
@@ -111,6 +119,10 @@ class Turns:
         if (turn is None) != (self._current is None):
             self._current = turn
             self._app.refresh_bindings()  # the footer's Stop key is live only while a reply runs
+            if turn is None:
+                self.collections.resume()
+            else:
+                self.collections.pause()
         self._current = turn
 
     # --- sending and streaming --------------------------------------------------------------
@@ -151,6 +163,7 @@ class Turns:
             app.prompt.remember(recall)
             app.prompt.clear()
         app.draft.cancel()
+        self.pacer.budget = engine_budget(engine)
         turn_id = next(self._ids)
 
         def wake() -> None:
@@ -167,6 +180,7 @@ class Turns:
                        group="turn", exit_on_error=False)
         await asyncio.sleep(0)  # lets the worker's task hand the turn to its thread now
         turn.reply = await app.chat_log.add_prompt(text)
+        turn.reply.body.slack_rows = self.pacer.budget.slack_rows
 
     def _generate(self, turn: ActiveTurn, text: str, model: str, route: str = "auto") -> None:
         app = self._app
@@ -218,12 +232,18 @@ class Turns:
         self.pacer.frame()
         for event in turn.mailbox.take():
             await self._show_event(turn, event)
+        if turn is self.current and turn.reply is not None:
+            await self._app.chat_log.fold_scrolled_away(turn.reply)
 
     async def _show_event(self, turn: ActiveTurn, event: Event | TokenRun | ThinkingRun) -> None:
         app = self._app
         if isinstance(event, TokenRun | ThinkingRun | PrefillProgress):
+            state = app.status.info.state
             await turn.show_progress(event, app.status.info)
-            app.status.refresh()
+            now = time.perf_counter()
+            if app.status.info.state != state or now - self._status_shown_at >= STATUS_REFRESH_S:
+                self._status_shown_at = now
+                app.status.refresh()
         elif isinstance(event, RouteChanged):
             if turn.reply is not None:
                 await (turn.reply.supersede(event.message) if event.route == "remote"
@@ -242,6 +262,7 @@ class Turns:
         stopped = done.finish_reason == "aborted"
         app.status.info.show_timings(done.timings)
         app.set_state("stopped" if stopped else "idle")
+        app.chat_log.unfold()
         if turn.reply is not None:
             model = done.timings.model or app.status.info.model
             await turn.reply.finish(done.answer, reply_caption(model, done.timings, stopped=stopped),
@@ -256,6 +277,7 @@ class Turns:
         app = self._app
         self.current = None
         app.set_state("idle")
+        app.chat_log.unfold()
         if turn.reply is not None:
             await turn.reply.fail(failed.message)
         app.notify(failed.message, title="The reply failed", severity="error", timeout=10, cause="turn")

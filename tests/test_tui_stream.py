@@ -1,0 +1,285 @@
+"""A long reply streams at the pacer's interval, each frame doing work that does not grow with
+the reply, and ends as a one-shot render of the same Markdown would draw it. Headless, with the
+scripted engine; work is counted (characters parsed, lines rendered, widgets laid out), never
+timed."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fake_engine import FakeEngine, make_app, ready, reply_finished, send, split_tokens, wait_until
+from markdown_it import MarkdownIt
+from textual.app import App
+from textual.containers import VerticalScroll
+from textual.widget import Widget
+
+from localchat.bench import scripted_engine as bench_shapes
+from localchat.tui.chat_log import ReplyView
+from localchat.tui.live_blocks import LiveParagraph, opens_nothing
+from localchat.tui.live_markdown import LiveMarkdown, top_level_starts
+from localchat.tui.pacing import CPU_BOUND, SPARE_CORE, FrameBudget, FramePacer, frame_budget
+
+TOKEN_DELAY_S = 0.001  # 5,000 tokens in ~6 s: frames of a few dozen tokens each
+
+
+def one_paragraph(tokens: int) -> str:
+    """The bench's one-paragraph reply, ``tokens`` of the scripted engine's tokens long."""
+    return _sized(bench_shapes.one_paragraph, tokens)
+
+
+def many_blocks(tokens: int) -> str:
+    """The bench's many-block reply (headings, prose, code, lists, tables), ``tokens`` long."""
+    return _sized(bench_shapes.many_blocks, tokens)
+
+
+def _sized(shape, tokens: int) -> str:
+    # The bench counts token-sized pieces; the scripted engine here streams a word a token.
+    text, size = shape(tokens), tokens
+    while len(split_tokens(text)) < tokens:
+        size += tokens // 4
+        text = shape(size)
+    return text
+
+
+class RecordingPacer(FramePacer):
+    """The app's pacer, noting each frame: the interval it set and when it lets the next come."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: list[tuple[float, float, float]] = []
+
+    def frame(self) -> None:
+        at = time.perf_counter()
+        super().frame()
+        self.frames.append((at, self.interval, self._next_frame_at))
+
+
+def laid_out(widget: Widget) -> int:
+    """Widgets Textual arranges for ``widget``: itself and its displayed descendants."""
+    return 1 + sum(laid_out(child) for child in widget.children if child.display)
+
+
+async def stream(store, script: str, size=(100, 30)):
+    """Stream ``script`` through the app, noting per frame: (reply chars shown, widgets laid
+    out in the log, the body's work counters). Returns the app's pacer, the reply's text, the
+    body's work counters, that record and what the end looked like (``end``)."""
+    app = make_app(store, FakeEngine(reply=script, token_delay=TOKEN_DELAY_S))
+    record: list[tuple[int, int]] = []
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        pacer = RecordingPacer()
+        app.turns.pacer = pacer
+        await send(pilot, "go")
+        await wait_until(pilot, lambda: app.chat_log.last_reply() is not None, "the reply")
+        reply = app.chat_log.last_reply()
+        seen = 0
+        while app.turns.current is not None:
+            if len(pacer.frames) > seen:
+                seen = len(pacer.frames)
+                record.append((len(reply.text), laid_out(app.chat_log)))
+            await pilot.pause(0.005)
+        await reply_finished(pilot)
+        await pilot.pause()
+        paragraphs = reply.body.query(LiveParagraph)
+        end = {"laid_out": laid_out(reply.body), "painted": painted(app, reply.body),
+               "paragraph_rows": paragraphs.first().size.height if paragraphs else 0}
+        return pacer, reply.text, reply.body.work, record, end
+
+
+async def test_a_5000_token_reply_shows_frames_at_the_pacers_interval_each_with_new_text(store):
+    script = one_paragraph(5000)
+    pacer, text, _, record, _ = await stream(store, script)
+    assert text == script
+    budget = pacer.budget
+    frames = pacer.frames
+    # How many depends on the machine's load (the pacer stretches frames up to its 0.5 s cap);
+    # even at the cap a ~6 s reply has a dozen.
+    assert len(frames) >= 10
+    for (_, interval, due), (next_at, _, _) in zip(frames, frames[1:]):
+        assert budget.min_frame_s <= interval <= budget.max_frame_s
+        assert next_at >= due - 0.002  # no frame before the pacer lets it come
+    shown = [chars for chars, _ in record]
+    assert all(b > a for a, b in zip(shown, shown[1:]))  # every frame brought new text
+
+
+async def test_a_long_paragraphs_frames_parse_and_render_only_its_tail(store):
+    script = one_paragraph(5000)  # ~29,000 characters, ~290 lines at 100 columns
+    _, _, work, record, end = await stream(store, script)
+    # Each frame parses the paragraph's last line or two with the text that came, and renders
+    # a few lines, however long the paragraph has grown; complete lines are rendered once.
+    frames = work.per_frame[3:]  # the first ones wait for the first layout
+    assert len(frames) >= 7  # a dozen frames at the pacer's 0.5 s cap, a busy machine's
+    assert all(parsed <= 3 * fed + 1_000 and lines <= 10 + fed // 50 for fed, parsed, lines in frames)
+    assert work.frozen_lines >= end["paragraph_rows"] - 2 > 200
+    laid = [count for _, count in record]
+    assert max(laid[len(laid) // 2:]) <= max(laid[:len(laid) // 2]) + 2
+
+
+async def test_a_many_block_reply_builds_each_block_once_and_lays_out_only_what_is_near_the_screen(store):
+    script = many_blocks(5000)
+    _, text, work, record, end = await stream(store, script)
+    assert text == script
+    blocks = top_level_starts(MarkdownIt("gfm-like").parse(script))
+    assert work.blocks_built <= len(blocks) + 1  # each finished block built once (+ the last)
+    # A frame parses the open block (a list, a table, a code block: a few hundred characters).
+    assert all(parsed <= 4 * fed + 2_000 for fed, parsed, _ in work.per_frame[3:])
+    laid = [count for _, count in record]
+    # What scrolled away is folded: a frame lays out what is on screen and what it added, a
+    # small part of the reply (all of it is laid out again when it ends).
+    total = end["laid_out"]
+    assert total > 1_200
+    assert max(laid) < total // 5
+
+
+class OneShot(App):
+    """A reply rendered at once, as a stored turn is (``Markdown.update``)."""
+
+    CSS = "VerticalScroll { height: 1fr; } LiveMarkdown { margin: 0; padding: 0; }"
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def compose(self):
+        with VerticalScroll():
+            yield LiveMarkdown(self.text)
+
+
+class Streamed(OneShot):
+    """The same body fed the reply a few tokens at a time, with a screen update between."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__("")
+        self.script = text
+
+    async def stream(self, pilot) -> None:
+        body = self.query_one(LiveMarkdown)
+        tokens = split_tokens(self.script)
+        for start in range(0, len(tokens), 13):
+            await body.feed("".join(tokens[start:start + 13]))
+            await pilot.pause()
+        await body.finish(self.script)
+        await pilot.pause()
+
+
+def painted(app: App, widget: Widget) -> list[list[tuple[str, str]]]:
+    """The rows of the screen that ``widget`` covers (those on screen), as (text, style) segments."""
+    strips = app.screen._compositor.render_strips()
+    region = widget.region
+    return [[(s.text, str(s.style)) for s in strips[y].crop(region.x, region.right)]
+            for y in range(max(0, region.y), min(len(strips), region.bottom))]
+
+
+@pytest.mark.parametrize("shape", [one_paragraph, many_blocks])
+async def test_the_final_screen_equals_a_one_shot_render_of_the_same_markdown(shape):
+    script = shape(1200)
+    streamed, oneshot = Streamed(script), OneShot(script)
+    async with streamed.run_test(size=(90, 500)) as pilot:
+        await streamed.stream(pilot)
+        got = painted(streamed, streamed.query_one(LiveMarkdown))
+    async with oneshot.run_test(size=(90, 500)) as pilot:
+        await pilot.pause()
+        want = painted(oneshot, oneshot.query_one(LiveMarkdown))
+    assert len(got) > 50 and got == want
+
+
+async def test_while_a_paragraph_streams_it_looks_as_a_one_shot_render_of_the_text_so_far():
+    # Emphasis, a code span and a link that each open on one line and close lines later: the
+    # lines above a closer must not be frozen before it comes.
+    script = ("Some words come first " * 6 + "then **bold text that runs " + "on and " * 12 + "ends** here, "
+              + "a `code span " + "still " * 14 + "code` and a [link whose text " + "goes " * 16
+              + "on](https://example.org) " + "and plain words after it " * 8).strip()
+    tokens = split_tokens(script)
+    for upto in (40, 75, 110, len(tokens)):
+        prefix = "".join(tokens[:upto])
+        streamed, oneshot = Streamed(prefix), OneShot(prefix)
+        async with streamed.run_test(size=(60, 60)) as pilot:
+            body = streamed.query_one(LiveMarkdown)
+            for start in range(0, upto, 3):
+                await body.feed("".join(tokens[start:min(start + 3, upto)]))
+                await pilot.pause()
+            got = painted(streamed, body)
+            assert streamed.query_one(LiveParagraph).frozen_lines > 0
+        async with oneshot.run_test(size=(60, 60)) as pilot:
+            await pilot.pause()
+            want = painted(oneshot, oneshot.query_one(LiveMarkdown))
+        assert got[: len(want)] == want, f"after {upto} tokens"
+
+
+async def test_a_reply_streamed_in_the_app_ends_drawn_as_its_stored_turn_is(store):
+    script = many_blocks(400)
+    _, _, _, _, end = await stream(store, script, size=(100, 300))
+    async with make_app(store, FakeEngine(), continue_last=True).run_test(size=(100, 300)) as pilot:
+        await ready(pilot)
+        await pilot.pause()
+        stored = pilot.app.chat_log.last_reply()
+        assert isinstance(stored, ReplyView) and stored.text == script
+        assert stored.body.region.y >= 0 and len(end["painted"]) == stored.body.region.height > 50
+        assert painted(pilot.app, stored.body) == end["painted"]
+
+
+def test_a_head_is_cut_only_where_nothing_in_it_waits_for_a_closer():
+    parser = MarkdownIt("gfm-like")
+
+    def render(source: str):
+        from textual.widgets._markdown import MarkdownBlock
+
+        tokens = parser.parseInline(source) if source else []
+        return MarkdownBlock._token_to_content(None, tokens[0]) if tokens else ""  # type: ignore[arg-type]
+
+    assert opens_nothing("1, 2, 3, 4, ", render)
+    assert opens_nothing("some **bold** and `code` done ", render)
+    assert not opens_nothing("some **bold that goes on ", render)
+    assert not opens_nothing("see `the code ", render)
+    assert not opens_nothing("a [link that is still open ", render)
+    assert not opens_nothing("strike ~~this ", render)
+
+
+def test_the_ui_may_spend_more_when_llama_cpp_leaves_a_core_free_or_runs_on_a_gpu():
+    assert frame_budget(0, cpus=2) is CPU_BOUND  # one thread per core: decode needs them all
+    assert frame_budget(2, cpus=2) is CPU_BOUND
+    assert frame_budget(1, cpus=2) is SPARE_CORE
+    assert frame_budget(0, cpus=8, gpu_layers=30, n_layers=30, backend="CUDA") is SPARE_CORE
+    assert frame_budget(0, cpus=8, gpu_layers=10, n_layers=30, backend="CUDA") is CPU_BOUND
+    assert SPARE_CORE.share > CPU_BOUND.share and SPARE_CORE.min_frame_s < CPU_BOUND.min_frame_s
+
+
+def test_frames_follow_their_smoothed_cost_within_the_budgets_bounds():
+    now, cpu = [0.0], [0.0]
+    budget = FrameBudget("test", share=0.1, min_frame_s=0.05, max_frame_s=0.15)
+    pacer = FramePacer(budget, clock=lambda: now[0], cpu_clock=lambda: cpu[0])
+    pacer.start()
+    for spent in (0.006, 0.006, 0.006):
+        cpu[0] += spent
+        pacer.frame()
+    assert pacer.wait() == pytest.approx(0.06)
+    cpu[0] += 0.030  # one frame that resized the reply: the next waits a little longer, not 300 ms
+    pacer.frame()
+    assert pacer.wait() == pytest.approx(0.108)
+    for _ in range(15):  # cheap frames again: back to their own pace
+        cpu[0] += 0.006
+        pacer.frame()
+    assert pacer.wait() == pytest.approx(0.06, abs=0.005)
+
+
+async def test_text_folded_away_while_streaming_comes_back_when_the_user_scrolls_up(store):
+    script = many_blocks(1500)
+    app = make_app(store, FakeEngine(reply=script, token_delay=TOKEN_DELAY_S, hold_after=1200))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, "go")
+        await wait_until(pilot, lambda: app.turns.current is not None
+                         and app.turns.current.meter.tokens >= 1200, "the reply to pause", timeout=30)
+        await pilot.pause(0.3)
+        body = app.chat_log.last_reply().body
+        hidden = [w for w in body.children if not w.display]
+        assert hidden  # what scrolled away is folded
+        kept = next(w for w in body.children if w.display and w.__class__.__name__ != "Spacer")
+        y_before = kept.virtual_region.y
+        await pilot.press("pageup")
+        await pilot.pause()
+        assert all(w.display for w in body.children)
+        assert kept.virtual_region.y == y_before  # nothing moved when it came back
+        await pilot.press("escape")
+        await reply_finished(pilot)
