@@ -63,19 +63,36 @@ def test_the_token_log_grows_in_place():
 
 
 def test_the_policy_drafts_only_where_a_check_is_expected_to_pay():
-    assert best_length(0.3, 8, 0.42) == 0  # mostly wrong drafts: plain decoding is faster
-    assert best_length(0.95, 16, 0.42) >= 4  # a passage being copied
-    assert best_length(0.95, 16, 0.02) == 16  # checks nearly free (a GPU): draft all
+    prior = speculate.prior_check_cost
+    assert best_length(0.3, 8, prior) == 0  # mostly wrong drafts: plain decoding is faster
+    assert best_length(0.95, 16, prior) >= 8  # a passage being copied: long checks are cheap
+    assert best_length(0.95, 16, lambda k: 0.02 * k) == 16  # checks nearly free (a GPU)
+    assert prior(1) == pytest.approx(0.42) and prior(3) == pytest.approx(1.39)
+    assert prior(24) == pytest.approx(6.8)  # beyond the last point: its slope
     policy = DraftPolicy()
     for _ in range(8):
         policy.decoded(1, 10.0)
         policy.decoded(5, 30.0)
-    assert policy.extra_cost == pytest.approx(0.5)
+    assert policy.check_cost(4) == pytest.approx(2.0)  # its own checks of 4 drafted tokens
+    # Other sizes: the prior curve scaled to this machine (2.0 against the prior's 1.8).
+    assert policy.check_cost(8) == pytest.approx(3.2 * 2.0 / 1.8)
     policy.decoded(1, 5000.0)  # one decode held up by another program does not decide
-    assert policy.extra_cost == pytest.approx(0.5)
+    assert policy.check_cost(4) == pytest.approx(2.0)
     rate = Acceptance.prior(0.5)
     rate.record(4, 4)
     assert rate.rate > 0.5
+
+
+def test_a_lookup_that_matches_far_back_drafts_as_far_at_once():
+    """A copied passage: the first check may already take the whole match, where the turn's
+    doubling length (START_LENGTH) would hold it to 4."""
+    passage = list(range(100, 140))
+    log = TokenLog([*passage, *passage[:16]])  # the reply has copied 16 tokens of it so far
+    drafts = TurnDrafts(DraftPolicy(), ngram=True, model=None)
+    draft = drafts.propose(log, 64, lambda: False)
+    assert len(draft) > speculate.START_LENGTH and draft == passage[16:16 + len(draft)]
+    short = TokenLog([*passage, 7, *passage[:3]])  # a 3-token match: no further than the length
+    assert len(TurnDrafts(DraftPolicy(), ngram=True, model=None).propose(short, 64, lambda: False)) <= 4
 
 
 def test_the_draft_length_doubles_after_hits_and_falls_back_after_a_miss():
