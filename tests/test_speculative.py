@@ -95,6 +95,39 @@ def test_a_lookup_that_matches_far_back_drafts_as_far_at_once():
     assert len(TurnDrafts(DraftPolicy(), ngram=True, model=None).propose(short, 64, lambda: False)) <= 4
 
 
+def test_a_match_into_the_conversation_is_a_copy_one_into_the_reply_a_phrase():
+    """Where the match points decides its rate: the prompt an edit copies from, or the reply's
+    own earlier tokens (mostly a phrase that recurs)."""
+    passage = list(range(100, 140))
+    into_history = TokenLog(passage)
+    for token in (7, 100, 101):  # the reply: a new token, then the passage's first two again
+        into_history.append(token)
+    assert TurnDrafts(DraftPolicy(), ngram=True, model=None).propose(into_history, 64, lambda: False)
+    into_reply = TokenLog([1, 2, 3])
+    for token in (100, 101, 9, 100, 101):  # the reply repeats its own two tokens
+        into_reply.append(token)
+    assert TurnDrafts(DraftPolicy(), ngram=True, model=None).propose(into_reply, 64, lambda: False) == []
+
+
+def test_a_copy_resuming_after_an_edit_has_its_own_rate():
+    policy = DraftPolicy()
+    passage = list(range(100, 140))
+    log = TokenLog(passage)
+    drafts = TurnDrafts(policy, ngram=True, model=None)
+    for token in (7, *range(100, 108)):
+        log.append(token)
+    draft = drafts.propose(log, 64, lambda: False)
+    assert len(draft) > 2 and draft[:2] == [108, 109]
+    drafts.checked(len(draft), 2)  # 108, 109 kept, then the reply edits: 55 instead of 110
+    for token in (108, 109, 55, 111, 112):  # ... and goes on copying just after the edit
+        log.append(token)
+    before = policy.resume.hits
+    draft = drafts.propose(log, 64, lambda: False)
+    assert draft and draft[0] == 113
+    drafts.checked(len(draft), len(draft))
+    assert policy.resume.hits > before  # the check taught the resumed copy's rate
+
+
 def test_the_draft_length_doubles_after_hits_and_falls_back_after_a_miss():
     drafts = TurnDrafts(DraftPolicy(), ngram=True, model=None)
     assert drafts.length == speculate.START_LENGTH
