@@ -63,19 +63,69 @@ def test_the_token_log_grows_in_place():
 
 
 def test_the_policy_drafts_only_where_a_check_is_expected_to_pay():
-    assert best_length(0.3, 8, 0.42) == 0  # mostly wrong drafts: plain decoding is faster
-    assert best_length(0.95, 16, 0.42) >= 4  # a passage being copied
-    assert best_length(0.95, 16, 0.02) == 16  # checks nearly free (a GPU): draft all
+    prior = speculate.prior_check_cost
+    assert best_length(0.3, 8, prior) == 0  # mostly wrong drafts: plain decoding is faster
+    assert best_length(0.95, 16, prior) >= 8  # a passage being copied: long checks are cheap
+    assert best_length(0.95, 16, lambda k: 0.02 * k) == 16  # checks nearly free (a GPU)
+    assert prior(1) == pytest.approx(0.42) and prior(3) == pytest.approx(1.39)
+    assert prior(24) == pytest.approx(6.8)  # beyond the last point: its slope
     policy = DraftPolicy()
     for _ in range(8):
         policy.decoded(1, 10.0)
         policy.decoded(5, 30.0)
-    assert policy.extra_cost == pytest.approx(0.5)
+    assert policy.check_cost(4) == pytest.approx(2.0)  # its own checks of 4 drafted tokens
+    # Other sizes: the prior curve scaled to this machine (2.0 against the prior's 1.8).
+    assert policy.check_cost(8) == pytest.approx(3.2 * 2.0 / 1.8)
     policy.decoded(1, 5000.0)  # one decode held up by another program does not decide
-    assert policy.extra_cost == pytest.approx(0.5)
+    assert policy.check_cost(4) == pytest.approx(2.0)
     rate = Acceptance.prior(0.5)
     rate.record(4, 4)
     assert rate.rate > 0.5
+
+
+def test_a_lookup_that_matches_far_back_drafts_as_far_at_once():
+    """A copied passage: the first check may already take the whole match, where the turn's
+    doubling length (START_LENGTH) would hold it to 4."""
+    passage = list(range(100, 140))
+    log = TokenLog([*passage, *passage[:16]])  # the reply has copied 16 tokens of it so far
+    drafts = TurnDrafts(DraftPolicy(), ngram=True, model=None)
+    draft = drafts.propose(log, 64, lambda: False)
+    assert len(draft) > speculate.START_LENGTH and draft == passage[16:16 + len(draft)]
+    short = TokenLog([*passage, 7, *passage[:3]])  # a 3-token match: no further than the length
+    assert len(TurnDrafts(DraftPolicy(), ngram=True, model=None).propose(short, 64, lambda: False)) <= 4
+
+
+def test_a_match_into_the_conversation_is_a_copy_one_into_the_reply_a_phrase():
+    """Where the match points decides its rate: the prompt an edit copies from, or the reply's
+    own earlier tokens (mostly a phrase that recurs)."""
+    passage = list(range(100, 140))
+    into_history = TokenLog(passage)
+    for token in (7, 100, 101):  # the reply: a new token, then the passage's first two again
+        into_history.append(token)
+    assert TurnDrafts(DraftPolicy(), ngram=True, model=None).propose(into_history, 64, lambda: False)
+    into_reply = TokenLog([1, 2, 3])
+    for token in (100, 101, 9, 100, 101):  # the reply repeats its own two tokens
+        into_reply.append(token)
+    assert TurnDrafts(DraftPolicy(), ngram=True, model=None).propose(into_reply, 64, lambda: False) == []
+
+
+def test_a_copy_resuming_after_an_edit_has_its_own_rate():
+    policy = DraftPolicy()
+    passage = list(range(100, 140))
+    log = TokenLog(passage)
+    drafts = TurnDrafts(policy, ngram=True, model=None)
+    for token in (7, *range(100, 108)):
+        log.append(token)
+    draft = drafts.propose(log, 64, lambda: False)
+    assert len(draft) > 2 and draft[:2] == [108, 109]
+    drafts.checked(len(draft), 2)  # 108, 109 kept, then the reply edits: 55 instead of 110
+    for token in (108, 109, 55, 111, 112):  # ... and goes on copying just after the edit
+        log.append(token)
+    before = policy.resume.hits
+    draft = drafts.propose(log, 64, lambda: False)
+    assert draft and draft[0] == 113
+    drafts.checked(len(draft), len(draft))
+    assert policy.resume.hits > before  # the check taught the resumed copy's rate
 
 
 def test_the_draft_length_doubles_after_hits_and_falls_back_after_a_miss():
@@ -134,6 +184,32 @@ def test_the_sampler_draws_once_per_position_in_order(spec_engine, monkeypatch):
     if first is not None:
         assert not np.array_equal(plain_logits[first], drafted_logits[first]), (
             f"the replies part at token {first} although the sampler saw the same logits there")
+
+
+def test_where_kernels_round_alike_a_drafted_reply_is_bit_identical(test_model_path, always_draft):
+    """The strongest form of the oracle: with flash attention on one thread, this CPU build
+    computes a check's logits bit for bit as one-by-one decoding does (elsewhere its kernels for
+    several query tokens round differently), so any difference would be the speculation's own:
+    a stale cell, a penalty window or a draw out of order. Greedy and seeded (there the engine
+    drafts seeded turns too), the reply is the same token for token, drafts accepted and
+    rejected alike."""
+    prose = [{"role": "user", "content": "Describe a walk through a forest in autumn."}]
+    with loaded_engine(test_model_path, 1024, "exact", flash_attn=True, n_threads=1,
+                       speculative="ngram") as engine:
+        assert engine._runtime.exact_checks
+        drafted = rejected = 0
+        for sampling in (GREEDY, Sampling(temperature=0.7, seed=5, max_tokens=48)):
+            for messages in (EDIT, prose):
+                replies = []
+                for mode in ("off", "ngram"):
+                    engine.set_speculative(mode)
+                    engine.reset()
+                    tokens, done = reply_tokens(engine.submit(messages, sampling))
+                    replies.append(tokens)
+                drafted += done.timings.draft_n
+                rejected += done.timings.draft_n - done.timings.draft_n_accepted
+                assert replies[0] == replies[1], (sampling, messages[0]["content"][:30])
+        assert drafted > 40 and rejected > 5
 
 
 def test_a_seeded_reply_is_not_drafted_and_stays_the_same(spec_engine):

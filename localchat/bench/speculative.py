@@ -67,9 +67,11 @@ def read_set(path: Path) -> list[tuple[str, str]]:
 
 def measure_speculative(model: str | None, config: Settings, path: Path, *, mode: str,
                         draft_model: str | None, n_ctx: int, gpu_layers: str | int | None,
-                        max_tokens: int, rounds: int, say: Callable[[str], None]) -> dict[str, Any]:
-    """Answer every prompt of the set at ``path`` with speculation off and in ``mode``; the
-    report ``--json`` prints, its targets checked."""
+                        max_tokens: int, rounds: int, say: Callable[[str], None],
+                        exact_pass: bool = True) -> dict[str, Any]:
+    """Answer every prompt of the set at ``path`` with speculation off and in ``mode``; then
+    (``exact_pass``) again where checks round as single decodes do, which must give identical
+    replies. The report ``--json`` prints, its targets checked."""
     prompts = read_set(path)
     engine = open_engine(model, config, n_ctx=n_ctx, gpu_layers=gpu_layers, speculative=mode,
                          draft_model=draft_model)
@@ -96,8 +98,38 @@ def measure_speculative(model: str | None, config: Settings, path: Path, *, mode
         }
     finally:
         engine.close()
+    if exact_pass:
+        report["exact_kernels"] = _exact_pass(model, config, prompts, mode, draft_model, n_ctx,
+                                              greedy, seeded)
+        say("answered the set again with bit-exact kernels")
     report["targets"] = speculative_targets(report)
     return report
+
+
+def _exact_pass(model: str | None, config: Settings, prompts: list[tuple[str, str]], mode: str,
+                draft_model: str | None, n_ctx: int, greedy: Sampling,
+                seeded: Sampling) -> dict[str, Any]:
+    """Every prompt greedy and seeded, off and on, where a check's logits are a single decode's
+    bit for bit (flash attention on one CPU thread, ``LlamaRuntime.exact_checks``; there the
+    engine drafts seeded turns too): any difference would be the speculation's own fault."""
+    engine = open_engine(model, config, n_ctx=n_ctx, gpu_layers=0, speculative=mode,
+                         draft_model=draft_model, flash_attn=True, n_threads=1)
+    identical = {"greedy": 0, "seeded": 0}
+    drafted = 0
+    try:
+        engine.load()
+        for _, prompt in prompts:
+            messages = [{"role": "user", "content": prompt}]
+            for name, sampling in (("greedy", greedy), ("seeded", seeded)):
+                _, plain = _answer(engine, "off", messages, sampling)
+                timings, checked = _answer(engine, mode, messages, sampling)
+                identical[name] += plain == checked
+                drafted += timings.draft_n
+    finally:
+        engine.close()
+    return {"flash_attn": True, "n_threads": 1, "prompts": len(prompts),
+            "greedy_identical": identical["greedy"], "seeded_identical": identical["seeded"],
+            "draft_n": drafted}
 
 
 def _answer(engine: Engine, mode: str, messages: list[dict[str, str]],
@@ -140,22 +172,42 @@ def _measure_prompt(engine: Engine, mode: str, kind: str, prompt: str, greedy: S
 def _judge(engine: Engine, messages: list[dict[str, str]], off: list[int], on: list[int],
            sampling: Sampling) -> dict[str, Any]:
     """Whether a speculative greedy reply is the one decoding without it gave: identical, or
-    first different after a near-tie under a decode without speculation (margin in logits,
-    with the turn's repeat penalty applied), or wrong."""
+    first different after a near-tie, or wrong. A near-tie: at the first different token, the
+    margin (in logits, the turn's repeat penalty applied) between the two choices is under
+    NEAR_TIE_LOGITS under a decode without speculation, or under one that evaluates the reply
+    in checks as speculation does (their kernels round differently: on the test model up to ~2
+    logits apart from one-by-one decoding at some positions). A wrong cell or sample is a clear
+    preference under all of them."""
     if on == off:
         return {"verdict": "identical"}
     i = next((k for k, (a, b) in enumerate(zip(off, on)) if a != b), min(len(off), len(on)))
-    logits = np.array(engine.fresh_logits(messages, off[:i]))
+    ends = engine.end_tokens() if i == min(len(off), len(on)) else []
+    plain = _margin(engine.fresh_logits(messages, off[:i]), off, on, i, ends, sampling)
+    checked = min(_margin(engine.fresh_logits(messages, on[:i], check_size=size),
+                          off, on, i, ends, sampling) for size in CHECK_SIZES)
+    verdict = "near-tie" if min(plain, checked) < NEAR_TIE_LOGITS else "wrong"
+    return {"verdict": verdict, "token": i, "margin": round(plain, 4),
+            "margin_as_checked": round(checked, 4)}
+
+
+# Checks of these sizes over the whole reply stand in for the run's own (its exact schedule
+# depends on timings): each rounds like checks do.
+CHECK_SIZES = (2, 4, 8, 16)
+
+
+def _margin(logits: np.ndarray, off: list[int], on: list[int], i: int, ends: list[int],
+            sampling: Sampling) -> float:
+    """How much the plain reply's token at ``i`` beats the speculative one's under ``logits``
+    (negative: the speculative one wins). A reply that stopped there chose the likeliest end
+    token."""
+    logits = np.array(logits)
     if sampling.repeat_penalty != 1.0 and i:
         ids = np.array(sorted(set(off[max(0, i - PENALTY_WINDOW):i])), dtype=np.int64)
         values = logits[ids]
         logits[ids] = np.where(values <= 0, values * sampling.repeat_penalty,
                                values / sampling.repeat_penalty)
-    # One stopped where the other went on: its choice there was the likeliest end token.
-    end = max(engine.end_tokens(), key=lambda t: logits[t]) if i == min(len(off), len(on)) else -1
-    margin = float(logits[off[i] if i < len(off) else end] - logits[on[i] if i < len(on) else end])
-    verdict = "near-tie" if margin < NEAR_TIE_LOGITS else "wrong"
-    return {"verdict": verdict, "token": i, "margin": round(margin, 4)}
+    end = max(ends, key=lambda t: logits[t]) if ends else -1
+    return float(logits[off[i] if i < len(off) else end] - logits[on[i] if i < len(on) else end])
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -191,6 +243,11 @@ def print_speculative(report: dict[str, Any]) -> None:
               f"{s['greedy_identical']} identical, {s['greedy_near_tie']} near-tie, "
               f"{s['greedy_wrong']} wrong · seeded {s['seeded_same']}/{s['prompts']} same "
               f"({s['seeded_draft_n']} drafted)")
+    exact = report.get("exact_kernels")
+    if exact:
+        print(f"bit-exact kernels (flash attention, 1 thread): greedy {exact['greedy_identical']}/"
+              f"{exact['prompts']} and seeded {exact['seeded_identical']}/{exact['prompts']} "
+              f"identical, {exact['draft_n']} tokens drafted")
     for check in report["targets"]:
         print(f"  [{'ok' if check['ok'] else 'MISS'}] {check['target']}: {check['value']} "
               f"(limit {check['limit']})")

@@ -115,6 +115,14 @@ def speculative_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     same = sum(s["seeded_same"] for s in summary.values())
     checks.append(target("same reply at temperature 0.7 with a fixed seed", f"{same}/{prompts}",
                          f"{prompts}/{prompts}", same == prompts))
+    exact = report.get("exact_kernels")
+    if exact:
+        n = exact["prompts"]
+        both = exact["greedy_identical"] + exact["seeded_identical"]
+        checks.append(target("drafted replies identical to plain ones where checks round as "
+                             "single decodes do (greedy and seeded)",
+                             f"{both}/{2 * n} ({exact['draft_n']} drafted)", f"{2 * n}/{2 * n}",
+                             both == 2 * n and exact["draft_n"] > 0))
     return checks
 
 

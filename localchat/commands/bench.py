@@ -54,6 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "hf: reference or .gguf path)")
     p.add_argument("--rounds", type=int, default=2,
                    help="with --speculative: answers per prompt each way (default 2)")
+    p.add_argument("--no-exact", action="store_true",
+                   help="with --speculative: skip answering the set again with bit-exact kernels "
+                   "(flash attention on one CPU thread)")
     p.add_argument("--pty", nargs="?", const="pty", choices=("pty", "tmux"), metavar="TERMINAL",
                    help="with --tui: run the real app on a pseudo-terminal (or inside tmux on one) "
                    "so that the terminal's cost counts: decode against `ask`, keypresses, screen "
@@ -79,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
     if args.speculative is not None:
         report.show(_speculative(args), args.json, text=_print_speculative)
         return 0
-    if args.spec_mode or args.draft_model:
-        raise UserError("--spec-mode and --draft-model go with --speculative")
+    if args.spec_mode or args.draft_model or args.no_exact:
+        raise UserError("--spec-mode, --draft-model and --no-exact go with --speculative")
     if args.pty and args.tui is None:
         raise UserError("--pty goes with --tui")
     max_tokens = args.max_tokens or 48
@@ -126,7 +129,8 @@ def _speculative(args: argparse.Namespace) -> dict:
     return measure_speculative(args.model, config, path, mode=mode, draft_model=args.draft_model,
                                n_ctx=args.n_ctx, gpu_layers=_gpu_layers(args),
                                max_tokens=args.max_tokens or 160, rounds=args.rounds,
-                               say=report.progress(enabled=not args.json))
+                               say=report.progress(enabled=not args.json),
+                               exact_pass=not args.no_exact)
 
 
 def _print_speculative(result: dict) -> None:

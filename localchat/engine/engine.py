@@ -198,11 +198,15 @@ class Engine:
             self._overhead = max(1, len(runtime.tokenize(delta, False)) - 1) + 2
         return self._overhead
 
-    def fresh_logits(self, messages: list[dict[str, str]], reply: list[int]) -> Any:
+    def fresh_logits(self, messages: list[dict[str, str]], reply: list[int],
+                     check_size: int | None = None) -> Any:
         """Next-token logits (a numpy array) after prefilling ``messages`` and the reply tokens
         ``reply`` on an empty cache, as a fresh turn would (the cache is emptied afterwards).
         The exactness oracle's tool: where a cached reply and a fresh one differ, these logits
-        tell a near-tie flipped by batch-shape rounding from a clear preference (a wrong cell)."""
+        tell a near-tie flipped by batch-shape rounding from a clear preference (a wrong cell).
+        ``check_size``: the reply is evaluated in batches of that many tokens with logits at
+        each, as speculative checks evaluate drafts (on the CPU, other kernels than one token at
+        a time), instead of one token at a time."""
         import numpy as np
 
         def job() -> Any:
@@ -215,9 +219,18 @@ class Engine:
                 # time), not abortable: no turn is running that a stop could be meant for.
                 for i in range(0, len(prompt), CPU_PREFILL_CHUNK):
                     runtime.decode(prompt[i:i + CPU_PREFILL_CHUNK], i)
-                for j, token in enumerate(reply):
-                    runtime.decode([token], len(prompt) + j)
-                return np.array(runtime.last_logits())
+                if check_size is None or not reply:
+                    for j, token in enumerate(reply):
+                        runtime.decode([token], len(prompt) + j)
+                    return np.array(runtime.last_logits())
+                for j in range(0, len(reply), check_size):
+                    # One token more after the last batch (a draft), so even one reply token is
+                    # checked in a batch; the logits wanted are those before it.
+                    batch = reply[j:j + check_size]
+                    if j + check_size >= len(reply):
+                        batch = [*batch, reply[-1]]
+                    runtime.decode(batch, len(prompt) + j, outputs=len(batch))
+                return np.array(runtime.logits_at(len(batch) - 2))
             finally:
                 kv.forget()
 

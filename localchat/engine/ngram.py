@@ -35,6 +35,7 @@ class TokenLog:
         self._array = np.zeros(max(64, 2 * len(tokens)), dtype=np.int32)
         self._array[:len(tokens)] = tokens
         self.n = len(tokens)
+        self.history_n = len(tokens)  # the conversation before the reply; the reply follows
 
     def append(self, token: int) -> None:
         if self.n == len(self._array):
@@ -57,6 +58,7 @@ class Match:
 
     draft: list[int]
     length: int  # how many tokens before the draft agree (MIN_MATCH..MAX_MATCH)
+    start: int = 0  # where in the tokens the draft was copied from
 
 
 def lookup(tokens: np.ndarray, limit: int, is_end: Callable[[int], bool] | None = None) -> Match | None:
@@ -85,4 +87,4 @@ def lookup(tokens: np.ndarray, limit: int, is_end: Callable[[int], bool] | None 
             if is_end(token):
                 draft = draft[:i]
                 break
-    return Match(draft, length) if draft else None
+    return Match(draft, length, start) if draft else None

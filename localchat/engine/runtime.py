@@ -197,6 +197,11 @@ class LlamaRuntime:
         # and rolling back goes through checkpoints (kv.py).
         self.can_shift = (bool(llama_cpp.llama_memory_can_shift(self._memory))
                           and not self.needs_checkpoints)
+        # Whether a decode of several tokens gives each the logits a decode of one would, bit
+        # for bit (measured on this CPU build: only flash attention on one thread does; without
+        # it the attention kernels for several query tokens round differently, and with more
+        # threads one token's attention is split over chunks of the cache). GPU kernels differ.
+        self.exact_checks = options.flash_attn and threads == 1 and n_gpu_layers == 0
         self.bos_id = self.model.token_bos()
         self.add_bos = self.model.add_bos_token()
         self.bos_text = self._special_text(self.bos_id)

@@ -7,22 +7,24 @@ vocabulary (``draft_model``). The target then evaluates its last token and the d
 every token it keeps is the token it would have sampled one at a time, so speculation changes
 the speed of a reply, never the reply.
 
-A check of k drafted tokens costs more than one plain decode (on this kind of CPU each extra
-position about 0.4 of a decode; on a GPU almost nothing), and pays only for the drafts that are
-right. ``DraftPolicy`` weighs the two: how often drafts are right (per drafter and, for prompt
+A check of k drafted tokens costs more than one plain decode (on this kind of CPU one drafted
+position adds about 0.4 of a decode, sixteen about 5: the first positions cost the most; on a
+GPU almost nothing), and pays only for the drafts that are right. ``DraftPolicy`` weighs the two: how often drafts are right (per drafter and, for prompt
 lookup, per match length, which tells a copied passage from a common phrase), and what a check
 costs on this machine (timed as the engine decodes), and drafts only as many tokens as are
 expected to save time. So prose, where lookups match short common phrases that the reply then
 leaves, costs next to nothing, and edits that copy long passages draft long runs. Within a turn
 the draft length also follows the hits: it starts at ``START_LENGTH``, doubles after a draft
-accepted whole (up to ``MAX_LENGTH``; gains flatten past ~8) and falls back after a miss.
+accepted whole (up to ``MAX_LENGTH``; gains flatten past ~8) and falls back after a miss; a
+lookup that matches far back (a passage being copied) may draft as far as it matches at once.
 
 Modes (``[engine] speculative``): ``auto`` (prompt lookup, and the draft model where one is
 configured, both only where the policy expects a gain), ``ngram`` (prompt lookup only),
 ``draft`` (the draft model only, drafting wherever it is confident even if the policy expects
 no gain: for measuring a pairing), ``off``. Memories that cannot drop the cells of rejected
 drafts (recurrent, hybrid, window-size caches) turn it off, and say why. A turn sampled with a
-fixed seed is not drafted (``reproducible_with_drafts``).
+fixed seed is not drafted (``reproducible_with_drafts``), except where checks round exactly as
+single decodes do (flash attention on one CPU thread: ``LlamaRuntime.exact_checks``).
 """
 
 from __future__ import annotations
@@ -48,10 +50,17 @@ MAX_LENGTH = 16
 # A draft is checked only if it is expected to produce this many times the tokens per second of
 # plain decoding: the estimates are noisy, and a check that only breaks even is not worth it.
 MIN_GAIN = 1.05
-# What one more drafted position costs in a check, relative to one plain decode, until the
-# engine has timed both: measured on a 2-core CPU with the test model (8 tokens verified in one
-# decode cost 0.49 of 8 single decodes: (3.9 - 1) / 7).
-PRIOR_EXTRA_COST = 0.42
+# What a check of d drafted tokens costs beyond one plain decode, in plain decodes, until the
+# engine has timed its own (then the curve is scaled to what it measured): on a 2-core CPU with
+# the test model a check of 2, 3, 5, 9 and 17 tokens took 1.42, 1.98, 2.80, 4.2 and 6.0 single
+# decodes. Not a straight line: the first drafted position costs most (a batch of several
+# tokens takes other kernels than one), later ones less and less, so long drafts of a copied
+# passage pay where the cost of short ones would say they cannot.
+PRIOR_CHECK_COST = ((1, 0.42), (2, 0.98), (4, 1.8), (8, 3.2), (16, 5.0))
+# Checks timed before their times scale the prior curve, and checks of one size timed before
+# their own median replaces it.
+MEASURED_AFTER = 3
+OWN_AFTER = 8
 # How fast old drafts' outcomes fade (per draft checked).
 DECAY = 0.95
 # A drafter the policy has stopped using is still tried now and then (a short draft after this
@@ -100,7 +109,8 @@ def build_speculator(options: EngineOptions, runtime: LlamaRuntime, target: GGUF
         notices.append('speculative = "draft" needs a draft model: set draft_model under '
                        "[engine]; speculative decoding is off")
     cost = plan.gguf.file_size / target.file_size if plan is not None and target.file_size else None
-    speculator = Speculator(mode, off_reason, draft, runtime.is_end_of_generation, cost)
+    speculator = Speculator(mode, off_reason, draft, runtime.is_end_of_generation, cost,
+                            exact_checks=runtime.exact_checks)
     return speculator, notices
 
 
@@ -147,8 +157,24 @@ def _ngram_bucket(match: int) -> int:
 
 
 # Priors per match-length group: a two-token key is usually a common phrase, a long match a
-# passage being copied. Measured on bench --speculative's set with the test model.
-_NGRAM_PRIORS = (0.3, 0.4, 0.5, 0.65, 0.8, 0.9)
+# passage being copied (rates learned on bench --speculative's set with the test model: 0.3,
+# 0.4, 0.68, 0.77, 0.92, 0.996). Right after a draft accepted whole the reply is usually still
+# copying: that state has its own rate (``DraftPolicy.streak``), which ramps a copy up at once
+# instead of waiting for each longer match length to prove itself.
+_NGRAM_PRIORS = (0.3, 0.4, 0.55, 0.7, 0.85, 0.93)
+# What the match points into tells more than its length: a reply that matches the conversation
+# before it (an edit copying the user's text) is copying, one that matches its own earlier
+# tokens repeats a phrase. Measured in hindsight on the greedy replies of bench --speculative's
+# set (test model): two-token matches into the prompt were followed on with a rate of 0.88 in
+# edits (0.36 in prose), into the reply itself 0.39 (0.16 in prose).
+_HISTORY_PRIORS = (0.75, 0.8, 0.85, 0.88, 0.9, 0.93)
+_STREAK_PRIOR = 0.9
+# An edit: the reply leaves the passage it copies for a word or two, then goes on copying it a
+# little further on. A lookup whose match continues the source at most RESUME_GAP tokens after
+# where the last accepted draft ended is that copy resuming (its own rate, ``DraftPolicy.resume``),
+# not a common phrase that happens to recur.
+RESUME_GAP = 8
+_RESUME_PRIOR = 0.75
 
 
 class RecentTimes:
@@ -163,6 +189,10 @@ class RecentTimes:
         self._median = None
 
     @property
+    def count(self) -> int:
+        return len(self._values)
+
+    @property
     def median(self) -> float | None:
         if self._median is None and self._values:
             self._median = statistics.median(self._values)
@@ -174,32 +204,55 @@ class DraftPolicy:
     """How many drafted tokens are worth checking, learned over the engine's turns."""
 
     ngram: list[Acceptance] = field(default_factory=lambda: [Acceptance.prior(p) for p in _NGRAM_PRIORS])
+    ngram_history: list[Acceptance] = field(
+        default_factory=lambda: [Acceptance.prior(p) for p in _HISTORY_PRIORS])
+    streak: Acceptance = field(default_factory=lambda: Acceptance.prior(_STREAK_PRIOR))
+    resume: Acceptance = field(default_factory=lambda: Acceptance.prior(_RESUME_PRIOR))
     model: Acceptance = field(default_factory=lambda: Acceptance.prior(0.6))
     single_ms: RecentTimes = field(default_factory=RecentTimes)  # one plain decode
-    extra_ms: RecentTimes = field(default_factory=RecentTimes)  # each further position in a check
+    check_ms: dict[int, RecentTimes] = field(default_factory=dict)  # checks, per drafted count
     draft_ms: RecentTimes = field(default_factory=RecentTimes)  # each draft model token
     draft_cost_prior: float = 0.1  # draft token / plain decode, before it is timed
     skipped: dict[int, int] = field(default_factory=dict)  # chances not taken, per drafter
+    _costs: list[float] | None = None  # check_cost for 0..MAX_LENGTH, until the next timing
 
     def decoded(self, n_tokens: int, ms: float) -> None:
         """A decode of ``n_tokens`` (1: plain; more: a check) took ``ms``."""
-        single = self.single_ms.median
         if n_tokens == 1:
             self.single_ms.add(ms)
-        elif single is not None:
-            self.extra_ms.add(max(0.0, ms - single) / (n_tokens - 1))
+        else:
+            self.check_ms.setdefault(n_tokens - 1, RecentTimes()).add(ms)
+        self._costs = None
 
     def drafted(self, n_tokens: int, ms: float) -> None:
         if n_tokens:
             self.draft_ms.add(ms / n_tokens)
 
-    @property
-    def extra_cost(self) -> float:
-        """One more position in a check, in plain decodes."""
-        single, extra = self.single_ms.median, self.extra_ms.median
-        if single and extra is not None:
-            return min(2.0, max(0.01, extra / single))
-        return PRIOR_EXTRA_COST
+    def check_cost(self, drafted: int) -> float:
+        """What checking ``drafted`` tokens costs beyond the plain decode it replaces, in plain
+        decodes: this machine's own median for checks of that size once it has a few, else
+        the prior curve scaled by how this machine's checks compare with it."""
+        if self._costs is None:
+            self._costs = self._cost_table()
+        if drafted < len(self._costs):
+            return self._costs[drafted]
+        return self._costs[-1] * prior_check_cost(drafted) / prior_check_cost(MAX_LENGTH)
+
+    def _cost_table(self) -> list[float]:
+        sizes = range(MAX_LENGTH + 1)
+        single = self.single_ms.median
+        timed = {d: (times.count, max(0.005 * d, times.median / single - 1.0))
+                 for d, times in self.check_ms.items() if single and times.median is not None}
+        # The prior curve scaled by all the checks timed so far, each size weighted by how
+        # often it was timed (one size timed a few times in a busy moment does not decide).
+        n_timed = sum(count for count, _ in timed.values())
+        scale = 1.0
+        if n_timed >= MEASURED_AFTER:
+            scale = (sum(count * cost for count, cost in timed.values())
+                     / sum(count * prior_check_cost(d) for d, (count, _) in timed.items()))
+            scale = min(2.0, max(0.005, scale))
+        return [0.0] + [timed[d][1] if d in timed and timed[d][0] >= OWN_AFTER
+                        else max(0.005 * d, scale * prior_check_cost(d)) for d in sizes[1:]]
 
     @property
     def draft_cost(self) -> float:
@@ -209,15 +262,33 @@ class DraftPolicy:
             return min(2.0, max(0.005, draft / single))
         return self.draft_cost_prior
 
-    def ngram_length(self, match: int, limit: int) -> int:
+    def ngram_rate(self, match: int, state: str | None, history: bool = False) -> Acceptance:
+        """What predicts a prompt-lookup draft: the streak's rate right after a draft accepted
+        whole, the resumed copy's after an edit (``state``), else that of matches reaching
+        ``match`` tokens back into the conversation before the reply (``history``) or into
+        the reply itself."""
+        if state == "streak":
+            return self.streak
+        if state == "resume":
+            return self.resume
+        return (self.ngram_history if history else self.ngram)[_ngram_bucket(match)]
+
+    def ngram_length(self, match: int, limit: int, state: str | None = None,
+                     history: bool = False) -> int:
         """Prompt-lookup tokens worth checking, for a match reaching ``match`` tokens back."""
-        bucket = _ngram_bucket(match)
-        length = best_length(self.ngram[bucket].rate, limit, self.extra_cost)
-        return self._or_explore(bucket, length, limit)
+        length = best_length(self.ngram_rate(match, state, history).rate, limit, self.check_cost)
+        if state == "streak":
+            # Right after a draft accepted whole, the turn's doubling length decides how far
+            # (``limit``): a rate learned from short drafts would keep the next one short.
+            return limit if length else 0
+        if state:
+            return length
+        return self._or_explore(_ngram_bucket(match) + 8 * history, length, limit)
 
     def model_length(self, limit: int) -> int:
         """Draft-model tokens worth asking for and checking."""
-        length = best_length(self.model.rate, limit, self.extra_cost + self.draft_cost)
+        draft_cost = self.draft_cost
+        length = best_length(self.model.rate, limit, lambda k: self.check_cost(k) + draft_cost * k)
         return self._or_explore(-1, length, limit)
 
     def _or_explore(self, drafter: int, length: int, limit: int) -> int:
@@ -230,16 +301,28 @@ class DraftPolicy:
         return min(EXPLORE_LENGTH, limit)
 
 
-def best_length(rate: float, limit: int, cost: float) -> int:
+def prior_check_cost(drafted: int) -> float:
+    """``PRIOR_CHECK_COST`` at ``drafted`` tokens, linear between its points and beyond."""
+    if drafted <= 0:
+        return 0.0
+    points = PRIOR_CHECK_COST
+    for (d0, c0), (d1, c1) in zip(points, points[1:]):
+        if drafted <= d1:
+            return c0 + (c1 - c0) * (drafted - d0) / (d1 - d0)
+    (d0, c0), (d1, c1) = points[-2], points[-1]
+    return c1 + (c1 - c0) * (drafted - d1) / (d1 - d0)
+
+
+def best_length(rate: float, limit: int, cost: Callable[[int], float]) -> int:
     """The draft length (0..limit) with the most tokens per unit of time, when each drafted token
-    is accepted with ``rate`` once the ones before it were and costs ``cost`` plain decodes; 0
-    (no draft) unless that beats plain decoding by MIN_GAIN."""
+    is accepted with ``rate`` once the ones before it were and a check of k costs ``cost(k)``
+    plain decodes beyond one; 0 (no draft) unless that beats plain decoding by MIN_GAIN."""
     best, best_gain = 0, MIN_GAIN
     expected, p = 1.0, 1.0  # tokens a check yields: the sampled one plus the accepted drafts
     for k in range(1, limit + 1):
         p *= rate
         expected += p
-        gain = expected / (1.0 + cost * k)
+        gain = expected / (1.0 + cost(k))
         if gain > best_gain:
             best, best_gain = k, gain
     return best
@@ -262,12 +345,13 @@ class Speculator:
 
     def __init__(self, mode: Speculative, off_reason: str | None = None,
                  draft: DraftModel | None = None, is_end: Callable[[int], bool] | None = None,
-                 draft_cost: float | None = None) -> None:
+                 draft_cost: float | None = None, exact_checks: bool = False) -> None:
         self.mode: Speculative = mode
         self.off_reason = off_reason  # the memory kind's, if it cannot speculate at all
         self.draft = draft
         self.is_end = is_end
         self.policy = DraftPolicy()
+        self.exact_checks = exact_checks  # a check's logits are a single decode's, bit for bit
         if draft_cost is not None:
             self.policy.draft_cost_prior = draft_cost
 
@@ -284,7 +368,9 @@ class Speculator:
 
     def for_turn(self, sampling: Sampling) -> TurnDrafts | None:
         """The drafting of one reply with ``sampling``, or None when nothing drafts."""
-        if self.mode == "off" or self.off_reason or not reproducible_with_drafts(sampling):
+        if self.mode == "off" or self.off_reason:
+            return None
+        if not (self.exact_checks or reproducible_with_drafts(sampling)):
             return None
         ngram = self.mode in ("auto", "ngram")
         model = self.draft if self.mode in ("auto", "draft") else None
@@ -321,6 +407,9 @@ class TurnDrafts:
         self.draft_n = 0
         self.draft_n_accepted = 0
         self._source: Acceptance | None = None  # what made the draft being checked
+        self._streak = False  # the last draft was accepted whole
+        self._draft_from: int | None = None  # where in the log the draft being checked was copied from
+        self._copied_to: int | None = None  # where the last accepted lookup draft's source went on
 
     def propose(self, log: TokenLog, room: int, should_stop: Callable[[], bool]) -> list[int]:
         """The tokens to check after ``log`` (at most ``room``; empty: decode plainly)."""
@@ -330,12 +419,22 @@ class TurnDrafts:
         self._source = None
         draft: list[int] = []
         if self._ngram:
-            match = lookup(log.tokens, limit, self._is_end)
+            match = lookup(log.tokens, min(room, MAX_LENGTH), self._is_end)
             if match is not None:
-                n = self.policy.ngram_length(match.length, len(match.draft))
+                # A match reaching far back is a passage being copied: draft as far as it
+                # reaches at once, not only as far as this turn's hits have doubled the length.
+                reach = min(len(match.draft), max(limit, match.length))
+                state = "streak" if self._streak else None
+                if state is None and self._copied_to is not None \
+                        and 0 <= match.start - self._copied_to <= RESUME_GAP:
+                    state = "resume"
+                    reach = min(len(match.draft), MAX_LENGTH)
+                history = match.start < log.history_n
+                n = self.policy.ngram_length(match.length, reach, state, history)
                 if n:
                     draft = match.draft[:n]
-                    self._source = self.policy.ngram[_ngram_bucket(match.length)]
+                    self._source = self.policy.ngram_rate(match.length, state, history)
+                    self._draft_from = match.start
         if not draft and self._model is not None:
             n = self.policy.model_length(limit) if self._gated else limit
             if n:
@@ -355,6 +454,10 @@ class TurnDrafts:
         """A draft of ``drafted`` tokens was checked to its end: ``accepted`` were kept."""
         if self._source is not None:
             self._source.record(drafted, accepted)
+        if self._draft_from is not None and accepted:
+            self._copied_to = self._draft_from + accepted
+        self._draft_from = None
+        self._streak = accepted == drafted
         self.length = min(MAX_LENGTH, 2 * self.length) if accepted == drafted else max(1, accepted + 1)
 
     def decoded(self, n_tokens: int, ms: float) -> None:
