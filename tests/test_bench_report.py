@@ -228,3 +228,15 @@ async def test_bench_tuis_scripted_replies_stream_through_the_app_and_are_stored
         assert [t.role for t in turns[-2:]] == ["user", "assistant"]
         assert turns[-1].content == text and turns[-1].finish_reason == "stop"
         assert turns[-1].timings.predicted_n == len(split_pieces(text))
+
+
+def test_bench_pty_drives_the_real_app_against_ask_and_compares_each_round(test_model_path):
+    from localchat.bench.pty_app import measure_pty
+
+    report = measure_pty(test_model_path, 24, rounds=1, terminal="pty")
+    assert report["tokens"] == [24, 24]  # ask's reply, then the app's, both to max_tokens
+    assert len(report["decode_ratio_per_round"]) == 1
+    assert report["decode_ratio"] == report["decode_ratio_per_round"][0] > 0
+    assert report["bytes_written_per_reply"] > 0
+    assert {check["target"] for check in report["targets"]} >= {
+        "decode in the app on a pty / engine alone (ask)"}

@@ -186,7 +186,9 @@ def _bursts(times: list[float]) -> list[float]:
 
 def measure_pty(model_path: Path, n_tokens: int = 400, *, rounds: int = 2, terminal: str = "pty") -> dict[str, Any]:
     """Alternating ``rounds`` × (``ask``, the app on a pty): tokens/s of each, their ratio, keypress
-    latency and the intervals between screen updates, with targets."""
+    latency and the intervals between screen updates, with targets. The ratio is the median of
+    each round's (the app against the ``ask`` run just before it): on a shared machine the speed
+    of both drifts by tens of per cent from one minute to the next."""
     if terminal == "tmux" and shutil.which("tmux") is None:
         raise UserError("--pty tmux needs tmux on PATH")
     alone, in_app, keys, intervals, written = [], [], [], [], []
@@ -203,6 +205,8 @@ def measure_pty(model_path: Path, n_tokens: int = 400, *, rounds: int = 2, termi
             written.append(run["bytes"])
     alone_tps = statistics.mean(t["predicted_per_second"] for t in alone)
     app_tps = statistics.mean(t.predicted_per_second for t in in_app)
+    ratios = [app.predicted_per_second / ask["predicted_per_second"]
+              for ask, app in zip(alone, in_app) if ask["predicted_per_second"]]
     ordered = sorted(keys)
     report: dict[str, Any] = {
         "terminal": terminal,
@@ -210,7 +214,8 @@ def measure_pty(model_path: Path, n_tokens: int = 400, *, rounds: int = 2, termi
         "tokens": [t["predicted_n"] for t in alone] + [t.predicted_n for t in in_app],
         "engine_alone_tokens_per_s": round(alone_tps, 2),
         "in_app_tokens_per_s": round(app_tps, 2),
-        "decode_ratio": round(app_tps / alone_tps, 3) if alone_tps else 0.0,
+        "decode_ratio": round(statistics.median(ratios), 3) if ratios else 0.0,
+        "decode_ratio_per_round": [round(r, 3) for r in ratios],
         "engine_alone_tpot_ms": round(statistics.mean(t["tpot_ms"] for t in alone), 2),
         "in_app_tpot_ms": round(statistics.mean(t.tpot_ms for t in in_app), 2),
         "keypresses": len(ordered),

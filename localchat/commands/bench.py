@@ -53,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-model", help="with --speculative: the draft model (registry name, "
                    "hf: reference or .gguf path)")
     p.add_argument("--rounds", type=int, default=2,
-                   help="with --speculative: answers per prompt each way (default 2)")
+                   help="with --speculative: answers per prompt each way; with --tui --pty: "
+                   "alternating ask and app replies (default 2)")
     p.add_argument("--no-exact", action="store_true",
                    help="with --speculative: skip answering the set again with bit-exact kernels "
                    "(flash attention on one CPU thread)")
@@ -157,7 +158,9 @@ def _with_model_path(args: argparse.Namespace, max_tokens: int) -> dict:
     if args.pty:
         from localchat.bench.pty_app import measure_pty
 
-        return measure_pty(path, args.tui or 400, terminal=args.pty)
+        if args.rounds < 1:
+            raise UserError(f"--rounds must be at least 1, not {args.rounds}")
+        return measure_pty(path, args.tui or 400, rounds=args.rounds, terminal=args.pty)
     from localchat.bench.app import measure_streaming_overhead
 
     return measure_streaming_overhead(path, args.tui or 1000)

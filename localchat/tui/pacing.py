@@ -28,6 +28,13 @@ work, so each figure is a median of alternating runs):
   holding the GIL for that share of every 100 ms beside a bare decode: 2% → 0.96 of the speed,
   10% → 0.91, 30% → 0.81. The first few per cent cost most (the GIL and a descheduled llama.cpp
   thread); 10% buys frames ~3× as often as 5% for ~4 points of decode speed.
+- In a real terminal the app costs decode more than its share (``bench --tui --pty tmux
+  --rounds 6``, 400-token replies, median of per-round ratios against ``ask``): share 10% →
+  decode 0.79 of ``ask``, screen updates p50 65 / p90 105 ms; 5% → 0.86, p50 107 / p90 207 ms;
+  10% with no keys pressed during the reply → 0.80, p90 85 ms. The rest is outside the UI
+  thread's clock: Textual's writer thread, tmux parsing the output, and llama.cpp's threads
+  waiting at their barriers while a core runs the UI. 10% stays: updates twice as often for
+  about 7 points of decode, both far above reading speed.
 - A core to spare (llama.cpp on 1 thread of 2 cores): frames p90 36–48 ms in the app; a thread
   holding the GIL beside that decode: 10% → 0.93, 30% → 0.88, 50% → 0.74, so the share stays
   at 25%.
