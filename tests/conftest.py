@@ -94,6 +94,34 @@ def fresh(test_model_path):
         yield engine
 
 
+@pytest.fixture(scope="session")
+def shared_exact_engine(test_model_path):
+    """An engine whose speculative checks are bit-exact (flash attention on one thread: a
+    check's logits, and a prefill's, are a single decode's bit for bit), drafting by prompt
+    lookup. One for the session."""
+    from oracle import loaded_engine
+
+    with loaded_engine(test_model_path, 1024, "exact", flash_attn=True, n_threads=1,
+                       speculative="ngram") as engine:
+        yield engine
+
+
+@pytest.fixture
+def exact_engine(shared_exact_engine):
+    """The bit-exact engine with an empty cache, drafting by prompt lookup."""
+    shared_exact_engine.set_speculative("ngram")
+    shared_exact_engine.reset()
+    return shared_exact_engine
+
+
+@pytest.fixture
+def always_draft(monkeypatch):
+    """Draft as many tokens as the drafter proposes, whatever the policy expects."""
+    from localchat.engine import speculate
+
+    monkeypatch.setattr(speculate, "best_length", lambda rate, limit, cost: limit)
+
+
 @pytest.fixture
 def engine(shared_engine):
     """The shared engine with an empty KV cache."""

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from fault_server import FaultServer, KeepAlives, Stream, chunk
+from store_lock import store_locked
 
 from localchat.errors import UserError
 
@@ -339,12 +340,8 @@ def test_08b_a_reply_the_app_cannot_store_is_forgotten_by_the_model_too(engine, 
         conversation.attach(engine)
         handle = conversation.send("Say hi.")
         final = list(handle)[-1]
-        blocker = sqlite3.connect(store.path, isolation_level=None)
-        blocker.execute("BEGIN IMMEDIATE")
-        with pytest.raises(UserError, match="not saved"):
+        with store_locked(store.path), pytest.raises(UserError, match="not saved"):
             conversation.record_reply(final, "m")
-        blocker.execute("ROLLBACK")
-        blocker.close()
         assert [m.role for m in conversation.chat.history] == ["user"]
         assert [t.role for t in store.turns(conversation.session_id)] == ["user"]
         # The next turn does not build on the lost reply: its cells leave the KV cache.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from drafting import EDIT, GREEDY, answer
 from oracle import assert_matches_fresh, loaded_engine, reply_tokens
 
 from localchat.engine import speculate
@@ -18,19 +19,6 @@ from localchat.engine.options import Sampling
 from localchat.engine.runtime import Sampler
 from localchat.engine.speculate import Acceptance, DraftPolicy, TurnDrafts, best_length
 from localchat.events import Done, Notice, Timings, Token
-
-# An edit that copies: prompt lookup drafts long runs of it.
-EDIT = [{"role": "user", "content":
-         "Fix the spelling mistakes in this text and write it out again in full:\n\nThe quick "
-         "brown fox jumpd over the lazy dog. The dog was not amused and barkd loudly at the fox, "
-         "who ran away into the forrest."}]
-GREEDY = Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=48)
-
-
-@pytest.fixture
-def always_draft(monkeypatch):
-    """Draft as many tokens as the drafter proposes, whatever the policy expects."""
-    monkeypatch.setattr(speculate, "best_length", lambda rate, limit, cost: limit)
 
 
 @pytest.fixture
@@ -171,10 +159,8 @@ def test_the_sampler_draws_once_per_position_in_order(spec_engine, monkeypatch):
     seeded = Sampling(temperature=0.7, seed=7, repeat_penalty=1.1, max_tokens=48)
     runs = {}
     for mode in ("off", "ngram"):
-        spec_engine.set_speculative(mode)
-        spec_engine.reset()
         seen.clear()
-        tokens, done = reply_tokens(spec_engine.submit(EDIT, seeded))
+        tokens, done = answer(spec_engine, mode, EDIT, seeded)
         runs[mode] = tokens, list(seen), done.timings
     (plain, plain_logits, _), (drafted, drafted_logits, timings) = runs["off"], runs["ngram"]
     assert timings.draft_n > 0
@@ -186,7 +172,7 @@ def test_the_sampler_draws_once_per_position_in_order(spec_engine, monkeypatch):
             f"the replies part at token {first} although the sampler saw the same logits there")
 
 
-def test_where_kernels_round_alike_a_drafted_reply_is_bit_identical(test_model_path, always_draft):
+def test_where_kernels_round_alike_a_drafted_reply_is_bit_identical(exact_engine, always_draft):
     """The strongest form of the oracle: with flash attention on one thread, this CPU build
     computes a check's logits bit for bit as one-by-one decoding does (elsewhere its kernels for
     several query tokens round differently), so any difference would be the speculation's own:
@@ -194,31 +180,23 @@ def test_where_kernels_round_alike_a_drafted_reply_is_bit_identical(test_model_p
     drafts seeded turns too), the reply is the same token for token, drafts accepted and
     rejected alike."""
     prose = [{"role": "user", "content": "Describe a walk through a forest in autumn."}]
-    with loaded_engine(test_model_path, 1024, "exact", flash_attn=True, n_threads=1,
-                       speculative="ngram") as engine:
-        assert engine._runtime.exact_checks
-        drafted = rejected = 0
-        for sampling in (GREEDY, Sampling(temperature=0.7, seed=5, max_tokens=48)):
-            for messages in (EDIT, prose):
-                replies = []
-                for mode in ("off", "ngram"):
-                    engine.set_speculative(mode)
-                    engine.reset()
-                    tokens, done = reply_tokens(engine.submit(messages, sampling))
-                    replies.append(tokens)
-                drafted += done.timings.draft_n
-                rejected += done.timings.draft_n - done.timings.draft_n_accepted
-                assert replies[0] == replies[1], (sampling, messages[0]["content"][:30])
-        assert drafted > 40 and rejected > 5
+    assert exact_engine._runtime.exact_checks
+    drafted = rejected = 0
+    for sampling in (GREEDY, Sampling(temperature=0.7, seed=5, max_tokens=48)):
+        for messages in (EDIT, prose):
+            plain, _ = answer(exact_engine, "off", messages, sampling)
+            tokens, done = answer(exact_engine, "ngram", messages, sampling)
+            drafted += done.timings.draft_n
+            rejected += done.timings.draft_n - done.timings.draft_n_accepted
+            assert plain == tokens, (sampling, messages[0]["content"][:30])
+    assert drafted > 40 and rejected > 5
 
 
 def test_a_seeded_reply_is_not_drafted_and_stays_the_same(spec_engine):
     seeded = Sampling(temperature=0.7, seed=11, max_tokens=32)
     replies = []
     for mode in ("off", "ngram"):
-        spec_engine.set_speculative(mode)
-        spec_engine.reset()
-        tokens, done = reply_tokens(spec_engine.submit(EDIT, seeded))
+        tokens, done = answer(spec_engine, mode, EDIT, seeded)
         replies.append(tokens)
         assert done.timings.draft_n == 0
     assert replies[0] == replies[1]

@@ -10,27 +10,14 @@ token for token, and a reply after a stop must be the one a fresh prefill gives.
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
-from oracle import assert_matches_fresh, loaded_engine, reply_tokens
+from drafting import EDIT, GREEDY, answer
+from oracle import assert_matches_fresh, reply_tokens
+from store_lock import store_locked
 
-from localchat.engine import speculate
 from localchat.engine.options import Sampling
 from localchat.errors import UserError
 from localchat.events import Done
-
-EDIT = [{"role": "user", "content":
-         "Fix the spelling mistakes in this text and write it out again in full:\n\nThe quick "
-         "brown fox jumpd over the lazy dog. The dog was not amused and barkd loudly at the fox, "
-         "who ran away into the forrest."}]
-GREEDY = Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=48)
-
-
-@pytest.fixture
-def always_draft(monkeypatch):
-    """Draft as many tokens as the drafter proposes, whatever the policy expects."""
-    monkeypatch.setattr(speculate, "best_length", lambda rate, limit, cost: limit)
 
 
 def user(text: str) -> dict[str, str]:
@@ -62,12 +49,8 @@ def test_a_drafted_reply_the_app_cannot_store_is_forgotten_by_the_model_too(engi
             first, done = reply_tokens(conversation.send(EDIT[0]["content"]))
             assert done.timings.draft_n > 0
             kept = len(engine.cached_messages()[0].tokens)  # the prompt's own cells
-            blocker = sqlite3.connect(store.path, isolation_level=None)
-            blocker.execute("BEGIN IMMEDIATE")
-            with pytest.raises(UserError, match="not saved"):
+            with store_locked(store.path), pytest.raises(UserError, match="not saved"):
                 conversation.record_reply(done, "m")
-            blocker.execute("ROLLBACK")
-            blocker.close()
             second, done = reply_tokens(conversation.send("Now say it in one sentence."))
             assert engine.wait_idle(timeout=60)
             assert [m.role for m in engine.cached_messages()] == ["user", "user", "assistant"]
@@ -82,7 +65,7 @@ def test_a_drafted_reply_the_app_cannot_store_is_forgotten_by_the_model_too(engi
 def _scenario(engine, mode: str) -> dict[str, list[int]]:
     """Turns through every cache path, with speculation ``mode``: the replies by step."""
     engine.set_speculative(mode)
-    engine.reset()
+    engine.reset()  # (the scenario's turns build on each other: one reset, at the start)
     replies: dict[str, list[int]] = {}
     drafted = rejected = 0
 
@@ -117,52 +100,48 @@ def _scenario(engine, mode: str) -> dict[str, list[int]]:
     return replies
 
 
-def test_every_cache_path_after_drafted_replies_is_what_plain_decoding_leaves(test_model_path,
+def test_every_cache_path_after_drafted_replies_is_what_plain_decoding_leaves(exact_engine,
                                                                               always_draft):
-    with loaded_engine(test_model_path, 1024, "exact", flash_attn=True, n_threads=1,
-                       speculative="ngram") as engine:
-        assert engine._runtime.exact_checks
-        plain = _scenario(engine, "off")
-        drafted = _scenario(engine, "ngram")
-        assert plain["after the snapshot"] == plain["after restoring it"]
-        for step, tokens in plain.items():
-            assert drafted[step] == tokens, step
+    engine = exact_engine
+    assert engine._runtime.exact_checks
+    plain = _scenario(engine, "off")
+    drafted = _scenario(engine, "ngram")
+    assert plain["after the snapshot"] == plain["after restoring it"]
+    for step, tokens in plain.items():
+        assert drafted[step] == tokens, step
 
 
-def test_a_stop_during_a_check_leaves_what_a_fresh_prefill_gives(test_model_path, always_draft):
+def test_a_stop_during_a_check_leaves_what_a_fresh_prefill_gives(exact_engine, always_draft):
     """On the bit-exact engine: stopped while a check is decoded, the reply's record is its
     cells, and the next turn is token for token the one a fresh prefill of the same history
     gives (there a prefill rounds as one-by-one decoding does)."""
-    with loaded_engine(test_model_path, 1024, "exact", flash_attn=True, n_threads=1,
-                       speculative="ngram") as engine:
-        runtime = engine._runtime
-        decode = runtime.decode
-        handle = None
-        checks = []
+    engine = exact_engine
+    runtime = engine._runtime
+    decode = runtime.decode
+    handle = None
+    checks = []
 
-        def stopping(tokens, start_pos, abortable=False, outputs=1):
-            if outputs > 1 and handle is not None and len(checks) < 3:
-                checks.append(len(tokens))
-                if len(checks) == 3:
-                    handle.stop()  # the stop arrives while the third check is decoded
-            return decode(tokens, start_pos, abortable, outputs)
+    def stopping(tokens, start_pos, abortable=False, outputs=1):
+        if outputs > 1 and handle is not None and len(checks) < 3:
+            checks.append(len(tokens))
+            if len(checks) == 3:
+                handle.stop()  # the stop arrives while the third check is decoded
+        return decode(tokens, start_pos, abortable, outputs)
 
-        runtime.decode = stopping
-        try:
-            handle = engine.submit(EDIT, Sampling(temperature=0.0, repeat_penalty=1.0,
-                                                  max_tokens=200))
-            final = handle.wait(60)
-        finally:
-            runtime.decode = decode
-        assert isinstance(final, Done) and final.finish_reason == "aborted"
-        assert len(checks) == 3
-        assert runtime.max_position() + 1 == engine.tokens_in_context
-        # The prompt's cells and the reply's evaluated tokens (all but the last sampled).
-        held = engine.prompt_tokens(EDIT) + final.timings.predicted_n - 1
-        assert engine.tokens_in_context == held
-        history = EDIT + [assistant(final.reply), user("Thanks. Now in capitals?")]
-        after_stop, _ = reply_tokens(engine.submit(history, GREEDY))
-        engine.set_speculative("off")
-        engine.reset()
-        from_fresh, _ = reply_tokens(engine.submit(history, GREEDY))
-        assert after_stop == from_fresh
+    runtime.decode = stopping
+    try:
+        handle = engine.submit(EDIT, Sampling(temperature=0.0, repeat_penalty=1.0,
+                                              max_tokens=200))
+        final = handle.wait(60)
+    finally:
+        runtime.decode = decode
+    assert isinstance(final, Done) and final.finish_reason == "aborted"
+    assert len(checks) == 3
+    assert runtime.max_position() + 1 == engine.tokens_in_context
+    # The prompt's cells and the reply's evaluated tokens (all but the last sampled).
+    held = engine.prompt_tokens(EDIT) + final.timings.predicted_n - 1
+    assert engine.tokens_in_context == held
+    history = EDIT + [assistant(final.reply), user("Thanks. Now in capitals?")]
+    after_stop, _ = reply_tokens(engine.submit(history, GREEDY))
+    from_fresh, _ = answer(engine, "off", history)
+    assert after_stop == from_fresh
