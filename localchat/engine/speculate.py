@@ -33,7 +33,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from localchat.engine.draft_model import DraftModel, DraftPlan, load_draft, plan_draft
 from localchat.engine.ngram import MAX_MATCH, TokenLog, lookup
@@ -175,6 +175,9 @@ _STREAK_PRIOR = 0.9
 # not a common phrase that happens to recur.
 RESUME_GAP = 8
 _RESUME_PRIOR = 0.75
+# Where a prompt-lookup draft comes in a copy: right after a draft accepted whole, or resuming
+# after an edit (None: neither, the match length and what it points into decide).
+CopyState = Literal["streak", "resume"]
 
 
 class RecentTimes:
@@ -213,7 +216,7 @@ class DraftPolicy:
     check_ms: dict[int, RecentTimes] = field(default_factory=dict)  # checks, per drafted count
     draft_ms: RecentTimes = field(default_factory=RecentTimes)  # each draft model token
     draft_cost_prior: float = 0.1  # draft token / plain decode, before it is timed
-    skipped: dict[int, int] = field(default_factory=dict)  # chances not taken, per drafter
+    skipped: dict[int, int] = field(default_factory=dict)  # chances not taken, per rate (its id)
     _costs: list[float] | None = None  # check_cost for 0..MAX_LENGTH, until the next timing
 
     def decoded(self, n_tokens: int, ms: float) -> None:
@@ -262,7 +265,7 @@ class DraftPolicy:
             return min(2.0, max(0.005, draft / single))
         return self.draft_cost_prior
 
-    def ngram_rate(self, match: int, state: str | None, history: bool = False) -> Acceptance:
+    def ngram_rate(self, match: int, state: CopyState | None, history: bool = False) -> Acceptance:
         """What predicts a prompt-lookup draft: the streak's rate right after a draft accepted
         whole, the resumed copy's after an edit (``state``), else that of matches reaching
         ``match`` tokens back into the conversation before the reply (``history``) or into
@@ -273,30 +276,33 @@ class DraftPolicy:
             return self.resume
         return (self.ngram_history if history else self.ngram)[_ngram_bucket(match)]
 
-    def ngram_length(self, match: int, limit: int, state: str | None = None,
+    def ngram_length(self, match: int, limit: int, state: CopyState | None = None,
                      history: bool = False) -> int:
         """Prompt-lookup tokens worth checking, for a match reaching ``match`` tokens back."""
-        length = best_length(self.ngram_rate(match, state, history).rate, limit, self.check_cost)
+        rate = self.ngram_rate(match, state, history)
+        length = best_length(rate.rate, limit, self.check_cost)
         if state == "streak":
             # Right after a draft accepted whole, the turn's doubling length decides how far
             # (``limit``): a rate learned from short drafts would keep the next one short.
             return limit if length else 0
         if state:
             return length
-        return self._or_explore(_ngram_bucket(match) + 8 * history, length, limit)
+        return self._or_explore(rate, length, limit)
 
     def model_length(self, limit: int) -> int:
         """Draft-model tokens worth asking for and checking."""
         draft_cost = self.draft_cost
         length = best_length(self.model.rate, limit, lambda k: self.check_cost(k) + draft_cost * k)
-        return self._or_explore(-1, length, limit)
+        return self._or_explore(self.model, length, limit)
 
-    def _or_explore(self, drafter: int, length: int, limit: int) -> int:
-        """``length``, or when the policy said none for the EXPLORE_EVERY-th time, a short try."""
+    def _or_explore(self, rate: Acceptance, length: int, limit: int) -> int:
+        """``length``, or when the policy said none for ``rate``'s drafts for the
+        EXPLORE_EVERY-th time, a short try."""
         if length:
             return length
-        self.skipped[drafter] = self.skipped.get(drafter, 0) + 1
-        if self.skipped[drafter] % EXPLORE_EVERY:
+        key = id(rate)  # each rate is one object for the policy's life
+        self.skipped[key] = self.skipped.get(key, 0) + 1
+        if self.skipped[key] % EXPLORE_EVERY:
             return 0
         return min(EXPLORE_LENGTH, limit)
 
@@ -424,7 +430,7 @@ class TurnDrafts:
                 # A match reaching far back is a passage being copied: draft as far as it
                 # reaches at once, not only as far as this turn's hits have doubled the length.
                 reach = min(len(match.draft), max(limit, match.length))
-                state = "streak" if self._streak else None
+                state: CopyState | None = "streak" if self._streak else None
                 if state is None and self._copied_to is not None \
                         and 0 <= match.start - self._copied_to <= RESUME_GAP:
                     state = "resume"
