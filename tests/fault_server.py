@@ -24,15 +24,19 @@ import socket
 import socketserver
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 
 
 @dataclass(frozen=True)
 class Status:
+    """Answer ``code`` with a JSON error; ``headers`` may be a function, called as the answer
+    is sent (a Retry-After date a fixed time after the request, however late it comes)."""
+
     code: int
     error: str = "scripted failure"
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] | Callable[[], dict[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -189,8 +193,9 @@ class _Handler(BaseHTTPRequestHandler):
         fault.request_times.append(time.monotonic())
         answer = fault.next_reply()
         if isinstance(answer, Status):
+            headers = answer.headers() if callable(answer.headers) else answer.headers
             self._send_json(answer.code, {"error": {"message": answer.error, "type": "server_error"}},
-                            answer.headers)
+                            headers)
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")

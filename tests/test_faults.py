@@ -980,9 +980,14 @@ def test_21_06a_a_429_is_retried_once_after_the_wait_its_retry_after_asks_for(re
     from localchat.remote.client import RemoteClient
     from localchat.settings.remote import RemoteSettings
 
-    # An HTTP date has whole seconds: two seconds ahead is at least one second of waiting.
-    header = formatdate(__import__("time").time() + 2, usegmt=True) if retry_after == "http-date" else "1"
-    with FaultServer([Status(429, "slow down", {"Retry-After": header}), reply("ok")]) as server:
+    def headers() -> dict[str, str]:
+        # An HTTP date has whole seconds: two seconds after the request is at least one second
+        # of waiting (made as the 429 is sent: on a busy machine the request may come late).
+        if retry_after == "http-date":
+            return {"Retry-After": formatdate(__import__("time").time() + 2, usegmt=True)}
+        return {"Retry-After": "1"}
+
+    with FaultServer([Status(429, "slow down", headers), reply("ok")]) as server:
         client = RemoteClient(RemoteSettings(mode="auto", base_url=server.base_url, timeout_s=5))
         events = list(client.stream([{"role": "user", "content": "hi"}]))
         client.close()
