@@ -12,6 +12,7 @@ from fake_engine import FakeEngine, make_app, ready, reply_finished, send, split
 from markdown_it import MarkdownIt
 from textual.app import App
 from textual.containers import VerticalScroll
+from textual.screen import Screen
 from textual.widget import Widget
 
 from localchat.bench import scripted_engine as bench_shapes
@@ -290,3 +291,29 @@ async def test_text_folded_away_while_streaming_comes_back_when_the_user_scrolls
         assert kept.virtual_region.y == y_before  # nothing moved when it came back
         await pilot.press("escape")
         await reply_finished(pilot)
+
+
+async def test_a_frame_that_grows_a_paragraph_is_laid_out_once(monkeypatch):
+    # A widget whose virtual size changed used to ask Textual for a second layout of a frame
+    # (``tui/laid_out_once``); each frame here feeds a few words and lets the screen update.
+    layouts = [0]
+    refresh_layout = Screen._refresh_layout
+
+    def counted(self, size=None, scroll=False):
+        layouts[0] += not scroll
+        refresh_layout(self, size, scroll)
+
+    monkeypatch.setattr(Screen, "_refresh_layout", counted)
+    app = Streamed(one_paragraph(600))
+    async with app.run_test(size=(90, 30)) as pilot:
+        await pilot.pause()
+        body = app.query_one(LiveMarkdown)
+        tokens = split_tokens(app.script)
+        layouts[0], grew, height = 0, 0, 0
+        for start in range(0, len(tokens), 13):
+            await body.feed("".join(tokens[start:start + 13]))
+            await pilot.pause()
+            rows = body.query_one(LiveParagraph).size.height
+            grew, height = grew + (rows != height), rows
+    assert grew > 20
+    assert layouts[0] <= 1.2 * grew + 2  # (the scrollbar's coming is one more; twice as many before)

@@ -19,7 +19,9 @@ from textual.widgets import Static
 from localchat.events import Timings
 from localchat.reasoning import split_reply
 from localchat.store import TurnRecord
+from localchat.tui.laid_out_once import LaidOutOnce
 from localchat.tui.live_markdown import LiveMarkdown
+from localchat.tui.pictures import Picture
 from localchat.tui.scrolled_away import ScrolledAway
 from localchat.tui.superseded_reply import SupersededReply
 from localchat.tui.thinking import ThinkingBlock, thinking_title
@@ -74,7 +76,7 @@ class QueuedPrompt(Static):
         self.border_title = f"queued #{position} · sent when the model is free · Esc removes it"
 
 
-class ReplyView(Vertical):
+class ReplyView(LaidOutOnce, Vertical):
     """One assistant reply: its Markdown body and a caption. Streams, then finishes once."""
 
     def __init__(self, text: str = "", caption: str = "", *, stopped: bool = False, finished: bool = True,
@@ -157,7 +159,7 @@ class ReplyView(Vertical):
         self.finished = True
 
 
-class ChatLog(VerticalScroll):
+class ChatLog(LaidOutOnce, VerticalScroll):
     """The conversation, scrolled to the newest text unless the user scrolled up to read."""
 
     show_thinking = False  # reasoning blocks open (Ctrl+T) or folded (the default)
@@ -180,7 +182,9 @@ class ChatLog(VerticalScroll):
         batch = max(1, self.size.height // 4)
         await self._away.fold(above_y, batch)
         self._folded_reply = streaming
-        await streaming.body.fold_scrolled_away(above_y, batch)
+        # Pictures only once the scrollbar is there: its coming narrows the reply, and a picture
+        # keeps the width it was taken at.
+        await streaming.body.fold_scrolled_away(above_y, batch, pictures=self.show_vertical_scrollbar)
 
     def unfold(self) -> None:
         """Show everything folded away again."""
@@ -193,6 +197,11 @@ class ChatLog(VerticalScroll):
         super().watch_scroll_y(old_value, new_value)
         if new_value < old_value:  # the user scrolls up: the real text must be there
             self.unfold()
+
+    def on_picture_pressed(self, event: Picture.Pressed) -> None:
+        # A click on a block shown as its picture (links, selection) needs the real widgets.
+        event.stop()
+        self.unfold()
 
     def on_resize(self, event) -> None:
         # Hidden widgets' heights change with the width (a Resize also comes when only the

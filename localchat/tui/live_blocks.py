@@ -32,6 +32,8 @@ from textual.visual import Visual
 from textual.widgets import Label, Static
 from textual.widgets._markdown import Markdown, MarkdownBlock, MarkdownFence, MarkdownParagraph
 
+from localchat.tui.laid_out_once import LaidOutOnce
+
 # Closers a later token could bring: if adding one changes how the head renders, the head still
 # has an opener (emphasis, strike, code span, link, inline HTML) and is not cut there yet.
 PROBES = ("x*", "x**", "x***", "x_", "x__", "x___", "x~", "x~~", "x`", "x``", "x```",
@@ -106,7 +108,7 @@ def opens_nothing(head: str, render) -> bool:
     return True
 
 
-class LiveParagraph(MarkdownParagraph):
+class LiveParagraph(LaidOutOnce, MarkdownParagraph):
     """A top-level paragraph still being written: complete lines frozen, the tail re-rendered.
 
     ``slack`` blank rows are kept below the text, so that the paragraph (and with it the reply
@@ -230,7 +232,7 @@ class LiveParagraph(MarkdownParagraph):
         self._try_freeze_at = len(self._tail) + 1  # no safe cut yet: look again a line later
 
 
-class LiveFence(MarkdownFence):
+class LiveFence(LaidOutOnce, MarkdownFence):
     """A code block still being written: complete lines highlighted (again when a line is
     added), the line being written shown plain after them, ``slack`` blank rows kept below
     (as ``LiveParagraph`` does)."""
@@ -289,7 +291,7 @@ class LiveFence(MarkdownFence):
         await self._update_from_block(block)
 
 
-class LiveLine(Static):
+class LiveLine(LaidOutOnce, Static):
     """The raw line being written below a long open block (a list, a table), until it ends."""
 
     DEFAULT_CSS = "LiveLine { height: auto; margin: 0 0 1 0; }"

@@ -22,12 +22,15 @@ import re
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
+from textual import events
 from textual.widget import Widget
 from textual.widgets import Markdown
 from textual.widgets._markdown import MarkdownBlock, MarkdownFence, MarkdownTable
 
+from localchat.tui.laid_out_once import LaidOutOnce
 from localchat.tui.live_blocks import LiveFence, LiveLine, LiveParagraph, StreamWork
 from localchat.tui.live_update import update_from_tokens
+from localchat.tui.pictures import Pictures
 from localchat.tui.scrolled_away import ScrolledAway
 
 # A line shorter than this may still turn out to start a block ("- ", "1. ", "```", "|---|"):
@@ -43,7 +46,7 @@ def top_level_starts(tokens: list[Token]) -> list[tuple[int, int]]:
     return [(i, t.map[0]) for i, t in enumerate(tokens) if t.level == 0 and t.map is not None]
 
 
-class LiveMarkdown(Markdown):
+class LiveMarkdown(LaidOutOnce, Markdown):
     """Textual's Markdown widget, fed a streaming reply with ``feed`` and ended by ``finish``."""
 
     def __init__(self, markdown: str | None = None) -> None:
@@ -52,6 +55,7 @@ class LiveMarkdown(Markdown):
         self.work = StreamWork()
         self.slack_rows = 0  # blank rows an open paragraph or code block keeps below its text
         self._away = ScrolledAway(self, can_fold=lambda widget: widget not in self._live)
+        self._pictures = Pictures(self, can_picture=lambda widget: widget not in self._live)
         self._reset_stream()
 
     def _reset_stream(self) -> None:
@@ -74,16 +78,27 @@ class LiveMarkdown(Markdown):
                 await self._restructure(open_src)
         self.work.end_frame(len(fragment))
 
-    async def fold_scrolled_away(self, above_y: int, at_least: int) -> None:
-        """Hide the finished blocks that end above screen row ``above_y`` (``ScrolledAway``)."""
+    async def fold_scrolled_away(self, above_y: int, at_least: int, pictures: bool = True) -> None:
+        """Hide the finished blocks that end above screen row ``above_y`` (``ScrolledAway``),
+        and (with ``pictures``) show those wholly in view as pictures of themselves
+        (``Pictures``)."""
         await self._away.fold(above_y, at_least)
+        if pictures:
+            await self._pictures.take()
+
+    def on_resize(self, event: events.Resize) -> None:
+        if self._pictures.width is not None and event.size.width != self._pictures.width:
+            self._pictures.restore()  # a picture keeps the width it was taken at
 
     def unfold(self) -> None:
+        """The real widgets of every block, laid out on the next refresh."""
         self._away.unfold()
+        self._pictures.restore()
 
     async def finish(self, text: str) -> None:
         """The reply is complete: draw ``text`` as a one-shot render would."""
-        self._away.unfold()
+        self.unfold()
+        await self._pictures.clear()
         if not self._streamed or text != self._markdown or _REFERENCE.search(text):
             await self._drop_live()
             await self.update(text)
@@ -95,7 +110,8 @@ class LiveMarkdown(Markdown):
 
     async def reset(self) -> None:
         """Empty the body (a reply handed to another model starts again)."""
-        self._away.unfold()
+        self.unfold()
+        await self._pictures.clear()
         await self._drop_live()
         await self.update("")
 
