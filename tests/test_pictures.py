@@ -4,6 +4,8 @@ block's own widgets, and the real widgets come back when the user needs them."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 from fake_engine import FakeEngine, make_app, ready, reply_finished, send, wait_until
 from test_tui_stream import many_blocks
 from textual.app import App
@@ -26,24 +28,29 @@ def pictures(app) -> list[Picture]:
     return [p for p in app.chat_log.last_reply().body.query(Picture) if p.display]
 
 
-async def paused_mid_reply(pilot, tokens: int) -> None:
-    """Wait until the held reply has streamed ``tokens``, then run two more of the frames'
-    folding passes (a block is pictured at the pass after the one that saw it finished)."""
-    app = pilot.app
-    await wait_until(pilot, lambda: app.turns.current is not None
-                     and app.turns.current.meter.tokens >= tokens, "the reply to pause", timeout=30)
-    await pilot.pause(0.8)  # the last paced frame
-    for _ in range(2):
-        await app.chat_log.fold_scrolled_away(app.chat_log.last_reply())
-        await pilot.pause()
-
-
-async def test_a_streaming_reply_with_its_finished_blocks_as_pictures_looks_as_with_the_real_widgets(store):
-    app = make_app(store, FakeEngine(reply=many_blocks(1500), token_delay=0.004, hold_after=900))
+@asynccontextmanager
+async def paused_mid_reply(store, tokens: int = 900):
+    """The app at 100x40 with a many-block reply held after ``tokens``, after two more of the
+    frames' folding passes (a block is pictured at the pass after the one that saw it
+    finished); the reply is stopped at the end."""
+    app = make_app(store, FakeEngine(reply=many_blocks(1500), token_delay=0.004, hold_after=tokens))
     async with app.run_test(size=(100, 40)) as pilot:
         await ready(pilot)
         await send(pilot, "go")
-        await paused_mid_reply(pilot, 900)
+        await wait_until(pilot, lambda: app.turns.current is not None
+                         and app.turns.current.meter.tokens >= tokens, "the reply to pause", timeout=30)
+        await pilot.pause(0.8)  # the last paced frame
+        for _ in range(2):
+            await app.chat_log.fold_scrolled_away(app.chat_log.last_reply())
+            await pilot.pause()
+        yield pilot
+        await app.action_stop_reply()
+        await reply_finished(pilot)
+
+
+async def test_a_streaming_reply_with_its_finished_blocks_as_pictures_looks_as_with_the_real_widgets(store):
+    async with paused_mid_reply(store) as pilot:
+        app = pilot.app
         shown = pictures(app)
         assert shown  # tables, lists and code blocks in view are pictures
         with_pictures = cells(app)
@@ -52,24 +59,17 @@ async def test_a_streaming_reply_with_its_finished_blocks_as_pictures_looks_as_w
         body = app.chat_log.last_reply().body
         assert not body.query(Picture) and all(p.original.display for p in shown)
         assert cells(app) == with_pictures
-        await pilot.press("escape")
-        await reply_finished(pilot)
 
 
 async def test_a_press_on_a_picture_brings_the_real_widgets_back(store):
-    app = make_app(store, FakeEngine(reply=many_blocks(1500), token_delay=0.004, hold_after=900))
-    async with app.run_test(size=(100, 40)) as pilot:
-        await ready(pilot)
-        await send(pilot, "go")
-        await paused_mid_reply(pilot, 900)
+    async with paused_mid_reply(store) as pilot:
+        app = pilot.app
         log = app.chat_log.region
         picture = next(p for p in pictures(app) if log.contains_region(p.region))
         region = picture.region
         await pilot.mouse_down(offset=(region.x + 2, region.y))
         await pilot.pause()
         assert not pictures(app) and picture.original.display
-        await app.action_stop_reply()
-        await reply_finished(pilot)
 
 
 class TableUnderToast(App):
@@ -114,15 +114,10 @@ async def test_a_block_partly_out_of_view_has_no_picture():
 
 
 async def test_pictures_give_way_to_the_real_widgets_when_the_terminal_narrows(store):
-    app = make_app(store, FakeEngine(reply=many_blocks(1500), token_delay=0.004, hold_after=900))
-    async with app.run_test(size=(100, 40)) as pilot:
-        await ready(pilot)
-        await send(pilot, "go")
-        await paused_mid_reply(pilot, 900)
+    async with paused_mid_reply(store) as pilot:
+        app = pilot.app
         shown = pictures(app)
         assert shown
         await pilot.resize_terminal(80, 40)
         await pilot.pause()
         assert not pictures(app) and all(p.original.display for p in shown)
-        await app.action_stop_reply()
-        await reply_finished(pilot)
