@@ -50,6 +50,12 @@ class RecordingPacer(FramePacer):
         super().__init__()
         self.frames: list[tuple[float, float, float]] = []
 
+    def start(self) -> None:
+        # Until the first token the app starts the pacer afresh at each frame (the first token
+        # is never held back): the frames that count are the stream's, from the last start.
+        super().start()
+        self.frames.clear()
+
     def frame(self) -> None:
         at = time.perf_counter()
         super().frame()
