@@ -71,6 +71,24 @@ def test_the_policy_drafts_only_where_a_check_is_expected_to_pay():
     assert rate.rate > 0.5
 
 
+def test_the_lookup_ceiling_is_the_best_draft_schedule_by_hindsight():
+    from localchat.bench.lookup_ceiling import lookup_ceiling
+
+    passage = list(range(100, 140))
+    free = lambda k: 0.0  # noqa: E731 - checks cost nothing: each check yields the whole match
+    # A reply copying 40 tokens of the prompt: after its first two, lookups draft the rest.
+    assert lookup_ceiling([1, *passage, 2], passage, free) > 6
+    assert lookup_ceiling([1, *passage, 2], passage, speculate.prior_check_cost) > 1.5
+    # Nothing to copy: plain decoding is the best there is.
+    assert lookup_ceiling([1, 2, 3], list(range(200, 240)), free) == 1.0
+    # Drafts that are always wrong are never worth a check, however cheap.
+    copied_wrong = [*passage[:2], *range(300, 338)]
+    assert lookup_ceiling([1, *passage], copied_wrong, lambda k: 0.01) == 1.0
+    # Dear checks make even a right copy pay less.
+    assert lookup_ceiling([1, *passage], passage, lambda k: 3.0 * k) < \
+        lookup_ceiling([1, *passage], passage, speculate.prior_check_cost)
+
+
 def test_a_lookup_that_matches_far_back_drafts_as_far_at_once():
     """A copied passage: the first check may already take the whole match, where the turn's
     doubling length (START_LENGTH) would hold it to 4."""

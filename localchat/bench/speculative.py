@@ -8,6 +8,8 @@ second each way, their ratio, how many tokens were drafted and accepted. Then ex
 replies must be identical, or differ only after a near-tie (the logits at the first differing
 token, from a decode without speculation, within NEAR_TIE_LOGITS); and with temperature and a
 fixed seed the reply must be the same (the engine does not draft such turns: ``seeded_draft_n``).
+Beside each ratio: prompt lookup's ceiling on that reply, by hindsight (``lookup_ceiling``), at
+the check costs this engine measured.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from typing import Any
 import numpy as np
 
 from localchat.bench.conversation import NEAR_TIE_LOGITS
+from localchat.bench.lookup_ceiling import lookup_ceiling
 from localchat.bench.script import run_turn
 from localchat.bench.targets import speculative_targets
 from localchat.engine.engine import Engine
 from localchat.engine.factory import open_engine
+from localchat.engine.ngram import MAX_MATCH
 from localchat.engine.options import Sampling
 from localchat.engine.runtime import PENALTY_WINDOW
 from localchat.errors import UserError
@@ -146,6 +150,7 @@ def _measure_prompt(engine: Engine, mode: str, kind: str, prompt: str, greedy: S
     speed: dict[str, list[float]] = {"off": [], "on": []}
     replies: dict[str, list[list[int]]] = {"off": [], "on": []}
     drafted = accepted = 0
+    history: list[int] = []
     for round_ in range(rounds):
         for side in (("off", "on") if round_ % 2 == 0 else ("on", "off")):
             timings, tokens = _answer(engine, "off" if side == "off" else mode, messages, greedy)
@@ -154,19 +159,34 @@ def _measure_prompt(engine: Engine, mode: str, kind: str, prompt: str, greedy: S
             if side == "on":
                 drafted += timings.draft_n
                 accepted += timings.draft_n_accepted
+            elif not history:
+                history = _history(engine, tokens)
     off_tps, on_tps = statistics.median(speed["off"]), statistics.median(speed["on"])
     reference = replies["off"][0]
     verdicts = [_judge(engine, messages, reference, tokens, greedy) for tokens in replies["on"]]
     worst = max(verdicts, key=lambda v: ("identical", "near-tie", "wrong").index(v["verdict"]))
     _, seeded_off = _answer(engine, "off", messages, seeded)
     seeded_timings, seeded_on = _answer(engine, mode, messages, seeded)
+    costs = engine.check_costs(MAX_MATCH)
+    ceiling = lookup_ceiling(history, reference, lambda k: costs[k - 1], set(engine.end_tokens()).__contains__)
     return {"kind": kind, "prompt": prompt[:60], "tokens": len(reference),
             "off_tokens_per_s": round(off_tps, 1), "on_tokens_per_s": round(on_tps, 1),
             "ratio": round(on_tps / off_tps, 3) if off_tps else 0.0,
+            "lookup_ceiling": round(ceiling, 3),
             "draft_n": drafted, "draft_n_accepted": accepted,
             "acceptance": round(accepted / drafted, 3) if drafted else None,
             "greedy": worst, "seeded_same": seeded_off == seeded_on,
             "seeded_draft_n": seeded_timings.draft_n}
+
+
+def _history(engine: Engine, reply: list[int]) -> list[int]:
+    """The tokens the cache held before ``reply`` (just answered): the rendered prompt. A reply
+    cut at max_tokens never evaluated its last token."""
+    cached = [t for record in engine.cached_messages() for t in record.tokens]
+    for kept in (reply, reply[:-1]):
+        if kept and cached[len(cached) - len(kept):] == kept:
+            return cached[:len(cached) - len(kept)]
+    return cached
 
 
 def _judge(engine: Engine, messages: list[dict[str, str]], off: list[int], on: list[int],
@@ -217,6 +237,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"prompts": len(rows),
             "median_ratio": round(statistics.median(r["ratio"] for r in rows), 3),
             "min_ratio": min(r["ratio"] for r in rows),
+            "median_lookup_ceiling": round(statistics.median(r["lookup_ceiling"] for r in rows), 3),
             "acceptance": round(accepted / drafted, 3) if drafted else None,
             "draft_n": drafted, "draft_n_accepted": accepted,
             "greedy_identical": verdicts.count("identical"),
@@ -230,15 +251,16 @@ def print_speculative(report: dict[str, Any]) -> None:
     """The report as a table of prompts, a line per kind, then the targets."""
     print(f"model {report['model']} · {report['backend']} · speculative {report['speculative']} · "
           f"{report['rounds']} rounds · max_tokens {report['max_tokens']}")
-    print(f"{'kind':<6} {'tokens':>6} {'off tok/s':>9} {'on tok/s':>8} {'ratio':>6} {'drafted':>7} "
-          f"{'accepted':>8} {'greedy':>9} {'seeded':>6}  prompt")
+    print(f"{'kind':<6} {'tokens':>6} {'off tok/s':>9} {'on tok/s':>8} {'ratio':>6} {'ceiling':>7} "
+          f"{'drafted':>7} {'accepted':>8} {'greedy':>9} {'seeded':>6}  prompt")
     for r in report["prompts"]:
         print(f"{r['kind']:<6} {r['tokens']:>6} {r['off_tokens_per_s']:>9} {r['on_tokens_per_s']:>8} "
-              f"{r['ratio']:>6} {r['draft_n']:>7} {r['draft_n_accepted']:>8} "
+              f"{r['ratio']:>6} {r['lookup_ceiling']:>7} {r['draft_n']:>7} {r['draft_n_accepted']:>8} "
               f"{r['greedy']['verdict']:>9} {'same' if r['seeded_same'] else 'DIFF':>6}  "
               f"{r['prompt'][:40]!r}")
     for kind, s in report["summary"].items():
-        print(f"{kind}: median ratio {s['median_ratio']} (min {s['min_ratio']}) · acceptance "
+        print(f"{kind}: median ratio {s['median_ratio']} (min {s['min_ratio']}; prompt lookup's "
+              f"ceiling by hindsight {s['median_lookup_ceiling']}) · acceptance "
               f"{s['acceptance']} ({s['draft_n_accepted']}/{s['draft_n']}) · greedy "
               f"{s['greedy_identical']} identical, {s['greedy_near_tie']} near-tie, "
               f"{s['greedy_wrong']} wrong · seeded {s['seeded_same']}/{s['prompts']} same "

@@ -154,6 +154,13 @@ class Engine:
         result: str = self.call(job)
         return result
 
+    def check_costs(self, up_to: int) -> list[float]:
+        """What checking 1..``up_to`` drafted tokens costs beyond a plain decode, in plain
+        decodes, as this engine's drafting policy now reckons it (timed on this machine once
+        it has drafted; its prior curve before)."""
+        policy = self._require_speculator().policy
+        return self.call(lambda: [policy.check_cost(k) for k in range(1, up_to + 1)])
+
     @property
     def speculation(self) -> str:
         """What drafts tokens for this model ("ngram + draft smollm2-135m", "off: why")."""
