@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 
 from textual import events
 from textual.await_remove import AwaitRemove
+from textual.dom import NoScreen
 from textual.geometry import Region
 from textual.message import Message
 from textual.strip import Strip
@@ -65,7 +66,7 @@ def picture_of(block: Widget) -> list[Strip] | None:
     Only the block's own widgets are drawn (a toast or a menu above it is not part of it)."""
     try:
         compositor = block.screen._compositor
-    except Exception:  # not on a screen any more
+    except NoScreen:  # removed meanwhile
         return None
     visible = compositor.visible_widgets  # front to back
     if block not in visible:
