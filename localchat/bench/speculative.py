@@ -89,8 +89,9 @@ def measure_speculative(model: str | None, config: Settings, path: Path, *, mode
         seeded = replace(greedy, temperature=SEEDED_TEMPERATURE, seed=SEED)
         _answer(engine, "off", [{"role": "user", "content": "Hello!"}], greedy)  # warm-up
         rows = []
+        is_end = set(engine.end_tokens()).__contains__  # a pass over the vocabulary: once
         for number, (kind, prompt) in enumerate(prompts, start=1):
-            rows.append(_measure_prompt(engine, mode, kind, prompt, greedy, seeded, rounds))
+            rows.append(_measure_prompt(engine, mode, kind, prompt, greedy, seeded, rounds, is_end))
             say(f"prompt {number}/{len(prompts)} ({kind}): {rows[-1]['ratio']}x")
         report: dict[str, Any] = {
             "model": info.model, "backend": info.backend, "gpu_layers": info.gpu_layers,
@@ -145,7 +146,7 @@ def _answer(engine: Engine, mode: str, messages: list[dict[str, str]],
 
 
 def _measure_prompt(engine: Engine, mode: str, kind: str, prompt: str, greedy: Sampling,
-                    seeded: Sampling, rounds: int) -> dict[str, Any]:
+                    seeded: Sampling, rounds: int, is_end: Callable[[int], bool]) -> dict[str, Any]:
     messages = [{"role": "user", "content": prompt}]
     speed: dict[str, list[float]] = {"off": [], "on": []}
     replies: dict[str, list[list[int]]] = {"off": [], "on": []}
@@ -168,7 +169,7 @@ def _measure_prompt(engine: Engine, mode: str, kind: str, prompt: str, greedy: S
     _, seeded_off = _answer(engine, "off", messages, seeded)
     seeded_timings, seeded_on = _answer(engine, mode, messages, seeded)
     costs = engine.check_costs(MAX_MATCH)
-    ceiling = lookup_ceiling(history, reference, lambda k: costs[k - 1], set(engine.end_tokens()).__contains__)
+    ceiling = lookup_ceiling(history, reference, lambda k: costs[k - 1], is_end)
     return {"kind": kind, "prompt": prompt[:60], "tokens": len(reference),
             "off_tokens_per_s": round(off_tps, 1), "on_tokens_per_s": round(on_tps, 1),
             "ratio": round(on_tps / off_tps, 3) if off_tps else 0.0,

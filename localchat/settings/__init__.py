@@ -83,8 +83,8 @@ class EngineSection:
     # Draft tokens and check them in one decode. Off until "auto" is shown to pay and never to
     # lose: on this CPU a check's logits differ from a single decode's by up to ~1 logit
     # (attention over several query tokens), and bench --speculative (2 rounds) last measured
-    # edits at a median 1.10x (target 1.5x) and prose at 0.96x (target 0.97x), no greedy
-    # reply parting after a margin above 0.5.
+    # edits at a median 1.16-1.26x (target 1.5x; prompt lookup's ceiling by hindsight 1.74x)
+    # and prose at 1.00-1.05x, no greedy reply parting after a margin above 0.5.
     speculative: Speculative = "off"
     # A small model with the same vocabulary that drafts for every model (a registry name, hf:
     # reference or path); unset: the one models.toml pairs with the model, if downloaded.

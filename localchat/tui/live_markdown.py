@@ -95,10 +95,14 @@ class LiveMarkdown(LaidOutOnce, Markdown):
         self._away.unfold()
         self._pictures.restore()
 
+    async def _unfold_now(self) -> None:
+        """``unfold``, and wait until the pictures are gone (the children are final after)."""
+        self._away.unfold()
+        await self._pictures.clear()
+
     async def finish(self, text: str) -> None:
         """The reply is complete: draw ``text`` as a one-shot render would."""
-        self.unfold()
-        await self._pictures.clear()
+        await self._unfold_now()
         if not self._streamed or text != self._markdown or _REFERENCE.search(text):
             await self._drop_live()
             await self.update(text)
@@ -110,8 +114,7 @@ class LiveMarkdown(LaidOutOnce, Markdown):
 
     async def reset(self) -> None:
         """Empty the body (a reply handed to another model starts again)."""
-        self.unfold()
-        await self._pictures.clear()
+        await self._unfold_now()
         await self._drop_live()
         await self.update("")
 
