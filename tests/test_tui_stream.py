@@ -12,6 +12,7 @@ from fake_engine import FakeEngine, make_app, ready, reply_finished, send, split
 from markdown_it import MarkdownIt
 from textual.app import App
 from textual.containers import VerticalScroll
+from textual.geometry import Region
 from textual.screen import Screen
 from textual.widget import Widget
 
@@ -323,3 +324,46 @@ async def test_a_frame_that_grows_a_paragraph_is_laid_out_once(monkeypatch):
             grew, height = grew + (rows != height), rows
     assert grew > 20
     assert layouts[0] <= 1.2 * grew + 2  # (the scrollbar's coming is one more; twice as many before)
+
+
+async def test_the_prompts_cursor_holds_still_while_a_reply_streams(store):
+    # A blink repaints the prompt's line: UI time the pacer would take from the reply's frames.
+    app = make_app(store, FakeEngine(reply=one_paragraph(400), token_delay=TOKEN_DELAY_S, hold_after=100))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        assert app.prompt.cursor_blink
+        await send(pilot, "go")
+        await wait_until(pilot, lambda: app.turns.current is not None
+                         and app.turns.current.meter.tokens >= 100, "the reply to stream")
+        assert not app.prompt.cursor_blink
+        await pilot.press("escape")
+        await reply_finished(pilot)
+        assert app.prompt.cursor_blink
+
+
+async def test_repainting_the_reply_s_line_renders_none_of_the_widgets_below_the_log(store, monkeypatch):
+    # Textual renders every widget whose clip overlaps a repaint: the prompt, status bar and
+    # footer sit in containers of their own so that a frame's one-line repaint skips them.
+    app = make_app(store, FakeEngine(reply=one_paragraph(400), token_delay=TOKEN_DELAY_S, hold_after=150))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, "go")
+        await wait_until(pilot, lambda: app.turns.current is not None
+                         and app.turns.current.meter.tokens >= 150, "the reply to stream")
+        await pilot.pause(0.6)  # the last paced frame
+        rendered: list[str] = []
+        render_lines = Widget.render_lines
+
+        def noted(self, crop):
+            rendered.append(type(self).__name__)
+            return render_lines(self, crop)
+
+        monkeypatch.setattr(Widget, "render_lines", noted)
+        paragraph = app.chat_log.last_reply().body.query_one(LiveParagraph)
+        paragraph.refresh(Region(0, paragraph.size.height - 1, paragraph.size.width, 1))
+        await pilot.pause()
+        monkeypatch.undo()
+        assert "LiveParagraph" in rendered
+        assert not {"PromptInput", "StatusBar", "Footer", "CommandHints"} & set(rendered)
+        await pilot.press("escape")
+        await reply_finished(pilot)
