@@ -55,6 +55,20 @@ work, so each figure is a median of alternating runs):
   as one picture each (``pictures``): many-block frame CPU late in the reply ~130 → ~105 ms
   (early ~85 → ~80); its frames stay at the 500 ms cap, since each frame still mounts the new
   blocks' widgets (~2 layouts a frame).
+- Time the UI spends between frames comes out of the same share: with the prompt's cursor
+  blinking (a ~3 ms repaint twice a second), the status bar repainting 4 times a second and the
+  prompt, status bar and footer rendered on every repaint of the log (Textual renders each
+  widget whose container overlaps a repaint), the one-paragraph shape's frames were p50
+  111–121 / p90 152–164 ms; without them (cursor still, status twice a second, those widgets in
+  containers of their own) p50 86–92 / p90 123–124 ms, A/B on an idle machine.
+- The estimate is the median of a reply's first 20 frames (the first one lays the new reply out,
+  ~60 ms), then a running estimate that weighs each frame 0.05: the frame that resizes the
+  reply is paid for over the next ~20 frames instead of stretching the next few.
+- Tried and dropped: llama.cpp's OpenMP threads sleeping at once instead of spinning at their
+  barriers (``OMP_WAIT_POLICY=PASSIVE``: decode alone 52 → 35 tokens/s; a short spin,
+  ``GOMP_SPINCOUNT=20000``: 38 tokens/s, so the core they spin on is not what the UI lacks);
+  collecting the young generation less often while streaming (thresholds 10,000 and 50,000
+  instead of 700: more collector time in all, and single passes of 80–290 ms).
 """
 
 from __future__ import annotations
