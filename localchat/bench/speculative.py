@@ -151,7 +151,6 @@ def _measure_prompt(engine: Engine, mode: str, kind: str, prompt: str, greedy: S
     speed: dict[str, list[float]] = {"off": [], "on": []}
     replies: dict[str, list[list[int]]] = {"off": [], "on": []}
     drafted = accepted = 0
-    history: list[int] = []
     for round_ in range(rounds):
         for side in (("off", "on") if round_ % 2 == 0 else ("on", "off")):
             timings, tokens = _answer(engine, "off" if side == "off" else mode, messages, greedy)
@@ -160,8 +159,6 @@ def _measure_prompt(engine: Engine, mode: str, kind: str, prompt: str, greedy: S
             if side == "on":
                 drafted += timings.draft_n
                 accepted += timings.draft_n_accepted
-            elif not history:
-                history = _history(engine, tokens)
     off_tps, on_tps = statistics.median(speed["off"]), statistics.median(speed["on"])
     reference = replies["off"][0]
     verdicts = [_judge(engine, messages, reference, tokens, greedy) for tokens in replies["on"]]
@@ -169,7 +166,7 @@ def _measure_prompt(engine: Engine, mode: str, kind: str, prompt: str, greedy: S
     _, seeded_off = _answer(engine, "off", messages, seeded)
     seeded_timings, seeded_on = _answer(engine, mode, messages, seeded)
     costs = engine.check_costs(MAX_MATCH)
-    ceiling = lookup_ceiling(history, reference, lambda k: costs[k - 1], is_end)
+    ceiling = lookup_ceiling(engine.fresh_prompt(messages), reference, lambda k: costs[k - 1], is_end)
     return {"kind": kind, "prompt": prompt[:60], "tokens": len(reference),
             "off_tokens_per_s": round(off_tps, 1), "on_tokens_per_s": round(on_tps, 1),
             "ratio": round(on_tps / off_tps, 3) if off_tps else 0.0,
@@ -178,16 +175,6 @@ def _measure_prompt(engine: Engine, mode: str, kind: str, prompt: str, greedy: S
             "acceptance": round(accepted / drafted, 3) if drafted else None,
             "greedy": worst, "seeded_same": seeded_off == seeded_on,
             "seeded_draft_n": seeded_timings.draft_n}
-
-
-def _history(engine: Engine, reply: list[int]) -> list[int]:
-    """The tokens the cache held before ``reply`` (just answered): the rendered prompt. A reply
-    cut at max_tokens never evaluated its last token."""
-    cached = [t for record in engine.cached_messages() for t in record.tokens]
-    for kept in (reply, reply[:-1]):
-        if kept and cached[len(cached) - len(kept):] == kept:
-            return cached[:len(cached) - len(kept)]
-    return cached
 
 
 def _judge(engine: Engine, messages: list[dict[str, str]], off: list[int], on: list[int],

@@ -219,7 +219,7 @@ class Engine:
         def job() -> Any:
             kv = self._require_kv()
             runtime = kv.runtime
-            prompt = plan_layout([], messages, self._render, runtime.tokenize).tokens
+            prompt = self._fresh_prompt(messages)
             kv.forget()
             try:
                 # A fresh turn's schedule (prompt in prefill chunks, the reply one token at a
@@ -242,6 +242,14 @@ class Engine:
                 kv.forget()
 
         return self.call(job)
+
+    def fresh_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """The tokens a turn on an empty cache would prefill for ``messages`` (its rendered
+        prompt, up to the assistant's header)."""
+        return self.call(lambda: self._fresh_prompt(messages))
+
+    def _fresh_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        return plan_layout([], messages, self._render, self._require_runtime().tokenize).tokens
 
     def end_tokens(self) -> list[int]:
         """The tokens that end a reply: where a greedy reply stops and another goes on, the
