@@ -12,8 +12,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from textual.css.query import NoMatches
-
 from localchat.chat.conversation import Conversation
 from localchat.errors import UserError
 from localchat.events import Done, Event, Failed, Notice, PrefillProgress, RouteChanged
@@ -132,10 +130,7 @@ class Turns:
     def _steady_cursor(self, streaming: bool) -> None:
         """The prompt's cursor stops blinking while a reply streams: each blink repaints its line
         (~3 ms of UI time, twice a second), time the pacer would take from the reply's frames."""
-        try:
-            self._app.prompt.cursor_blink = not streaming
-        except NoMatches:  # the app is closing
-            pass
+        self._app.prompt.cursor_blink = not streaming
 
     # --- sending and streaming --------------------------------------------------------------
 
