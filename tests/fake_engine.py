@@ -29,6 +29,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -397,3 +398,19 @@ async def reply_finished(pilot) -> None:
         return pilot.app.turns.current is None and reply is not None and reply.finished
 
     await wait_until(pilot, finished, "the reply to finish")
+
+
+@asynccontextmanager
+async def held_mid_reply(store: Any, script: str, tokens: int, size: tuple[int, int] = (100, 30),
+                         token_delay: float = 0.001):
+    """A pilot on an app whose FakeEngine streams ``script`` and holds after ``tokens`` tokens,
+    entered once the reply has that many; on leaving, the reply is stopped and finished."""
+    app = make_app(store, FakeEngine(reply=script, token_delay=token_delay, hold_after=tokens))
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        await send(pilot, "go")
+        await wait_until(pilot, lambda: app.turns.current is not None
+                         and app.turns.current.meter.tokens >= tokens, "the reply to pause", timeout=30)
+        yield pilot
+        await app.action_stop_reply()
+        await reply_finished(pilot)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from fake_engine import FakeEngine, make_app, ready, reply_finished, send, wait_until
+from fake_engine import held_mid_reply
 from test_tui_stream import many_blocks
 from textual.app import App
 from textual.containers import VerticalScroll
@@ -33,19 +33,13 @@ async def paused_mid_reply(store, tokens: int = 900):
     """The app at 100x40 with a many-block reply held after ``tokens``, after two more of the
     frames' folding passes (a block is pictured at the pass after the one that saw it
     finished); the reply is stopped at the end."""
-    app = make_app(store, FakeEngine(reply=many_blocks(1500), token_delay=0.004, hold_after=tokens))
-    async with app.run_test(size=(100, 40)) as pilot:
-        await ready(pilot)
-        await send(pilot, "go")
-        await wait_until(pilot, lambda: app.turns.current is not None
-                         and app.turns.current.meter.tokens >= tokens, "the reply to pause", timeout=30)
+    async with held_mid_reply(store, many_blocks(1500), tokens, size=(100, 40), token_delay=0.004) as pilot:
+        app = pilot.app
         await pilot.pause(0.8)  # the last paced frame
         for _ in range(2):
             await app.chat_log.fold_scrolled_away(app.chat_log.last_reply())
             await pilot.pause()
         yield pilot
-        await app.action_stop_reply()
-        await reply_finished(pilot)
 
 
 async def test_a_streaming_reply_with_its_finished_blocks_as_pictures_looks_as_with_the_real_widgets(store):

@@ -8,7 +8,16 @@ from __future__ import annotations
 import time
 
 import pytest
-from fake_engine import FakeEngine, make_app, ready, reply_finished, send, split_tokens, wait_until
+from fake_engine import (
+    FakeEngine,
+    held_mid_reply,
+    make_app,
+    ready,
+    reply_finished,
+    send,
+    split_tokens,
+    wait_until,
+)
 from markdown_it import MarkdownIt
 from textual.app import App
 from textual.containers import VerticalScroll
@@ -283,13 +292,8 @@ def test_frames_follow_their_smoothed_cost_within_the_budgets_bounds():
 
 
 async def test_text_folded_away_while_streaming_comes_back_when_the_user_scrolls_up(store):
-    script = many_blocks(1500)
-    app = make_app(store, FakeEngine(reply=script, token_delay=TOKEN_DELAY_S, hold_after=1200))
-    async with app.run_test(size=(100, 30)) as pilot:
-        await ready(pilot)
-        await send(pilot, "go")
-        await wait_until(pilot, lambda: app.turns.current is not None
-                         and app.turns.current.meter.tokens >= 1200, "the reply to pause", timeout=30)
+    async with held_mid_reply(store, many_blocks(1500), 1200, token_delay=TOKEN_DELAY_S) as pilot:
+        app = pilot.app
         await pilot.pause(0.3)
         body = app.chat_log.last_reply().body
         hidden = [w for w in body.children if not w.display]
@@ -300,8 +304,6 @@ async def test_text_folded_away_while_streaming_comes_back_when_the_user_scrolls
         await pilot.pause()
         assert all(w.display for w in body.children)
         assert kept.virtual_region.y == y_before  # nothing moved when it came back
-        await pilot.press("escape")
-        await reply_finished(pilot)
 
 
 async def test_a_frame_that_grows_a_paragraph_is_laid_out_once(monkeypatch):
@@ -348,12 +350,8 @@ async def test_the_prompts_cursor_holds_still_while_a_reply_streams(store):
 async def test_repainting_the_reply_s_line_renders_none_of_the_widgets_below_the_log(store, monkeypatch):
     # Textual renders every widget whose clip overlaps a repaint: the prompt, status bar and
     # footer sit in containers of their own so that a frame's one-line repaint skips them.
-    app = make_app(store, FakeEngine(reply=one_paragraph(400), token_delay=TOKEN_DELAY_S, hold_after=150))
-    async with app.run_test(size=(100, 30)) as pilot:
-        await ready(pilot)
-        await send(pilot, "go")
-        await wait_until(pilot, lambda: app.turns.current is not None
-                         and app.turns.current.meter.tokens >= 150, "the reply to stream")
+    async with held_mid_reply(store, one_paragraph(400), 150, token_delay=TOKEN_DELAY_S) as pilot:
+        app = pilot.app
         await pilot.pause(0.6)  # the last paced frame
         rendered: list[str] = []
         render_lines = Widget.render_lines
@@ -369,5 +367,3 @@ async def test_repainting_the_reply_s_line_renders_none_of_the_widgets_below_the
         monkeypatch.undo()
         assert "LiveParagraph" in rendered
         assert not {"PromptInput", "StatusBar", "Footer", "CommandHints"} & set(rendered)
-        await pilot.press("escape")
-        await reply_finished(pilot)
