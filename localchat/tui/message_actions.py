@@ -70,7 +70,7 @@ class MessageActions:
         since, by position (the n-th prompt is the n-th user turn)."""
         if message.seq is not None:
             return message.seq
-        index = self._app.chat_log.query(UserMessage).nodes.index(message)
+        index = self._app.chat_log.prompts().index(message)
         users = [t for t in self._app.sessions.require().turns() if t.role == "user"]
         if index >= len(users):
             raise UserError("That message is not saved yet.")
@@ -79,7 +79,7 @@ class MessageActions:
     def _start_edit(self, message: UserMessage) -> None:
         if self._app.turns.current is not None or self._app.queue.items:
             raise UserError("Wait for the reply (or press Esc) before editing an earlier message.")
-        self.editing = self._app.chat_log.query(UserMessage).nodes.index(message)
+        self.editing = self._app.chat_log.prompts().index(message)
         self._app.prompt.text = message.text
         self._app.prompt.move_cursor(self._app.prompt.document.end)
         self._app.prompt.border_title = "Editing: Enter resends from this message (the old branch stays) · Esc cancels"
@@ -96,7 +96,7 @@ class MessageActions:
         index, self.editing = self.editing, None
         assert index is not None  # only called while editing
         conversation = self._app.sessions.require()
-        seq = self._prompt_seq(self._app.chat_log.query(UserMessage).nodes[index])
+        seq = self._prompt_seq(self._app.chat_log.prompts()[index])
         conversation.fork_at(seq)
         await self._app.sessions.show_conversation()
         self._app.sessions.refresh_sidebar()
@@ -106,18 +106,18 @@ class MessageActions:
     def mark_new_version(self, seq: int) -> None:
         """The prompt just sent at fork ``seq`` is its newest version: say so on screen."""
         versions = branches.branches_at(self._app.store, self._app.sessions.require().session_id, seq)
-        prompts = self._app.chat_log.query(UserMessage)
+        prompts = self._app.chat_log.prompts()
         if prompts:
-            prompts.last().show_versions(versions.count - 1, versions.count)
+            prompts[-1].show_versions(versions.count - 1, versions.count)
 
     async def _switch_version(self, message: UserMessage, step: int) -> None:
         if self._app.turns.current is not None:
             raise UserError("Wait for the reply (or press Esc) before switching versions.")
-        index = self._app.chat_log.query(UserMessage).nodes.index(message)
+        index = self._app.chat_log.prompts().index(message)
         if not self._app.sessions.require().switch_branch(self._prompt_seq(message), step):
             raise UserError("No other version of this message." if step else "")
         await self._app.sessions.show_conversation()
-        prompts = self._app.chat_log.query(UserMessage).nodes
+        prompts = self._app.chat_log.prompts()
         self._app.chat_log.select(prompts[min(index, len(prompts) - 1)] if prompts else None)
         self._app.sessions.show_numbers(self._app.sessions.require().turns())
 
