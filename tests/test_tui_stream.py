@@ -14,6 +14,7 @@ from fake_engine import (
     make_app,
     ready,
     reply_finished,
+    screen_lines,
     send,
     split_tokens,
     wait_until,
@@ -304,6 +305,39 @@ async def test_text_folded_away_while_streaming_comes_back_when_the_user_scrolls
         await pilot.pause()
         assert all(w.display for w in body.children)
         assert kept.virtual_region.y == y_before  # nothing moved when it came back
+
+
+STORED_REPLY = ("Here is what I found.\n\n- a point with `code`\n- another point\n\n"
+                "```python\ndef double(x):\n    return x * 2\n```\n\nAnd a paragraph to close it.")
+
+
+async def test_a_long_conversation_stays_folded_above_the_view_between_replies(store):
+    # A mount lays out every displayed widget: with 50 stored turns shown, sending a prompt cost
+    # ~250 ms of layout before its first token could show, and the end of each reply as much.
+    session = store.create_session(model="fake-model")
+    for n in range(30):
+        store.add_exchange(session.id, f"question {n}", STORED_REPLY, model="fake-model")
+    app = make_app(store, FakeEngine(reply="A short answer."), continue_last=True)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        log = app.chat_log
+        await wait_until(pilot, lambda: not log.messages()[0].display, "the history to fold")
+        await send(pilot, "one more")
+        await reply_finished(pilot)
+        await pilot.pause()
+        hidden = [m for m in log.messages() if not m.display]
+        assert len(hidden) > 50  # of 62: the reply's end showed none of them again
+        assert len(app.screen._compositor.full_map) < len(list(log.walk_children())) / 4
+        folded = screen_lines(app)
+        log.unfold()
+        await pilot.pause()
+        assert screen_lines(app) == folded  # folding changed nothing on screen
+        await log.fold_history()
+        await pilot.pause()
+        assert screen_lines(app) == folded
+        await pilot.press("pageup")
+        await pilot.pause()
+        assert all(m.display for m in log.messages())  # scrolled up: the real text is there
 
 
 async def test_a_frame_that_grows_a_paragraph_is_laid_out_once(monkeypatch):

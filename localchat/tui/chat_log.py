@@ -41,6 +41,7 @@ def reply_caption(model: str, timings: Timings | None, *, stopped: bool) -> str:
 
 
 FOLD_MARGIN_ROWS = 4  # rows kept above the view while folding: a small scroll-up finds them
+HISTORY_FOLD_DELAY_S = 1.0  # after a stored session is shown (50 turns lay out in ~1 s)
 
 
 class UserMessage(Static):
@@ -180,15 +181,26 @@ class ChatLog(LaidOutOnce, VerticalScroll):
             return
         above_y = self.region.y - FOLD_MARGIN_ROWS
         batch = max(1, self.size.height // 4)
-        await self._away.fold(above_y, batch)
+        await self.fold_history()
         self._folded_reply = streaming
         # Pictures only once the scrollbar is there: its coming narrows the reply, and a picture
         # keeps the width it was taken at.
         await streaming.body.fold_scrolled_away(above_y, batch, pictures=self.show_vertical_scrollbar)
 
+    async def fold_history(self) -> None:
+        """While the log shows its end: hide the messages scrolled away above the view (see
+        ``scrolled_away``), while a reply streams and between replies."""
+        if self.is_vertical_scroll_end and self.size.height:
+            await self._away.fold(self.region.y - FOLD_MARGIN_ROWS, max(1, self.size.height // 4))
+
     def unfold(self) -> None:
         """Show everything folded away again."""
         self._away.unfold()
+        self.unfold_reply()
+
+    def unfold_reply(self) -> None:
+        """Show what was folded in the streaming reply (its blocks scrolled away, its pictures);
+        the messages above stay folded until the user scrolls up to them."""
         if self._folded_reply is not None:
             self._folded_reply.body.unfold()
             self._folded_reply = None
@@ -278,6 +290,10 @@ class ChatLog(LaidOutOnce, VerticalScroll):
         if widgets:
             await self.mount_all(widgets)
         self.anchor()
+        # Once the stored replies are drawn (their Markdown renders after mounting, so their
+        # height is not known after the next refresh), fold what lies above the view; if the
+        # user sends sooner, adding the prompt folds it.
+        self.set_timer(HISTORY_FOLD_DELAY_S, self.fold_history)
 
     def _stored_widgets(self, turns: list[TurnRecord],
                         forks: dict[int, tuple[int, int]]) -> list[UserMessage | ReplyView]:
@@ -314,6 +330,7 @@ class ChatLog(LaidOutOnce, VerticalScroll):
     async def add_prompt(self, text: str) -> ReplyView:
         """Show a sent prompt and an empty reply below it, and follow the new text."""
         reply = ReplyView(finished=False, show_thinking=self.show_thinking)
+        await self.fold_history()
         await self.mount_before_queued(UserMessage(text), reply)
         self.anchor()
         return reply

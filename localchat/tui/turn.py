@@ -269,7 +269,7 @@ class Turns:
         stopped = done.finish_reason == "aborted"
         app.status.info.show_timings(done.timings)
         app.set_state("stopped" if stopped else "idle")
-        app.chat_log.unfold()
+        app.chat_log.unfold_reply()
         if turn.reply is not None:
             model = done.timings.model or app.status.info.model
             await turn.reply.finish(done.answer, reply_caption(model, done.timings, stopped=stopped),
@@ -284,7 +284,7 @@ class Turns:
         app = self._app
         self.current = None
         app.set_state("idle")
-        app.chat_log.unfold()
+        app.chat_log.unfold_reply()
         if turn.reply is not None:
             await turn.reply.fail(failed.message)
         app.notify(failed.message, title="The reply failed", severity="error", timeout=10, cause="turn")
