@@ -228,6 +228,10 @@ async def test_bench_tuis_scripted_replies_stream_through_the_app_and_are_stored
         assert [t.role for t in turns[-2:]] == ["user", "assistant"]
         assert turns[-1].content == text and turns[-1].finish_reason == "stop"
         assert turns[-1].timings.predicted_n == len(split_pieces(text))
+    # Below a stored conversation: the turn continues that session.
+    summary = await asyncio.wait_for(bench_app._shape(one_paragraph(60), store, tpot_s=0.005, below_turns=3), 60)
+    assert summary["frames"] >= 1
+    assert [t.role for t in store.turns(store.last_session().id)] == ["user", "assistant"] * 4
 
 
 def test_bench_pty_drives_the_real_app_against_ask_and_compares_each_round(test_model_path):

@@ -10,7 +10,8 @@ to the prompt having changed, which is what the user waits for, and logs the fra
 (``frame_log``). The same is done once more with llama.cpp on one thread (a core left free, as
 when the model runs on a GPU), and for two replies of ~2,200 tokens the test model would not
 write, one long paragraph and many Markdown blocks (code, a list, a table), streamed by a
-scripted engine at 80 tokens/s (``scripted_engine``).
+scripted engine at 80 tokens/s (``scripted_engine``), and for a 600-token paragraph sent below 50
+stored exchanges (a reopened long conversation).
 
 ``localchat bench --tui`` prints this (``--pty``: the app on a pseudo-terminal, ``bench.pty_app``);
 run it directly with ``python -m localchat.bench.app MODEL.gguf [N_TOKENS]``.
@@ -28,6 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
+
+from textual import events
 
 from localchat.bench.frame_log import FrameLog
 from localchat.bench.script import run_turn
@@ -48,6 +51,13 @@ KEYPRESS_INTERVAL_S = 0.25
 SHAPE_TOKENS = 2200  # long enough for the "late" frames (~2,000 tokens in)
 SHAPE_TPOT_S = 0.0125  # 80 tokens/s: the test model on this kind of machine
 ONE_THREAD_TOKENS = 400
+# A reply below a long conversation: the first frames lay out whatever of it is displayed.
+HISTORY_TURNS = 50
+HISTORY_SHAPE_TOKENS = 600
+HISTORY_READ_S = 2.0  # the user reads the reopened session before sending
+STORED_REPLY = ("Here is one way to do it.\n\n- parse the input with `json.loads`\n- check each field\n"
+                "- write it back\n\n```python\ndef rewrite(text):\n    return json.dumps(json.loads(text))\n```\n\n"
+                "That keeps the keys in order and fails loudly on bad input, which is what you want here.")
 
 
 class LentEngine:
@@ -117,16 +127,22 @@ class _TimedApp(LocalChatApp):
 
 
 async def _through_app(engine: Any, prompt: str, sampling: Sampling, store: Store, frame_log: FrameLog,
-                       *, keys: bool = True) -> dict[str, Any]:
+                       *, keys: bool = True, continue_last: bool = False, read_s: float = 0.0) -> dict[str, Any]:
+    """One turn through the app (in a new session, or ``continue_last``: the last one, sent
+    ``read_s`` after it opened, as when the user reads before typing)."""
     app = _TimedApp(frame_log, store=store, engine_factory=lambda ref: engine,
-                    sampling_factory=lambda: sampling, list_models=list)
+                    sampling_factory=lambda: sampling, list_models=list, continue_last=continue_last)
     latencies: list[float] = []
     async with app.run_test(size=(100, 40)) as pilot:
         while app.models.engine is None:
             await pilot.pause(0.05)
+        await asyncio.sleep(read_s)
+        shown = app.chat_log.last_reply()  # a stored one, when continuing
         app.prompt.text = prompt
-        await pilot.press("enter")
-        while app.chat_log.last_reply() is None:  # the turn started (it may end at once)
+        # Enter as a terminal sends it: ``pilot.press`` also waits on a callback posted to every
+        # widget, ~80 ms of UI time below a long conversation that no user's key costs.
+        app.post_message(events.Key("enter", "\r"))
+        while app.chat_log.last_reply() is shown:  # the turn started (it may end at once)
             await pilot.pause(0.01)
         while app.turns.current is not None:
             await asyncio.sleep(KEYPRESS_INTERVAL_S)
@@ -164,11 +180,17 @@ async def _alternate(engine: Engine, prompt: str, sampling: Sampling, store: Sto
     return {**_speeds(alone, in_app, keypress_ms), "frames": _median_summary(frames)}
 
 
-async def _shape(text: str, store: Store, tpot_s: float = SHAPE_TPOT_S) -> dict[str, Any]:
-    """The frames of ``text`` streamed through the app by the scripted engine."""
+async def _shape(text: str, store: Store, tpot_s: float = SHAPE_TPOT_S, *, below_turns: int = 0) -> dict[str, Any]:
+    """The frames of ``text`` streamed through the app by the scripted engine, in a new session
+    or below ``below_turns`` stored exchanges (each a reply with a list and a code block)."""
     log = FrameLog()
     engine = ScriptedEngine(text, tpot_s, on_token=lambda _index: log.token())
-    await _through_app(engine, "go", Sampling(), store, log, keys=False)
+    if below_turns:
+        session = store.create_session(model=engine.name)
+        for n in range(below_turns):
+            store.add_exchange(session.id, f"Question {n}: how would you write this?", STORED_REPLY, model=engine.name)
+    await _through_app(engine, "go", Sampling(), store, log, keys=False, continue_last=below_turns > 0,
+                       read_s=HISTORY_READ_S if below_turns else 0.0)
     return log.summary()
 
 
@@ -198,6 +220,8 @@ async def measure_streaming_overhead_async(
             report["shapes"] = {
                 "one_paragraph": await _shape(one_paragraph(SHAPE_TOKENS), store),
                 "many_blocks": await _shape(many_blocks(SHAPE_TOKENS), store),
+                f"one_paragraph_below_{HISTORY_TURNS}_turns": await _shape(
+                    one_paragraph(HISTORY_SHAPE_TOKENS), store, below_turns=HISTORY_TURNS),
             }
     report["targets"] = tui_targets(report)
     return report
