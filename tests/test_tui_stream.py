@@ -335,6 +335,11 @@ async def test_a_long_conversation_stays_folded_above_the_view_between_replies(s
         await log.fold_history()
         await pilot.pause()
         assert screen_lines(app) == folded
+        await pilot.press("ctrl+t")  # reasoning blocks open: hidden heights would change
+        assert all(m.display for m in log.messages())
+        await pilot.pause()
+        await log.fold_history()
+        assert not log.messages()[0].display
         await pilot.press("pageup")
         await pilot.pause()
         assert all(m.display for m in log.messages())  # scrolled up: the real text is there

@@ -310,6 +310,7 @@ class ChatLog(LaidOutOnce, VerticalScroll):
 
     def set_show_thinking(self, show: bool) -> None:
         """Open (or fold) every reasoning block, and the ones still to come."""
+        self.unfold()  # hidden blocks change height: the spacer standing in for them would not
         self.show_thinking = show
         for reply in self.children:
             if isinstance(reply, ReplyView):
