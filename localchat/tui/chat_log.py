@@ -41,7 +41,7 @@ def reply_caption(model: str, timings: Timings | None, *, stopped: bool) -> str:
 
 
 FOLD_MARGIN_ROWS = 4  # rows kept above the view while folding: a small scroll-up finds them
-HISTORY_FOLD_DELAY_S = 1.0  # after a stored session is shown (50 turns lay out in ~1 s)
+HISTORY_FOLD_DELAY_S = 1.0  # after a stored session is mounted: its replies' Markdown is drawn by then
 
 
 class UserMessage(Static):
@@ -177,21 +177,28 @@ class ChatLog(LaidOutOnce, VerticalScroll):
     async def fold_scrolled_away(self, streaming: ReplyView) -> None:
         """While the log follows ``streaming`` to its end: hide what scrolled more than a few
         rows above the view (``ScrolledAway``), a quarter of a screen at a time."""
-        if not self.is_vertical_scroll_end or not self.size.height:
+        line = self._fold_line()
+        if line is None:
             return
-        above_y = self.region.y - FOLD_MARGIN_ROWS
-        batch = max(1, self.size.height // 4)
-        await self.fold_history()
+        await self._away.fold(*line)
         self._folded_reply = streaming
         # Pictures only once the scrollbar is there: its coming narrows the reply, and a picture
         # keeps the width it was taken at.
-        await streaming.body.fold_scrolled_away(above_y, batch, pictures=self.show_vertical_scrollbar)
+        await streaming.body.fold_scrolled_away(*line, pictures=self.show_vertical_scrollbar)
 
     async def fold_history(self) -> None:
         """While the log shows its end: hide the messages scrolled away above the view (see
         ``scrolled_away``), while a reply streams and between replies."""
-        if self.is_vertical_scroll_end and self.size.height:
-            await self._away.fold(self.region.y - FOLD_MARGIN_ROWS, max(1, self.size.height // 4))
+        line = self._fold_line()
+        if line is not None:
+            await self._away.fold(*line)
+
+    def _fold_line(self) -> tuple[int, int] | None:
+        """While the log shows its end: the screen row above which widgets fold, and the fewest
+        rows worth a fold (a quarter of a screen at a time: each fold costs a layout)."""
+        if not self.is_vertical_scroll_end or not self.size.height:
+            return None
+        return self.region.y - FOLD_MARGIN_ROWS, max(1, self.size.height // 4)
 
     def unfold(self) -> None:
         """Show everything folded away again."""
@@ -359,6 +366,4 @@ class ChatLog(LaidOutOnce, VerticalScroll):
         await self.mount_before_queued(Static(text, classes="notice", markup=False))
 
     async def clear_notices(self) -> None:
-        notices = [w for w in self.children if w.has_class("notice")]
-        if notices:
-            await self.remove_children(notices)
+        await self.remove_children(".notice")  # matched against the log's own children only
