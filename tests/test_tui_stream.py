@@ -307,16 +307,10 @@ async def test_text_folded_away_while_streaming_comes_back_when_the_user_scrolls
         assert kept.virtual_region.y == y_before  # nothing moved when it came back
 
 
-STORED_REPLY = ("Here is what I found.\n\n- a point with `code`\n- another point\n\n"
-                "```python\ndef double(x):\n    return x * 2\n```\n\nAnd a paragraph to close it.")
-
-
 async def test_a_long_conversation_stays_folded_above_the_view_between_replies(store):
     # A mount lays out every displayed widget: with 50 stored turns shown, sending a prompt cost
     # ~250 ms of layout before its first token could show, and the end of each reply as much.
-    session = store.create_session(model="fake-model")
-    for n in range(30):
-        store.add_exchange(session.id, f"question {n}", STORED_REPLY, model="fake-model")
+    bench_shapes.store_conversation(store, 30, "fake-model")
     app = make_app(store, FakeEngine(reply="A short answer."), continue_last=True)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)

@@ -34,7 +34,12 @@ from textual import events
 
 from localchat.bench.frame_log import FrameLog
 from localchat.bench.script import run_turn
-from localchat.bench.scripted_engine import ScriptedEngine, many_blocks, one_paragraph
+from localchat.bench.scripted_engine import (
+    ScriptedEngine,
+    many_blocks,
+    one_paragraph,
+    store_conversation,
+)
 from localchat.bench.targets import tui_targets
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
@@ -55,9 +60,6 @@ ONE_THREAD_TOKENS = 400
 HISTORY_TURNS = 50
 HISTORY_SHAPE_TOKENS = 600
 HISTORY_READ_S = 2.0  # the user reads the reopened session before sending
-STORED_REPLY = ("Here is one way to do it.\n\n- parse the input with `json.loads`\n- check each field\n"
-                "- write it back\n\n```python\ndef rewrite(text):\n    return json.dumps(json.loads(text))\n```\n\n"
-                "That keeps the keys in order and fails loudly on bad input, which is what you want here.")
 
 
 class LentEngine:
@@ -182,13 +184,11 @@ async def _alternate(engine: Engine, prompt: str, sampling: Sampling, store: Sto
 
 async def _shape(text: str, store: Store, tpot_s: float = SHAPE_TPOT_S, *, below_turns: int = 0) -> dict[str, Any]:
     """The frames of ``text`` streamed through the app by the scripted engine, in a new session
-    or below ``below_turns`` stored exchanges (each a reply with a list and a code block)."""
+    or below ``below_turns`` stored exchanges (``store_conversation``)."""
     log = FrameLog()
     engine = ScriptedEngine(text, tpot_s, on_token=lambda _index: log.token())
     if below_turns:
-        session = store.create_session(model=engine.name)
-        for n in range(below_turns):
-            store.add_exchange(session.id, f"Question {n}: how would you write this?", STORED_REPLY, model=engine.name)
+        store_conversation(store, below_turns, engine.name)
     await _through_app(engine, "go", Sampling(), store, log, keys=False, continue_last=below_turns > 0,
                        read_s=HISTORY_READ_S if below_turns else 0.0)
     return log.summary()

@@ -6,7 +6,8 @@ app's side. It implements the app's engine protocols (``tui.model_state.AppEngin
 a record the context keeper and the snapshots can read.
 
 ``one_paragraph`` and ``many_blocks`` are the reply shapes ``bench --tui`` (and the proof tests
-in tests/test_tui_stream.py) stream.
+in tests/test_tui_stream.py) stream; ``store_conversation`` is the long conversation one of them
+is sent below.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from localchat.engine.turn import TurnHandle
 from localchat.events import Done, Loaded, PrefillProgress, Timings, Token
 
 if TYPE_CHECKING:
+    from localchat.store import Store
     from localchat.tui.model_state import AppEngine
 
 # Pieces of up to 4 characters, a leading space kept: about the size of a BPE token, so that a
@@ -66,6 +68,19 @@ def many_blocks(tokens: int) -> str:
             + "\n".join(f"| {k} | {k * k} | {k ** 3} |" for k in range(4)),
         ]
     return "\n\n".join(parts)
+
+
+STORED_REPLY = ("Here is one way to do it.\n\n- parse the input with `json.loads`\n- check each field\n"
+                "- write it back\n\n```python\ndef rewrite(text):\n    return json.dumps(json.loads(text))\n```\n\n"
+                "That keeps the keys in order and fails loudly on bad input, which is what you want here.")
+
+
+def store_conversation(store: Store, exchanges: int, model: str) -> None:
+    """A new session in ``store`` (its newest) of ``exchanges`` prompts, each answered by
+    ``STORED_REPLY``: a paragraph, a list and a code block."""
+    session = store.create_session(model=model)
+    for n in range(exchanges):
+        store.add_exchange(session.id, f"Question {n}: how would you write this?", STORED_REPLY, model=model)
 
 
 class ScriptedEngine:
