@@ -95,3 +95,21 @@ def test_a_competitor_right_after_the_first_try_is_noticed_at_once():
     cpu.ms = {2: 3000, 1: 40}
     cpu.decode(SLOW_STREAK + PROBE_TOKENS)
     assert cpu.governor.threads == 1
+
+
+def test_slow_first_tokens_do_not_move_an_idle_machine_to_one_thread():
+    # In the app a reply's first tokens wait on the UI's layout; the try at token 2 then looks
+    # like a win for one thread. The rematch measures two threads again and keeps them.
+    cpu = FakeCPU(two=7.5, one=12)
+    cpu.governor.observe(18.6)
+    cpu.governor.observe(15.6)
+    cpu.decode(PROBE_TOKENS * 2 + 60)
+    assert cpu.governor.threads == 2
+    assert cpu.switches == [1, 2]
+
+
+def test_a_close_win_that_holds_in_the_rematch_moves_to_one_thread():
+    cpu = FakeCPU(two=14, one=11)
+    cpu.decode(FIRST_PROBE + PROBE_TOKENS * 2 + 10)
+    assert cpu.governor.threads == 1
+    assert cpu.switches == [1, 2, 1]
