@@ -134,6 +134,26 @@ def test_a_copy_resuming_after_an_edit_has_its_own_rate():
     assert policy.resume.hits > before  # the check taught the resumed copy's rate
 
 
+def test_a_streak_that_says_no_draft_does_not_stop_drafting_for_the_turn():
+    """Right after a draft accepted whole the streak's rate decides; where it says no, the match
+    is judged on its own (a long match into the prompt is still a copy), now and later."""
+    policy = DraftPolicy()
+    policy.streak = Acceptance(hits=0.0, misses=100.0)  # streaks never pay here
+    passage = list(range(100, 160))
+    log = TokenLog(passage)
+    for token in passage[:16]:  # the reply has copied 16 tokens so far
+        log.append(token)
+    drafts = TurnDrafts(policy, ngram=True, model=None)
+    draft = drafts.propose(log, 64, lambda: False)
+    assert draft == passage[16:16 + len(draft)]
+    drafts.checked(len(draft), len(draft))
+    for token in passage[16:17 + len(draft)]:  # the accepted draft and the token after it
+        log.append(token)
+    following = drafts.propose(log, 64, lambda: False)
+    assert following and following[0] == passage[17 + len(draft)]
+    assert policy.streak.hits == 0.0  # the streak's own rate was not what drafted it
+
+
 def test_the_draft_length_doubles_after_hits_and_falls_back_after_a_miss():
     drafts = TurnDrafts(DraftPolicy(), ngram=True, model=None)
     assert drafts.length == speculate.START_LENGTH

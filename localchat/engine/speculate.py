@@ -430,17 +430,24 @@ class TurnDrafts:
                 # A match reaching far back is a passage being copied: draft as far as it
                 # reaches at once, not only as far as this turn's hits have doubled the length.
                 reach = min(len(match.draft), max(limit, match.length))
-                state: CopyState | None = "streak" if self._streak else None
-                if state is None and self._copied_to is not None \
-                        and 0 <= match.start - self._copied_to <= RESUME_GAP:
-                    state = "resume"
-                    reach = min(len(match.draft), MAX_LENGTH)
                 history = match.start < log.history_n
-                n = self.policy.ngram_length(match.length, reach, state, history)
-                if n:
-                    draft = match.draft[:n]
-                    self._source = self.policy.ngram_rate(match.length, state, history)
-                    self._draft_from = match.start
+                # The copy states in order, then the match on its own: a state whose rate says
+                # no draft leaves the decision to the next (a streak that stops drafting must
+                # not stop it for the rest of the turn).
+                states: list[tuple[CopyState | None, int]] = []
+                if self._streak:
+                    states.append(("streak", reach))
+                if self._copied_to is not None and 0 <= match.start - self._copied_to <= RESUME_GAP:
+                    states.append(("resume", min(len(match.draft), MAX_LENGTH)))
+                states.append((None, reach))
+                for state, state_reach in states:
+                    n = self.policy.ngram_length(match.length, state_reach, state, history)
+                    if n:
+                        draft = match.draft[:n]
+                        self._source = self.policy.ngram_rate(match.length, state, history)
+                        self._draft_from = match.start
+                        break
+        self._streak = False  # a streak is the chance right after a draft accepted whole
         if not draft and self._model is not None:
             n = self.policy.model_length(limit) if self._gated else limit
             if n:
