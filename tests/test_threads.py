@@ -113,3 +113,14 @@ def test_a_close_win_that_holds_in_the_rematch_moves_to_one_thread():
     cpu.decode(FIRST_PROBE + PROBE_TOKENS * 2 + 10)
     assert cpu.governor.threads == 1
     assert cpu.switches == [1, 2, 1]
+
+
+def test_first_tokens_held_up_twice_as_long_do_not_move_an_idle_machine_to_one_thread():
+    # Seen in tmux: the first two tokens took 22 ms while the UI laid the reply out, one thread
+    # then decoded at 9-11 ms: a win by 2x that the rematch must still check.
+    cpu = FakeCPU(two=7.5, one=10)
+    cpu.governor.observe(22.3)
+    cpu.governor.observe(22.3)
+    cpu.decode(PROBE_TOKENS * 2 + 60)
+    assert cpu.governor.threads == 2
+    assert cpu.switches == [1, 2]

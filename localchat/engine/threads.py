@@ -14,12 +14,14 @@ without a try; an idle machine pays two slow tokens per 1,024. With fewer thread
 them again after PROBE_EVERY tokens, since nothing there tells that the competitor has left. Each
 such try that loses doubles the wait before the next one (up to MAX_PROBE_EVERY tokens).
 
-A try that wins by less than 2x is played again before it counts: the count it left is measured
+A try that wins by less than 4x is played again before it counts: the count it left is measured
 anew for PROBE_TOKENS tokens, and the other count is kept only if it still beats that. In the app
 the first tokens of a reply wait on the UI's layout (16-25 ms against ~7.5 ms later, the test
 model on 2 cores), so the first try at token 2 "won" with one thread at 11-12 ms and a third of
 the replies decoded 64 tokens on one thread (decode 0.73-0.78 of the engine alone in those
-rounds, against 1.08 in the others). A competitor wins by far more than 2x (3 s against 40 ms).
+rounds, against 1.08 in the others). With a rematch below 2x wins only, one app reply in four
+still did (tmux: 22.3 ms for the first two tokens against 9-11 ms on one thread). A competitor
+wins by far more than 4x (3 s against 40 ms), and is trusted at once.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ PROBE_EVERY = 64  # tokens between comparisons
 MAX_PROBE_EVERY = 1024
 PROBE_TOKENS = 2  # tokens decoded with the other thread count per comparison (the first warms up)
 BETTER = 0.85  # the other count must be at least this much faster to switch
-CLEAR = 0.5  # a win by less than this is checked against the left count measured again
+CLEAR = 0.25  # a win by less than this is checked against the left count measured again
 SLOW = 1.5  # a token this much slower than the recent best (all threads) hints at a competitor
 SLOW_STREAK = 2  # slow tokens in a row that make a try due
 # The recent best may rise this much per token: a deeper context decodes a little slower.
