@@ -10,6 +10,7 @@ from pathlib import Path
 from fake_engine import SIZE, FakeEngine, make_app, ready, reply_finished, send, wait_until
 from fault_server import FaultServer, Status, reply
 
+from localchat.tui.pacing import CPU_BOUND, REMOTE, FrameBudget, FramePacer
 from localchat.tui.superseded_reply import SupersededReply
 
 # The fake model gets stuck repeating itself: the loop rule hands the reply over mid-way.
@@ -57,3 +58,45 @@ async def test_when_the_remote_fails_the_local_reply_stands_and_nothing_stays_fo
     reply = store.turns(store.last_session().id)[-1]
     assert (reply.route, reply.local_model, reply.fell_back) == ("local", "fake-model", True)
     assert reply.route_reason.startswith("fallback:")
+
+
+class BudgetSpy(FramePacer):
+    """A pacer noting each frame budget the app gives it, by name."""
+
+    def __init__(self) -> None:
+        self.budgets: list[str] = []
+        super().__init__()
+
+    @property
+    def budget(self) -> FrameBudget:
+        return self._budget
+
+    @budget.setter
+    def budget(self, value: FrameBudget) -> None:
+        self._budget = value
+        self.budgets.append(value.name)
+
+
+async def test_the_remote_models_text_is_drawn_at_the_remote_budget_and_a_fallback_goes_back(
+        store, isolated_home):
+    """Nothing local decodes while the remote answers: its frames may take more of the CPU (and
+    the reply keeps no blank rows below its text); when the remote fails, the local budget is back."""
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    with FaultServer([reply("Paris is the capital."), Status(500), Status(500)]) as server:
+        (isolated_home / "config.toml").write_text(f'[remote]\nmode = "auto"\nbase_url = "{server.base_url}"\n')
+        app = make_app(store, FakeEngine(reply=LOOPING))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot)
+            spy = BudgetSpy()
+            app.turns.pacer = spy
+            await send(pilot, QUESTION)
+            await reply_finished(pilot)
+            assert spy.budgets[1:] == [CPU_BOUND.name, REMOTE.name]  # sent locally, then handed over
+            answer = app.chat_log.last_reply()
+            assert answer.text == "Paris is the capital." and answer.body.slack_rows == REMOTE.slack_rows
+            spy.budgets.clear()
+            await send(pilot, QUESTION)  # the remote fails this time: the local reply stands
+            await wait_until(pilot, lambda: len(spy.budgets) >= 3 and app.turns.current is None,
+                             "the fallback")
+            assert spy.budgets == [CPU_BOUND.name, REMOTE.name, CPU_BOUND.name]
+            assert app.chat_log.last_reply().body.slack_rows == CPU_BOUND.slack_rows

@@ -30,7 +30,15 @@ from localchat.bench import scripted_engine as bench_shapes
 from localchat.tui.chat_log import ReplyView
 from localchat.tui.live_blocks import LiveParagraph, opens_nothing
 from localchat.tui.live_markdown import LiveMarkdown, top_level_starts
-from localchat.tui.pacing import CPU_BOUND, SPARE_CORE, FrameBudget, FramePacer, frame_budget
+from localchat.tui.pacing import (
+    CPU_BOUND,
+    REMOTE,
+    SPARE_CORE,
+    FrameBudget,
+    FramePacer,
+    frame_budget,
+    route_budget,
+)
 
 TOKEN_DELAY_S = 0.001  # 5,000 tokens in ~6 s: frames of a few dozen tokens each
 
@@ -268,6 +276,9 @@ def test_the_ui_may_spend_more_when_llama_cpp_leaves_a_core_free_or_runs_on_a_gp
     assert frame_budget(0, cpus=8, gpu_layers=30, n_layers=30, backend="CUDA") is SPARE_CORE
     assert frame_budget(0, cpus=8, gpu_layers=10, n_layers=30, backend="CUDA") is CPU_BOUND
     assert SPARE_CORE.share > CPU_BOUND.share and SPARE_CORE.min_frame_s < CPU_BOUND.min_frame_s
+    # The remote model's text: nothing local decodes, whatever the engine.
+    assert route_budget(None, "remote") is REMOTE and route_budget(None, "auto") is CPU_BOUND
+    assert REMOTE.share > SPARE_CORE.share and REMOTE.slack_rows == 0
 
 
 def test_frames_follow_their_smoothed_cost_within_the_budgets_bounds():

@@ -182,11 +182,13 @@ async def _alternate(engine: Engine, prompt: str, sampling: Sampling, store: Sto
     return {**_speeds(alone, in_app, keypress_ms), "frames": _median_summary(frames)}
 
 
-async def _shape(text: str, store: Store, tpot_s: float = SHAPE_TPOT_S, *, below_turns: int = 0) -> dict[str, Any]:
+async def _shape(text: str, store: Store, tpot_s: float = SHAPE_TPOT_S, *, below_turns: int = 0,
+                 route: str = "local") -> dict[str, Any]:
     """The frames of ``text`` streamed through the app by the scripted engine, in a new session
-    or below ``below_turns`` stored exchanges (``store_conversation``)."""
+    or below ``below_turns`` stored exchanges (``store_conversation``); with ``route`` "remote"
+    the reply is handed over before its first token, as an escalated one is."""
     log = FrameLog()
-    engine = ScriptedEngine(text, tpot_s, on_token=lambda _index: log.token())
+    engine = ScriptedEngine(text, tpot_s, on_token=lambda _index: log.token(), route=route)
     if below_turns:
         store_conversation(store, below_turns, engine.name)
     await _through_app(engine, "go", Sampling(), store, log, keys=False, continue_last=below_turns > 0,
@@ -220,6 +222,7 @@ async def measure_streaming_overhead_async(
             report["shapes"] = {
                 "one_paragraph": await _shape(one_paragraph(SHAPE_TOKENS), store),
                 "many_blocks": await _shape(many_blocks(SHAPE_TOKENS), store),
+                "many_blocks_from_the_remote": await _shape(many_blocks(SHAPE_TOKENS), store, route="remote"),
                 f"one_paragraph_below_{HISTORY_TURNS}_turns": await _shape(
                     one_paragraph(HISTORY_SHAPE_TOKENS), store, below_turns=HISTORY_TURNS),
             }

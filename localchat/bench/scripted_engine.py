@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from localchat.engine.layout import CachedMessage
 from localchat.engine.snapshot_file import KVSnapshot
 from localchat.engine.turn import TurnHandle
-from localchat.events import Done, Loaded, PrefillProgress, Timings, Token
+from localchat.events import Done, Loaded, PrefillProgress, RouteChanged, Timings, Token
 
 if TYPE_CHECKING:
     from localchat.store import Store
@@ -92,8 +92,10 @@ class ScriptedEngine:
     TEMPLATE_TOKENS = 4  # around each message, as a chat template would
 
     def __init__(self, reply: str, tpot_s: float = 0.0125, *, name: str = "scripted",
-                 on_token: Callable[[int], None] | None = None, n_ctx: int = 32768) -> None:
+                 on_token: Callable[[int], None] | None = None, n_ctx: int = 32768,
+                 route: str = "local") -> None:
         self.name = name
+        self.route = route  # "remote": each reply is handed over (RouteChanged) before its first token
         self.model_path = Path(f"{name}.gguf")
         self.n_params: int | None = None
         self.n_ctx = n_ctx
@@ -192,6 +194,8 @@ class ScriptedEngine:
         started = handle.submitted_at
         prompt_n = self.prompt_tokens(messages)
         handle.emit(PrefillProgress(prompt_n, prompt_n))
+        if self.route == "remote":
+            handle.emit(RouteChanged("remote", f"asking {self.name}-remote: scripted"))
         pieces, sent = split_pieces(self.reply), []
         next_at = time.perf_counter()
         for index, piece in enumerate(pieces):
@@ -210,7 +214,7 @@ class ScriptedEngine:
                           ttft_ms=(sent[0] - started) * 1000 if sent else 0.0,
                           tpot_ms=decode_ms / (len(sent) - 1) if len(sent) > 1 else 0.0,
                           predicted_ms=decode_ms, n_ctx=self.n_ctx, n_ctx_used=self.tokens_in_context,
-                          model=self.name)
+                          model=self.name, route=self.route)
         handle.emit(Done(reply, "aborted" if stopped.is_set() else "stop", timings))
 
     def _remember(self, messages: list[dict[str, str]], reply: str) -> None:

@@ -24,7 +24,7 @@ from localchat.tui.messages import (
     TurnsArrived,
     TurnWake,
 )
-from localchat.tui.pacing import FramePacer, FullCollectionsPaused, engine_budget
+from localchat.tui.pacing import FramePacer, FullCollectionsPaused, route_budget
 from localchat.tui.prompt import PromptInput
 from localchat.tui.screens import ConfirmScreen
 from localchat.tui.status import LiveMeter, StatusInfo
@@ -170,7 +170,7 @@ class Turns:
             app.prompt.remember(recall)
             app.prompt.clear()
         app.draft.cancel()
-        self.pacer.budget = engine_budget(engine)
+        self.pacer.budget = route_budget(engine, route)
         turn_id = next(self._ids)
 
         def wake() -> None:
@@ -252,9 +252,12 @@ class Turns:
                 self._status_shown_at = now
                 app.status.refresh()
         elif isinstance(event, RouteChanged):
+            engine = app.models.engine
+            self.pacer.budget = route_budget(engine, event.route)
             if turn.reply is not None:
                 await (turn.reply.supersede(event.message) if event.route == "remote"
                        else turn.reply.unsupersede())
+                turn.reply.body.slack_rows = self.pacer.budget.slack_rows
             app.notify(event.message)
         elif isinstance(event, Notice):
             app.notify(event.message, severity="warning" if event.kind == "warning" else "information")
