@@ -99,9 +99,7 @@ class ThreadGovernor:
             self._probe = []
             self._switch(self._home)
             return
-        self._probe = None
-        self._slow = 0
-        self._last_probe = self._count
+        self._end_try()
         if probe_ms < BETTER * home_ms:
             self._keep_other(probe_ms)
         else:
@@ -110,14 +108,17 @@ class ThreadGovernor:
     def _decide_rematch(self, home_ms: float) -> None:
         other_ms = self._rematch or home_ms
         self._rematch = None
-        self._probe = None
-        self._slow = 0
-        self._last_probe = self._count
+        self._end_try()
         if other_ms < BETTER * home_ms:
             self._switch(self._other())
             self._keep_other(other_ms)
         else:
             self._stay_home(home_ms)
+
+    def _end_try(self) -> None:
+        self._probe = None
+        self._slow = 0
+        self._last_probe = self._count
 
     def _keep_other(self, other_ms: float) -> None:
         self._home_ms = other_ms
