@@ -133,7 +133,8 @@ def route_budget(engine: object, route: str) -> FrameBudget:
 
 
 def engine_budget(engine: object) -> FrameBudget:
-    """``frame_budget`` for a loaded engine (a remote or scripted one counts as CPU-bound)."""
+    """``frame_budget`` for a loaded engine (a scripted one counts as CPU-bound; the remote
+    model's answers have their own budget, ``route_budget``)."""
     options = getattr(engine, "options", None)
     info = getattr(engine, "info", None)
     threads = int(getattr(options, "n_threads", 0) or 0)

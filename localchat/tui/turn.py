@@ -252,8 +252,7 @@ class Turns:
                 self._status_shown_at = now
                 app.status.refresh()
         elif isinstance(event, RouteChanged):
-            engine = app.models.engine
-            self.pacer.budget = route_budget(engine, event.route)
+            self.pacer.budget = route_budget(app.models.engine, event.route)
             if turn.reply is not None:
                 await (turn.reply.supersede(event.message) if event.route == "remote"
                        else turn.reply.unsupersede())
