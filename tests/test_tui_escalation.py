@@ -8,9 +8,10 @@ import contextlib
 from pathlib import Path
 
 from fake_engine import SIZE, FakeEngine, make_app, ready, reply_finished, send, wait_until
-from fault_server import FaultServer, Status, reply
+from fault_server import FaultServer, Stall, Status, reply
 
 from localchat.tui.pacing import CPU_BOUND, REMOTE, FrameBudget, FramePacer
+from localchat.tui.status import render_status
 from localchat.tui.superseded_reply import SupersededReply
 
 # The fake model gets stuck repeating itself: the loop rule hands the reply over mid-way.
@@ -100,3 +101,23 @@ async def test_the_remote_models_text_is_drawn_at_the_remote_budget_and_a_fallba
                              "the fallback")
             assert spy.budgets == [CPU_BOUND.name, REMOTE.name, CPU_BOUND.name]
             assert app.chat_log.last_reply().body.slack_rows == CPU_BOUND.slack_rows
+
+
+async def test_the_status_bar_names_the_remote_while_it_answers(store, isolated_home):
+    """The route field is the model answering now: it changes when the reply is handed over, not
+    only when the remote's reply is done."""
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    first = reply("Paris")
+    first.steps[-2:] = [Stall()]  # the remote's first words, then nothing more for now
+    with FaultServer([first]) as server:
+        (isolated_home / "config.toml").write_text(f'[remote]\nmode = "auto"\nbase_url = "{server.base_url}"\n')
+        app = make_app(store, FakeEngine(reply=LOOPING))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot)
+            assert app.status.info.route == "local"
+            await send(pilot, QUESTION)
+            await wait_until(pilot, lambda: app.chat_log.last_reply().text == "Paris", "the remote's words")
+            assert app.status.info.route == "remote" and app.turns.current is not None
+            assert " remote" in render_status(app.status.info)[0]
+            await pilot.press("escape")
+            await reply_finished(pilot)

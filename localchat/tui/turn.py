@@ -180,6 +180,8 @@ class Turns:
         turn = ActiveTurn(turn_id, conversation, None, mailbox, LiveMeter(),
                           context_before=app.status.info.n_ctx_used)
         self.current = turn
+        # The status bar names the model answering now, not the one that answered last.
+        app.status.info.route = "remote" if route == "remote" else "local"
         app.set_state("prefilling")
         # The model starts first: mounting the prompt and its empty reply takes tens of ms of UI
         # time, which prefill overlaps (no event is shown before this handler returns).
@@ -253,6 +255,8 @@ class Turns:
                 app.status.refresh()
         elif isinstance(event, RouteChanged):
             self.pacer.budget = route_budget(app.models.engine, event.route)
+            app.status.info.route = event.route
+            app.status.refresh()
             if turn.reply is not None:
                 await (turn.reply.supersede(event.message) if event.route == "remote"
                        else turn.reply.unsupersede())
