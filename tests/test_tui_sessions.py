@@ -6,8 +6,9 @@ import json
 
 from fake_engine import SIZE, FakeEngine, make_app, notices, ready, reply_finished, send, wait_until
 
+from localchat.bench.scripted_engine import store_conversation
 from localchat.cli import main
-from localchat.tui.chat_log import ReplyView, UserMessage
+from localchat.tui.chat_log import HISTORY_PAGE, EarlierMessages, ReplyView, UserMessage, page_start
 from localchat.tui.screens import AskTextScreen, ConfirmScreen
 from localchat.tui.sidebar import SessionList
 
@@ -213,3 +214,50 @@ async def test_search_finds_a_message_in_another_session_and_opens_it(store):
         await wait_until(pilot, lambda: app.conversation.session_id == old.id, "the found session")
         await send(pilot, "/search zebra")
         await wait_until(pilot, lambda: any("No message contains" in n for n in notices(app)), "no match")
+
+
+async def test_a_long_session_opens_on_its_last_page_and_scrolling_up_mounts_the_rest_in_place(store):
+    # Mounting every stored message made a 200-turn session take over 8 s to open.
+    store_conversation(store, 25, "fake-model")
+    stored = [t.content for t in store.turns(store.last_session().id)]
+    app = make_app(store, continue_last=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        log = app.chat_log
+        assert [m.text for m in log.messages()] == stored[-HISTORY_PAGE:]
+        assert str(log.query_one(EarlierMessages).content) == "▲ 30 earlier messages: scroll up to show them"
+        for shown in (2 * HISTORY_PAGE, len(stored)):
+            first = log.messages()[0]
+            row = log.content_region.y + first.virtual_region.y  # where the top shows it
+            log.scroll_home(animate=False)
+            await wait_until(pilot, lambda: len(log.messages()) == shown, "the page above")  # noqa: B023
+            await pilot.pause()
+            await pilot.pause()
+            assert first.region.y == row  # the page went above it: the view stayed where it was
+            assert log.scroll_y > 0
+        assert [m.text for m in log.messages()] == stored and not log.query(EarlierMessages)
+
+
+async def test_selecting_above_the_first_message_shown_mounts_the_page_above(store):
+    store_conversation(store, 15, "fake-model")
+    app = make_app(store, continue_last=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        log = app.chat_log
+        first = log.messages()[0]
+        log.focus()
+        log.select(first)
+        await pilot.press("up")
+        await wait_until(pilot, lambda: len(log.messages()) == 30, "the page above")
+        assert log.selected is log.messages()[9] and log.messages()[10] is first
+
+
+def test_a_page_of_stored_messages_starts_at_a_prompt():
+    class Turn:
+        def __init__(self, role: str) -> None:
+            self.role = role
+
+    turns = [Turn(r) for r in ["user", "assistant", "user", "assistant", "assistant", "user", "assistant"]]
+    assert page_start(turns, 7, size=2) == 5
+    assert page_start(turns, 7, size=3) == 2  # a reply without its prompt is not a page's first
+    assert page_start(turns, 2, size=5) == 0

@@ -14,6 +14,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
+from textual.widget import Widget
 from textual.widgets import Static
 
 from localchat.events import Timings
@@ -42,6 +43,28 @@ def reply_caption(model: str, timings: Timings | None, *, stopped: bool) -> str:
 
 FOLD_MARGIN_ROWS = 4  # rows kept above the view while folding: a small scroll-up finds them
 HISTORY_FOLD_DELAY_S = 1.0  # after a stored session is mounted: its replies' Markdown is drawn by then
+# Stored messages mounted when a session opens, and again each time the user reaches the top of
+# those shown. A stored message costs ~30 ms of UI time to build and lay out (its Markdown's
+# widgets): mounting all of them, a 50-turn session took 3.2 s to open and a 200-turn one over
+# 8 s, with the app unable to take a key meanwhile. 20 messages fill a screen several times.
+HISTORY_PAGE = 20
+
+
+def page_start(turns: list[TurnRecord], end: int, size: int = HISTORY_PAGE) -> int:
+    """Where the page of ``size`` messages ending before ``end`` starts: at a prompt where it can,
+    so that a reply is shown below what it answers."""
+    start = max(0, end - size)
+    while start > 0 and turns[start].role != "user":
+        start -= 1
+    return start
+
+
+class EarlierMessages(Static):
+    """The top line of a log whose oldest messages are not shown yet."""
+
+    def show_count(self, count: int) -> None:
+        noun = "message" if count == 1 else "messages"
+        self.update(f"▲ {count} earlier {noun}: scroll up to show them")
 
 
 class UserMessage(Static):
@@ -170,6 +193,9 @@ class ChatLog(LaidOutOnce, VerticalScroll):
         self._away = ScrolledAway(self)
         self._folded_reply: ReplyView | None = None
         self._folded_width = 0
+        self._earlier: list[TurnRecord] = []  # the stored turns above the first one shown
+        self._forks: dict[int, tuple[int, int]] = {}
+        self._earlier_line: EarlierMessages | None = None
 
     def on_mount(self) -> None:
         self.anchor()
@@ -216,6 +242,8 @@ class ChatLog(LaidOutOnce, VerticalScroll):
         super().watch_scroll_y(old_value, new_value)
         if new_value < old_value:  # the user scrolls up: the real text must be there
             self.unfold()
+            if new_value <= 0 and self._earlier:
+                self.call_later(self.show_earlier)
 
     def on_picture_pressed(self, event: Picture.Pressed) -> None:
         # A click on a block shown as its picture (links, selection) needs the real widgets.
@@ -273,6 +301,9 @@ class ChatLog(LaidOutOnce, VerticalScroll):
         if not items:
             return
         index = items.index(self.selected) + step if self.selected in items else len(items) - 1
+        if index < 0 and self._earlier:
+            self.call_later(self._select_above, items[0])
+            return
         self.select(items[max(0, min(len(items) - 1, index))])
 
     def on_key(self, event) -> None:
@@ -293,7 +324,14 @@ class ChatLog(LaidOutOnce, VerticalScroll):
         await self.remove_children()
         self._away.forget()
         self.selected = None
-        widgets = self._stored_widgets(turns, forks or {})
+        start = page_start(turns, len(turns))
+        self._earlier, self._forks = turns[:start], forks or {}
+        widgets: list[Widget] = list(self._stored_widgets(turns[start:], self._forks))
+        self._earlier_line = None
+        if self._earlier:
+            self._earlier_line = EarlierMessages(markup=False)
+            self._earlier_line.show_count(len(self._earlier))
+            widgets.insert(0, self._earlier_line)
         if widgets:
             await self.mount_all(widgets)
         self.anchor()
@@ -301,6 +339,35 @@ class ChatLog(LaidOutOnce, VerticalScroll):
         # height is not known after the next refresh), fold what lies above the view; if the
         # user sends sooner, adding the prompt folds it.
         self.set_timer(HISTORY_FOLD_DELAY_S, self.fold_history)
+
+    async def show_earlier(self) -> bool:
+        """Mount the page of stored messages above those shown, keeping the view where it was;
+        False when every message is shown already."""
+        if not self._earlier or self._earlier_line is None:
+            return False
+        start = page_start(self._earlier, len(self._earlier))
+        page, self._earlier = self._earlier[start:], self._earlier[:start]
+        shown = self.messages()
+        anchor = shown[0] if shown else None
+        offset = anchor.virtual_region.y - self.scroll_y if anchor is not None else 0
+        await self.mount_all(self._stored_widgets(page, self._forks), after=self._earlier_line)
+        if self._earlier:
+            self._earlier_line.show_count(len(self._earlier))
+        else:
+            await self._earlier_line.remove()
+            self._earlier_line = None
+        if anchor is not None:
+            def keep_in_view() -> None:
+                self.scroll_to(y=anchor.virtual_region.y - offset, animate=False, immediate=True)
+
+            self.call_after_refresh(keep_in_view)
+        return True
+
+    async def _select_above(self, first: UserMessage | ReplyView) -> None:
+        """Select the message above ``first``, the first one shown, mounting its page."""
+        if await self.show_earlier():
+            items = self.messages()
+            self.select(items[items.index(first) - 1])
 
     def _stored_widgets(self, turns: list[TurnRecord],
                         forks: dict[int, tuple[int, int]]) -> list[UserMessage | ReplyView]:
