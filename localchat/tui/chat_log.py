@@ -8,6 +8,7 @@ right.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from rich.text import Text
@@ -196,6 +197,7 @@ class ChatLog(LaidOutOnce, VerticalScroll):
         self._earlier: list[TurnRecord] = []  # the stored turns above the first one shown
         self._forks: dict[int, tuple[int, int]] = {}
         self._earlier_line: EarlierMessages | None = None
+        self._mounting_earlier = asyncio.Lock()
 
     def on_mount(self) -> None:
         self.anchor()
@@ -320,21 +322,22 @@ class ChatLog(LaidOutOnce, VerticalScroll):
     async def show_turns(self, turns: list[TurnRecord], forks: dict[int, tuple[int, int]] | None = None) -> None:
         """Replace the log with a stored session's turns; ``forks``: {seq: (version on screen,
         versions)} for turns an edit or a retry forked."""
-        self.unfold()
-        await self.remove_children()
-        self._away.forget()
-        self.selected = None
-        start = page_start(turns, len(turns))
-        self._earlier, self._forks = turns[:start], forks or {}
-        widgets: list[Widget] = list(self._stored_widgets(turns[start:], self._forks))
-        self._earlier_line = None
-        if self._earlier:
-            self._earlier_line = EarlierMessages(markup=False)
-            self._earlier_line.show_count(len(self._earlier))
-            widgets.insert(0, self._earlier_line)
-        if widgets:
-            await self.mount_all(widgets)
-        self.anchor()
+        async with self._mounting_earlier:  # not while a page is being mounted above
+            self.unfold()
+            await self.remove_children()
+            self._away.forget()
+            self.selected = None
+            start = page_start(turns, len(turns))
+            self._earlier, self._forks = turns[:start], forks or {}
+            widgets: list[Widget] = list(self._stored_widgets(turns[start:], self._forks))
+            self._earlier_line = None
+            if self._earlier:
+                self._earlier_line = EarlierMessages(markup=False)
+                self._earlier_line.show_count(len(self._earlier))
+                widgets.insert(0, self._earlier_line)
+            if widgets:
+                await self.mount_all(widgets)
+            self.anchor()
         # Once the stored replies are drawn (their Markdown renders after mounting, so their
         # height is not known after the next refresh), fold what lies above the view; if the
         # user sends sooner, adding the prompt folds it.
@@ -343,19 +346,21 @@ class ChatLog(LaidOutOnce, VerticalScroll):
     async def show_earlier(self) -> bool:
         """Mount the page of stored messages above those shown, keeping the view where it was;
         False when every message is shown already."""
-        if not self._earlier or self._earlier_line is None:
-            return False
-        start = page_start(self._earlier, len(self._earlier))
-        page, self._earlier = self._earlier[start:], self._earlier[:start]
-        shown = self.messages()
-        anchor = shown[0] if shown else None
-        offset = anchor.virtual_region.y - self.scroll_y if anchor is not None else 0
-        await self.mount_all(self._stored_widgets(page, self._forks), after=self._earlier_line)
-        if self._earlier:
-            self._earlier_line.show_count(len(self._earlier))
-        else:
-            await self._earlier_line.remove()
-            self._earlier_line = None
+        async with self._mounting_earlier:  # a scroll and a selection may both ask at once
+            line = self._earlier_line
+            if not self._earlier or line is None:
+                return False
+            start = page_start(self._earlier, len(self._earlier))
+            page, self._earlier = self._earlier[start:], self._earlier[:start]
+            shown = self.messages()
+            anchor = shown[0] if shown else None
+            offset = anchor.virtual_region.y - self.scroll_y if anchor is not None else 0
+            await self.mount_all(self._stored_widgets(page, self._forks), after=line)
+            if self._earlier:
+                line.show_count(len(self._earlier))
+            else:
+                self._earlier_line = None
+                await line.remove()
         if anchor is not None:
             def keep_in_view() -> None:
                 self.scroll_to(y=anchor.virtual_region.y - offset, animate=False, immediate=True)
@@ -367,7 +372,8 @@ class ChatLog(LaidOutOnce, VerticalScroll):
         """Select the message above ``first``, the first one shown, mounting its page."""
         if await self.show_earlier():
             items = self.messages()
-            self.select(items[items.index(first) - 1])
+            if first in items:  # (not if another session was shown meanwhile)
+                self.select(items[items.index(first) - 1])
 
     def _stored_widgets(self, turns: list[TurnRecord],
                         forks: dict[int, tuple[int, int]]) -> list[UserMessage | ReplyView]:
