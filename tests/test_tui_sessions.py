@@ -258,6 +258,6 @@ def test_a_page_of_stored_messages_starts_at_a_prompt():
             self.role = role
 
     turns = [Turn(r) for r in ["user", "assistant", "user", "assistant", "assistant", "user", "assistant"]]
-    assert page_start(turns, 7, size=2) == 5
-    assert page_start(turns, 7, size=3) == 2  # a reply without its prompt is not a page's first
-    assert page_start(turns, 2, size=5) == 0
+    assert page_start(turns, size=2) == 5
+    assert page_start(turns, size=3) == 2  # a reply without its prompt is not a page's first
+    assert page_start(turns[:2], size=5) == 0

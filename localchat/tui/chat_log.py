@@ -51,10 +51,10 @@ HISTORY_FOLD_DELAY_S = 1.0  # after a stored session is mounted: its replies' Ma
 HISTORY_PAGE = 20
 
 
-def page_start(turns: list[TurnRecord], end: int, size: int = HISTORY_PAGE) -> int:
-    """Where the page of ``size`` messages ending before ``end`` starts: at a prompt where it can,
-    so that a reply is shown below what it answers."""
-    start = max(0, end - size)
+def page_start(turns: list[TurnRecord], size: int = HISTORY_PAGE) -> int:
+    """Where the last page of ``size`` of ``turns`` starts: at a prompt where it can, so that a
+    reply is shown below what it answers."""
+    start = max(0, len(turns) - size)
     while start > 0 and turns[start].role != "user":
         start -= 1
     return start
@@ -327,9 +327,8 @@ class ChatLog(LaidOutOnce, VerticalScroll):
             await self.remove_children()
             self._away.forget()
             self.selected = None
-            start = page_start(turns, len(turns))
-            self._earlier, self._forks = turns[:start], forks or {}
-            widgets: list[Widget] = list(self._stored_widgets(turns[start:], self._forks))
+            self._earlier, self._forks = turns, forks or {}
+            widgets: list[Widget] = list(self._last_page())
             self._earlier_line = None
             if self._earlier:
                 self._earlier_line = EarlierMessages(markup=False)
@@ -347,15 +346,13 @@ class ChatLog(LaidOutOnce, VerticalScroll):
         """Mount the page of stored messages above those shown, keeping the view where it was;
         False when every message is shown already."""
         async with self._mounting_earlier:  # a scroll and a selection may both ask at once
-            line = self._earlier_line
-            if not self._earlier or line is None:
+            line = self._earlier_line  # there while turns are left in ``_earlier``
+            if line is None:
                 return False
-            start = page_start(self._earlier, len(self._earlier))
-            page, self._earlier = self._earlier[start:], self._earlier[:start]
             shown = self.messages()
             anchor = shown[0] if shown else None
             offset = anchor.virtual_region.y - self.scroll_y if anchor is not None else 0
-            await self.mount_all(self._stored_widgets(page, self._forks), after=line)
+            await self.mount_all(self._last_page(), after=line)
             if self._earlier:
                 line.show_count(len(self._earlier))
             else:
@@ -374,6 +371,12 @@ class ChatLog(LaidOutOnce, VerticalScroll):
             items = self.messages()
             if first in items:  # (not if another session was shown meanwhile)
                 self.select(items[items.index(first) - 1])
+
+    def _last_page(self) -> list[UserMessage | ReplyView]:
+        """The widgets of the last page of the turns not shown yet, taken from ``_earlier``."""
+        start = page_start(self._earlier)
+        page, self._earlier = self._earlier[start:], self._earlier[:start]
+        return self._stored_widgets(page, self._forks)
 
     def _stored_widgets(self, turns: list[TurnRecord],
                         forks: dict[int, tuple[int, int]]) -> list[UserMessage | ReplyView]:
