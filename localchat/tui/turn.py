@@ -170,7 +170,7 @@ class Turns:
             app.prompt.remember(recall)
             app.prompt.clear()
         app.draft.cancel()
-        self.pacer.budget = route_budget(engine, route)
+        self._answered_by(route)
         turn_id = next(self._ids)
 
         def wake() -> None:
@@ -180,8 +180,6 @@ class Turns:
         turn = ActiveTurn(turn_id, conversation, None, mailbox, LiveMeter(),
                           context_before=app.status.info.n_ctx_used)
         self.current = turn
-        # The status bar names the model answering now, not the one that answered last.
-        app.status.info.route = "remote" if route == "remote" else "local"
         app.set_state("prefilling")
         # The model starts first: mounting the prompt and its empty reply takes tens of ms of UI
         # time, which prefill overlaps (no event is shown before this handler returns).
@@ -190,6 +188,14 @@ class Turns:
         await asyncio.sleep(0)  # lets the worker's task hand the turn to its thread now
         turn.reply = await app.chat_log.add_prompt(text)
         turn.reply.body.slack_rows = self.pacer.budget.slack_rows
+
+    def _answered_by(self, route: str) -> None:
+        """The reply now comes from ``route`` (a send's, or a hand-over's): the frames' budget,
+        and the status bar's route field, which names the model answering now."""
+        app = self._app
+        self.pacer.budget = route_budget(app.models.engine, route)
+        app.status.info.route = "remote" if route == "remote" else "local"
+        app.status.refresh()
 
     def _generate(self, turn: ActiveTurn, text: str, model: str, route: str = "auto") -> None:
         app = self._app
@@ -254,9 +260,7 @@ class Turns:
                 self._status_shown_at = now
                 app.status.refresh()
         elif isinstance(event, RouteChanged):
-            self.pacer.budget = route_budget(app.models.engine, event.route)
-            app.status.info.route = event.route
-            app.status.refresh()
+            self._answered_by(event.route)
             if turn.reply is not None:
                 await (turn.reply.supersede(event.message) if event.route == "remote"
                        else turn.reply.unsupersede())
