@@ -14,7 +14,8 @@ from localchat.store import Store
 from localchat.tui import commands
 from localchat.tui.messages import TokenRun, TurnMailbox
 from localchat.tui.pacing import FrameBudget, FramePacer
-from localchat.tui.status import StatusInfo, backend_label, render_status
+from localchat.tui.status import LiveMeter, StatusInfo, backend_label, render_status
+from localchat.tui.turn import ActiveTurn
 
 
 def test_status_lines_label_ttft_and_tpot_in_ms_and_show_cache_reuse_and_context():
@@ -26,6 +27,23 @@ def test_status_lines_label_ttft_and_tpot_in_ms_and_show_cache_reuse_and_context
     assert first == "smollm2-135m · CPU │ idle │ ctx 410/4096 ▮▯▯▯▯▯▯▯ 10% │ local"
     assert second == "TTFT 182 ms │ TPOT 11.4 ms │ 87.7 tok/s │ reused 310 · new 24"
     assert len(first) <= 78 and len(second) <= 78  # fits 80 columns with the bar's padding
+
+
+async def test_the_context_field_is_the_local_models_while_and_after_the_remote_answers():
+    """The remote model's tokens never enter the local context: during a remote reply and after
+    it, the field shows what the local model's context held (here: 410 tokens of 4096)."""
+    info = StatusInfo(state="idle")
+    info.show_loaded(Loaded("smollm2-135m", 4096, 0, 30, "CPU"))
+    info.show_timings(Timings(predicted_n=40, n_ctx=4096, n_ctx_used=410, route="local"))
+    turn = ActiveTurn(1, None, None, TurnMailbox(lambda: None), LiveMeter(), context_before=410)  # type: ignore[arg-type]
+    info.route = "remote"
+    await turn.show_progress(TokenRun("Paris is", 3), info)
+    assert info.n_ctx_used == 410 and info.state == "generating"
+    info.show_timings(Timings(predicted_n=30, ttft_ms=300.0, route="remote"))  # no n_ctx: not local
+    assert "ctx 410/4096" in render_status(info)[0] and info.ttft_ms == 300.0
+    info.route = "local"  # the next reply is local again: the estimate counts its tokens
+    await turn.show_progress(TokenRun(" a city", 2), info)
+    assert info.n_ctx_used == 410 + 5
 
 
 def test_status_before_any_reply_shows_dashes_not_zeros():

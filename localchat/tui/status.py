@@ -50,8 +50,9 @@ class StatusInfo:
         self.tpot_ms = timings.tpot_ms if timings.predicted_n > 1 else None
         self.tokens_per_s = timings.predicted_per_second or None
         self.cache_n, self.prompt_n = timings.cache_n, timings.prompt_n
-        self.n_ctx_used = timings.n_ctx_used
-        self.n_ctx = timings.n_ctx or self.n_ctx
+        if timings.route != "remote":  # a remote reply left the local model's context as it was
+            self.n_ctx_used = timings.n_ctx_used
+            self.n_ctx = timings.n_ctx or self.n_ctx
         self.route = timings.route or "local"
         self.draft_acceptance = timings.draft_acceptance
 
