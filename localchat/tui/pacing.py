@@ -72,6 +72,16 @@ work, so each figure is a median of alternating runs):
 - The estimate is the median of a reply's first 20 frames (the first one lays the new reply out,
   ~60 ms), then a running estimate that weighs each frame 0.05: the frame that resizes the
   reply is paid for over the next ~20 frames instead of stretching the next few.
+- The floor of a many-block frame at this budget (scratch prototypes, 2,200-token scripted
+  reply, headless 100×40, one run each): today's widgets mount a block, list item or table row
+  almost every frame, ~2 layouts a frame at 27–37 ms each, so frames cost 50–115 ms and sit at
+  the 500 ms cap (showing an open table's complete rows only: 47–93 ms, still capped). The
+  whole reply drawn by one widget, each finished block rendered once by Rich and the open one
+  again each frame: 8–11 ms a frame, p90 176 ms with 2 blank rows, 135 ms with 5 or 10. The
+  same widget with the open block drawn as plain text (no Markdown work at all): p90 152 ms with
+  2 rows, 97 ms with 5. So a stream of lists and tables reaches 100 ms frames here only drawn by
+  one widget whose open block costs almost nothing, and ending in Textual's widgets means that
+  renderer must draw lists, tables, headings and code as they do, cell for cell.
 - Tried and dropped: llama.cpp's OpenMP threads sleeping at once instead of spinning at their
   barriers (``OMP_WAIT_POLICY=PASSIVE``: decode alone 52 → 35 tokens/s; a short spin,
   ``GOMP_SPINCOUNT=20000``: 38 tokens/s, so the core they spin on is not what the UI lacks);
