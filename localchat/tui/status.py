@@ -50,11 +50,22 @@ class StatusInfo:
         self.tpot_ms = timings.tpot_ms if timings.predicted_n > 1 else None
         self.tokens_per_s = timings.predicted_per_second or None
         self.cache_n, self.prompt_n = timings.cache_n, timings.prompt_n
-        if timings.route != "remote":  # a remote reply left the local model's context as it was
+        if _fills_local_context(timings.route):
             self.n_ctx_used = timings.n_ctx_used
             self.n_ctx = timings.n_ctx or self.n_ctx
         self.route = timings.route or "local"
         self.draft_acceptance = timings.draft_acceptance
+
+    def estimate_context(self, tokens: int) -> None:
+        """The local context holds about ``tokens`` while a reply streams (until ``Done`` brings
+        the engine's count); a reply from the remote model leaves it as it was."""
+        if _fills_local_context(self.route):
+            self.n_ctx_used = tokens
+
+
+def _fills_local_context(route: str) -> bool:
+    """Whether a reply on ``route`` is in the local model's context: the remote model's never is."""
+    return route != "remote"
 
 
 def backend_label(loaded: Loaded) -> str:

@@ -74,10 +74,8 @@ class ActiveTurn:
         thinking = isinstance(event, ThinkingRun)
         info.state = "thinking" if thinking else "generating"
         self.meter.apply(info)
-        # An estimate until Done brings the engine's count (trimming may lower it). The remote
-        # model's tokens never enter the local context: the field keeps what it held.
-        if info.route == "local":
-            info.n_ctx_used = self.context_before + self.prefill_total + self.meter.tokens
+        # Trimming may lower it: Done brings the engine's count.
+        info.estimate_context(self.context_before + self.prefill_total + self.meter.tokens)
         if event.text and self.reply is not None:
             await (self.reply.think(event.text) if thinking else self.reply.append(event.text))
 
