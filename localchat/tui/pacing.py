@@ -82,6 +82,13 @@ work, so each figure is a median of alternating runs):
   2 rows, 97 ms with 5. So a stream of lists and tables reaches 100 ms frames here only drawn by
   one widget whose open block costs almost nothing, and ending in Textual's widgets means that
   renderer must draw lists, tables, headings and code as they do, cell for cell.
+  Those cells can come from Textual itself: a finished block mounted hidden and laid out by a
+  private ``Compositor`` (the screen's ``find_widget`` answering for it meanwhile) paints the
+  same cells as on screen, heading to table, in 1–19 ms a block. But a prototype that showed
+  every settled block that way, and open lists and tables as their raw text, still cost
+  55–65 ms a frame late in the reply (8 ms early), frames at the cap: building a block's
+  widgets and their CSS (~1 ms a widget) made a settle 20–30 ms, and the screen's own layout
+  and paint with ~25 widgets in view ~18 ms.
 - Tried and dropped: llama.cpp's OpenMP threads sleeping at once instead of spinning at their
   barriers (``OMP_WAIT_POLICY=PASSIVE``: decode alone 52 → 35 tokens/s; a short spin,
   ``GOMP_SPINCOUNT=20000``: 38 tokens/s, so the core they spin on is not what the UI lacks);
