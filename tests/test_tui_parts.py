@@ -155,11 +155,15 @@ def test_expensive_redraws_are_spaced_out_to_keep_the_ui_within_its_cpu_budget()
     pacer = FramePacer(budget, clock=lambda: now[0], cpu_clock=lambda: cpu[0])
     pacer.start()
     assert pacer.wait() == 0  # the first token shows at once
-    cpu[0] += 0.002  # a cheap frame: the minimum interval applies
     pacer.frame()
+    assert pacer.wait() == pytest.approx(0.05)  # nothing measured yet: the minimum interval
+    for _ in range(3):  # cheap frames: 2 ms of UI work is well within 10% of 50 ms
+        now[0] += pacer.wait()
+        cpu[0] += 0.002
+        pacer.frame()
     assert pacer.wait() == pytest.approx(0.05)
-    now[0] += 0.05
-    cpu[0] += 0.02  # 20 ms of UI work: the first frames' median cost is 11 ms, so wait 110 ms
+    now[0] += pacer.wait()
+    cpu[0] += 0.02  # 20 ms of UI work: the frames' median cost is 11 ms, so wait 110 ms
     pacer.frame()
     assert pacer.wait() == pytest.approx(0.11)
     for _ in range(2):  # very expensive: capped so the screen never lags by more than half a second
@@ -167,6 +171,24 @@ def test_expensive_redraws_are_spaced_out_to_keep_the_ui_within_its_cpu_budget()
         cpu[0] += 0.3
         pacer.frame()
     assert pacer.wait() == pytest.approx(0.5)
+
+
+def test_the_first_frames_of_a_reply_do_not_slow_the_frames_after_them():
+    # The first lays the new reply out, the second folds away the turns it pushed up: one-time
+    # costs. Counted, 50 ms and 25 ms of UI work would hold the next frames 250 ms apart.
+    now, cpu = [0.0], [0.0]
+    budget = FrameBudget("test", share=0.1, min_frame_s=0.05, max_frame_s=0.5)
+    pacer = FramePacer(budget, clock=lambda: now[0], cpu_clock=lambda: cpu[0])
+    waits = []
+    for _ in range(2):  # and each reply starts afresh
+        pacer.start()
+        pacer.frame()
+        for spent in (0.050, 0.025, 0.006, 0.006):
+            now[0] += pacer.wait()
+            cpu[0] += spent
+            pacer.frame()
+            waits.append(round(pacer.wait(), 3))
+    assert waits == [0.05, 0.05, 0.06, 0.06] * 2
 
 
 def test_a_long_model_name_stays_whole_and_the_context_bar_makes_room_first():

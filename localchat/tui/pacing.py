@@ -69,9 +69,14 @@ work, so each figure is a median of alternating runs):
   widget whose container overlaps a repaint), the one-paragraph shape's frames were p50
   111–121 / p90 152–164 ms; without them (cursor still, status twice a second, those widgets in
   containers of their own) p50 86–92 / p90 123–124 ms, A/B on an idle machine.
-- The estimate is the median of a reply's first 20 frames (the first one lays the new reply out,
-  ~60 ms), then a running estimate that weighs each frame 0.05: the frame that resizes the
-  reply is paid for over the next ~20 frames instead of stretching the next few.
+- The estimate is the median of a reply's first 20 frames, then a running estimate that weighs
+  each frame 0.05: the frame that resizes the reply is paid for over the next ~20 frames
+  instead of stretching the next few. The reply's first two frames are not counted: the first
+  lays the new reply out (40–50 ms) and the second, below a long conversation, folds away the
+  turns it pushed up (~25 ms). Counted, they set the next intervals to 170–250 ms; in a
+  600-token reply below 50 stored turns those few slow frames were the display lag's p95
+  (150–165 ms, against ~80 ms in a new session). Until the third frame's cost is known, frames
+  come at the budget's shortest interval.
 - The floor of a many-block frame at this budget (scratch prototypes, 2,200-token scripted
   reply, headless 100×40, one run each): today's widgets mount a block, list item or table row
   almost every frame, ~2 layouts a frame at 27–37 ms each, so frames cost 50–115 ms and sit at
@@ -113,6 +118,9 @@ COST_SMOOTHING = 0.05
 # Until then the estimate is the median of the reply's frames so far: the first one lays the new
 # reply out (~60 ms, ten times a streaming frame) and its mean would hold the next frames back.
 WARM_UP_FRAMES = 20
+# The reply's first frames lay out what is new (the reply, then the turns it pushes up folded
+# away): one-time costs, not the stream's pace, so they are left out of the estimate.
+UNCOUNTED_FRAMES = 2
 
 
 @dataclass(frozen=True)
@@ -187,6 +195,7 @@ class FramePacer:
         self._cpu_mark = 0.0
         self._cost: float | None = None
         self._first: list[float] = []  # the first frames' costs, while they set the estimate
+        self._frames = 0  # frames of this reply so far
         self._next_frame_at = 0.0
         self.interval = 0.0  # the wait the last frame set
 
@@ -194,6 +203,7 @@ class FramePacer:
         self._cpu_mark = self._cpu_clock()
         self._cost = None
         self._first = []
+        self._frames = 0
         self._next_frame_at = 0.0
 
     def wait(self) -> float:
@@ -204,7 +214,10 @@ class FramePacer:
         """A redraw starts now: the CPU spent since the previous one sets the next interval."""
         cpu = self._cpu_clock()
         spent, self._cpu_mark = cpu - self._cpu_mark, cpu
-        if len(self._first) < WARM_UP_FRAMES:
+        measured, self._frames = self._frames, self._frames + 1  # ``spent`` is frame ``measured``'s cost
+        if measured <= UNCOUNTED_FRAMES:  # (0: before the first frame, nothing to measure)
+            cost = 0.0  # the shortest interval
+        elif len(self._first) < WARM_UP_FRAMES:
             self._first.append(spent)
             cost = statistics.median(self._first)
         else:
