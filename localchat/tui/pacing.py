@@ -73,10 +73,10 @@ work, so each figure is a median of alternating runs):
   each frame 0.05: the frame that resizes the reply is paid for over the next ~20 frames
   instead of stretching the next few. The reply's first two frames are not counted: the first
   lays the new reply out (40–50 ms) and the second, below a long conversation, folds away the
-  turns it pushed up (~25 ms). Counted, they set the next intervals to 170–250 ms; in a
-  600-token reply below 50 stored turns those few slow frames were the display lag's p95
-  (150–165 ms, against ~80 ms in a new session). Until the third frame's cost is known, frames
-  come at the budget's shortest interval.
+  turns it pushed up (~25 ms). Counted, they set the next intervals to 170–250 ms, and in a
+  600-token reply below 50 stored turns those few slow frames made the display lag's p95:
+  99–167 ms in six runs, 65–88 ms in three without them (frames' max interval 220–280 → 72–125
+  ms). Until the third frame's cost is known, frames come at the budget's shortest interval.
 - The floor of a many-block frame at this budget (scratch prototypes, 2,200-token scripted
   reply, headless 100×40, one run each): today's widgets mount a block, list item or table row
   almost every frame, ~2 layouts a frame at 27–37 ms each, so frames cost 50–115 ms and sit at
@@ -115,8 +115,8 @@ from dataclasses import dataclass
 # next ~20 frames, not by stretching the next few: the one-paragraph bench shape's frame
 # interval p90 107-114 ms at 0.2, 89-102 ms at 0.05 (p50 ~80 ms at both, the same share).
 COST_SMOOTHING = 0.05
-# Until then the estimate is the median of the reply's frames so far: the first one lays the new
-# reply out (~60 ms, ten times a streaming frame) and its mean would hold the next frames back.
+# Until then the estimate is the median of the reply's frames so far: a frame that resizes the
+# reply costs 2-3x one that repaints a line, and a mean would hold the next frames back.
 WARM_UP_FRAMES = 20
 # The reply's first frames lay out what is new (the reply, then the turns it pushes up folded
 # away): one-time costs, not the stream's pace, so they are left out of the estimate.
