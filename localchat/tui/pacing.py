@@ -195,7 +195,7 @@ class FramePacer:
         self._cpu_mark = 0.0
         self._cost: float | None = None
         self._first: list[float] = []  # the first frames' costs, while they set the estimate
-        self._frames = 0  # frames of this reply so far
+        self._frames = 0  # frames of this reply started so far
         self._next_frame_at = 0.0
         self.interval = 0.0  # the wait the last frame set
 
@@ -214,8 +214,10 @@ class FramePacer:
         """A redraw starts now: the CPU spent since the previous one sets the next interval."""
         cpu = self._cpu_clock()
         spent, self._cpu_mark = cpu - self._cpu_mark, cpu
-        measured, self._frames = self._frames, self._frames + 1  # ``spent`` is frame ``measured``'s cost
-        if measured <= UNCOUNTED_FRAMES:  # (0: before the first frame, nothing to measure)
+        # ``spent`` is the cost of frame number ``_frames`` (0: the time before the first).
+        counted = self._frames > UNCOUNTED_FRAMES
+        self._frames += 1
+        if not counted:
             cost = 0.0  # the shortest interval
         elif len(self._first) < WARM_UP_FRAMES:
             self._first.append(spent)
