@@ -129,7 +129,8 @@ def test_the_bare_loop_runs_where_the_turn_decoded_and_leaves_its_cells_as_they_
 def frames(p90: float, lag: float, growth: float | None = 1.1) -> dict:
     record = {"frames": 40, "frame_interval_p50_ms": p90 / 2, "frame_interval_p90_ms": p90,
               "frame_interval_max_ms": p90 * 2, "display_lag_p95_ms": lag,
-              "frame_cpu_early_ms": 6.0, "frame_cpu_late_ms": None if growth is None else 6.0 * growth}
+              "frame_cpu_early_ms": 6.0, "frame_cpu_late_ms": None if growth is None else round(6.0 * growth, 1),
+              "ui_core_percent": 8.5, "ui_cpu_per_token_ms": 0.9}
     if growth is not None:
         record["frame_cpu_late_over_early"] = growth
     return record
@@ -156,17 +157,23 @@ def test_bench_tui_checks_frames_lag_and_flat_frame_cost_for_each_reply():
 
 
 def test_bench_tui_prints_a_row_of_frame_figures_per_reply(capsys):
-    from localchat.bench.report import print_tui
+    from localchat.bench.report import _FRAME_COLUMNS, print_tui
     from localchat.bench.targets import tui_targets
 
     report = tui_report()
+    report["shapes"]["many_blocks_from_the_remote"] = frames(60.0, 90.0, 1.2)  # a long name
     report["targets"] = tui_targets(report)
     print_tui(report)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("decode: engine alone 80.0 tok/s, in the app 77.6 tok/s (overhead 3.0%)")
-    rows = {line[:24].strip(): line[24:].split() for line in out if line.startswith(("test model", "scripted"))}
-    assert rows["scripted many_blocks"] == ["40", "90.0", "180.0", "360.0", "250.0", "6.0", "10.2", "1.7"]
-    assert rows["test model"][-2:] == ["-", "-"]  # a 1,000-token reply has no frames 2,000 tokens in
+    header = next(line for line in out if line.startswith("frames of the reply"))
+    table = [line for line in out if line.startswith(("test model", "scripted"))]
+    assert {len(line) for line in table} == {len(header)}  # the columns line up under their titles
+    width = len(header) - 11 * len(_FRAME_COLUMNS)
+    rows = {line[:width].strip(): line[width:].split() for line in table}
+    assert rows["scripted many_blocks"] == ["40", "90.0", "180.0", "360.0", "250.0", "6.0", "10.2", "1.7", "8.5",
+                                            "0.9"]
+    assert rows["test model"][6:8] == ["-", "-"]  # a 1,000-token reply has no frames 2,000 tokens in
     assert out[-1].startswith("  [") and "MISS" in "\n".join(out)
 
 
@@ -189,6 +196,10 @@ def test_the_frame_log_times_frames_lag_and_frame_cpu_early_and_late():
     assert summary["frame_cpu_late_over_early"] == 1.5
     # A token waits for the next frame (up to 40 ms after it came, here), then 7 ms for its paint.
     assert summary["display_lag_p95_ms"] == 47.0
+    # From the first frame to the last: 199 frames of 4 ms and 280 of 6 ms in 479 × 50 ms, which
+    # showed tokens 7 to 2,400.
+    assert summary["ui_core_percent"] == round(100 * (199 * 4 + 280 * 6) / (479 * 50), 1) == 10.3
+    assert summary["ui_cpu_per_token_ms"] == round((199 * 4 + 280 * 6) / 2394, 2)
 
 
 def test_bench_pty_reads_the_echo_of_a_key_from_the_terminal(tmp_path):

@@ -6,7 +6,10 @@ frame cost early and late in the reply.
 A token's display lag runs from the engine emitting it to the first paint after the frame that
 showed it (headless, a paint is the compositor's update, what would be written to the terminal).
 A frame's CPU is the UI thread's CPU time from its start to the next frame's start: its event
-handling, layout and paint, as ``tui/pacing.py`` counts it.
+handling, layout and paint, as ``tui/pacing.py`` counts it. Over the whole stream the UI's share
+of a core and its CPU per token shown say whether any frame rate fits a budget: a pacer that
+gives the UI ``share`` of a core keeps up only while CPU per token × tokens per second < share
+(else each longer frame carries more text, costs more, and the frames stretch to the cap).
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ class FrameLog:
         turns._show_events = frame  # type: ignore[method-assign]
 
     def summary(self) -> dict[str, Any]:
-        """Frame interval p50/p90/max, display lag p95 and frame CPU early/late, in ms."""
+        """Frame interval p50/p90/max, display lag p95 and frame CPU early/late, in ms; the UI's
+        share of one core from the first frame to the last, and its CPU per token shown."""
         frames = [f for f in self.frames if f.tokens > 0]
         intervals = [(b.started - a.started) * 1000 for a, b in zip(frames, frames[1:])]
         cpu = [((b.cpu - a.cpu) * 1000, a.tokens) for a, b in zip(frames, frames[1:])]
@@ -82,6 +86,13 @@ class FrameLog:
             "frame_cpu_early_ms": _ms(statistics.median(early)) if early else None,
             "frame_cpu_late_ms": _ms(statistics.median(late)) if late else None,
         }
+        ui_cpu = span = 0.0
+        shown = 0
+        if len(frames) > 1:
+            first, last = frames[0], frames[-1]
+            ui_cpu, span, shown = last.cpu - first.cpu, last.started - first.started, last.tokens - first.tokens
+        result["ui_core_percent"] = round(100 * ui_cpu / span, 1) if span > 0 else None
+        result["ui_cpu_per_token_ms"] = round(1000 * ui_cpu / shown, 2) if shown > 0 else None
         if early and late:
             result["frame_cpu_late_over_early"] = round(statistics.median(late) / statistics.median(early), 2)
         return result

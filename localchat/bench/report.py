@@ -109,7 +109,8 @@ def _target_line(check: dict[str, Any]) -> str:
 _FRAME_COLUMNS = (("frames", "frames", ""), ("frame_interval_p50_ms", "p50", "ms"),
                   ("frame_interval_p90_ms", "p90", "ms"), ("frame_interval_max_ms", "max", "ms"),
                   ("display_lag_p95_ms", "lag p95", "ms"), ("frame_cpu_early_ms", "cpu@100", "ms"),
-                  ("frame_cpu_late_ms", "cpu@2000", "ms"), ("frame_cpu_late_over_early", "late/early", ""))
+                  ("frame_cpu_late_ms", "cpu@2000", "ms"), ("frame_cpu_late_over_early", "late/early", ""),
+                  ("ui_core_percent", "UI %core", "%"), ("ui_cpu_per_token_ms", "cpu/token", "ms"))
 
 
 def print_tui(report: dict[str, Any]) -> None:
@@ -126,11 +127,13 @@ def print_tui(report: dict[str, Any]) -> None:
     if one:
         rows.append(("test model, 1 thread", one.get("frames")))
     rows += [(f"scripted {name}", frames) for name, frames in report.get("shapes", {}).items()]
-    print(f"{'frames of the reply':<24}" + "".join(f"{title:>11}" for _, title, _ in _FRAME_COLUMNS))
+    width = max(len(name) for name, _ in rows) + 2
+    print(f"{'frames of the reply':<{width}}" + "".join(f"{title:>11}" for _, title, _ in _FRAME_COLUMNS))
     for name, frames in rows:
         if frames:
-            print(f"{name:<24}" + "".join(f"{_cell(frames.get(key)):>11}" for key, _, _ in _FRAME_COLUMNS))
-    print("  (intervals, display lag and UI CPU per frame in ms; cpu@N: median frame ~N tokens in)")
+            print(f"{name:<{width}}" + "".join(f"{_cell(frames.get(key)):>11}" for key, _, _ in _FRAME_COLUMNS))
+    print("  (intervals, display lag and UI CPU per frame in ms; cpu@N: median frame ~N tokens in; UI %core:"
+          " the UI thread's share of one core while it streamed; cpu/token: its CPU per token shown)")
     for check in report["targets"]:
         print(_target_line(check))
 
