@@ -94,6 +94,18 @@ work, so each figure is a median of alternating runs):
   55–65 ms a frame late in the reply (8 ms early), frames at the cap: building a block's
   widgets and their CSS (~1 ms a widget) made a settle 20–30 ms, and the screen's own layout
   and paint with ~25 widgets in view ~18 ms.
+- Why no pacing rule gets that reply's frames under the cap at this budget: a pacer that grants
+  the UI ``share`` of a core keeps up only while the UI's CPU per token shown × tokens a second
+  stays under ``share``; above it each longer frame carries more text, costs more, and the
+  frames stretch to ``max_frame_s``. Measured with frames forced to a fixed interval and no
+  share limit (the scripted 2,200-token replies at 80 tokens/s, headless 100×40, idle): the
+  many-block reply every 100 ms took 28.7% of a core (3.6 ms of UI per token), every 200 ms
+  22.6% (2.8 ms), every 500 ms 13.4% (1.7 ms); the one-paragraph reply every 100 ms 5.8% (0.73
+  ms). So the many-block reply needs more than the CPU-bound 10% even in half-second frames,
+  and at 100 ms frames 29%, where decode would keep ~0.8 of its speed (above). Its frame CPU
+  late ÷ early (7–10 at this budget) is the text a frame carries (4 tokens early, 40 late; CPU
+  per token falls from 3.4 to 1.6 ms); at the remote budget, 3 tokens a frame throughout, it is
+  1.1–1.5. ``bench --tui`` prints both figures for each reply (UI %core, cpu/token).
 - Tried and dropped: llama.cpp's OpenMP threads sleeping at once instead of spinning at their
   barriers (``OMP_WAIT_POLICY=PASSIVE``: decode alone 52 → 35 tokens/s; a short spin,
   ``GOMP_SPINCOUNT=20000``: 38 tokens/s, so the core they spin on is not what the UI lacks);
