@@ -46,6 +46,18 @@ async def test_the_context_field_is_the_local_models_while_and_after_the_remote_
     assert info.n_ctx_used == 410 + 5
 
 
+async def test_a_streaming_reply_does_not_show_the_last_turns_cache_figures_as_its_own():
+    info = StatusInfo(state="idle")
+    info.show_timings(Timings(predicted_n=40, ttft_ms=250.0, cache_n=195, prompt_n=27, draft_n=10,
+                              draft_n_accepted=5))
+    assert render_status(info)[1].endswith("reused 195 · new 27 │ draft 50%")
+    turn = ActiveTurn(2, None, None, TurnMailbox(lambda: None), LiveMeter(), context_before=222)  # type: ignore[arg-type]
+    await turn.show_progress(TokenRun("Next", 1), info)
+    assert render_status(info)[1].endswith("reused –") and "draft" not in render_status(info)[1]
+    info.show_timings(Timings(predicted_n=12, ttft_ms=90.0, cache_n=222, prompt_n=9))  # its own, at the end
+    assert render_status(info)[1].endswith("reused 222 · new 9")
+
+
 def test_status_before_any_reply_shows_dashes_not_zeros():
     first, second = render_status(StatusInfo(model="m", state="loading 40%"))
     assert "loading 40%" in first and "ctx –" in first

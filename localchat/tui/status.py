@@ -171,7 +171,9 @@ class LiveMeter:
         if self.first_token_at is None or self.last_token_at is None:
             return
         info.ttft_ms = (self.first_token_at - self.submitted_at) * 1000
-        info.answer_ms = None  # the last turn's; this one's comes with its timings
+        # The last turn's figures, which this one's timings bring when it ends: not shown beside
+        # this turn's TTFT as if they were its own.
+        info.answer_ms = info.cache_n = info.prompt_n = info.draft_acceptance = None
         if self.tokens > 1:
             info.tpot_ms = (self.last_token_at - self.first_token_at) * 1000 / (self.tokens - 1)
             info.tokens_per_s = 1000 / info.tpot_ms if info.tpot_ms > 0 else None
