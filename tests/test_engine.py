@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 
 import pytest
 
@@ -170,6 +171,45 @@ def test_prompt_longer_than_the_context_fails_cleanly(test_model_path):
         assert ok.finish_reason in ("stop", "length")
     finally:
         engine.close()
+
+
+def test_work_asked_of_a_closed_engine_fails_at_once_and_work_queued_before_still_runs(test_model_path):
+    """A turn that ends as the app quits saves its snapshot after the engine was closed: that
+    call, and any turn sent then, must fail at once instead of waiting on a thread that is gone."""
+    engine = Engine(test_model_path, EngineOptions(n_ctx=256, gpu_layers=0))
+    engine.load()
+    running, release = threading.Event(), threading.Event()
+    queued_before: list[str] = []
+    blocker = threading.Thread(target=lambda: engine.call(lambda: (running.set(), release.wait(10))), daemon=True)
+    blocker.start()
+    running.wait(10)  # the engine thread is busy: the next call waits in its queue
+    caller = threading.Thread(target=lambda: queued_before.append(engine.call(lambda: "ran")), daemon=True)
+    caller.start()
+    while engine._jobs.qsize() < 1:
+        time.sleep(0.001)
+    closing = threading.Thread(target=engine.close, daemon=True)
+    closing.start()
+    results: list[object] = []
+
+    def after_close() -> None:
+        while not engine._closed:
+            pass
+        try:
+            engine.export_snapshot()
+        except EngineError as exc:
+            results.append(str(exc))
+        results.append(list(engine.submit([{"role": "user", "content": "Hi"}], Sampling(max_tokens=4))))
+
+    late = threading.Thread(target=after_close, daemon=True)
+    late.start()
+    late.join(10)
+    release.set()
+    for thread in (blocker, caller, closing):
+        thread.join(10)
+    assert not late.is_alive(), "a call after close waited for an engine thread that had ended"
+    assert results[0] == "the model was closed"
+    assert [type(e) for e in results[1]] == [Failed] and results[1][0].message == "the model was closed"
+    assert queued_before == ["ran"]
 
 
 def test_reply_that_fills_the_context_ends_with_length(test_model_path):

@@ -48,6 +48,7 @@ T = TypeVar("T")
 # Prompt tokens evaluated per llama_decode call on the CPU: small enough for steady progress
 # events, large enough to keep prefill throughput (measured: 128 vs 512 within noise here).
 CPU_PREFILL_CHUNK = 128
+CLOSED = "the model was closed"  # what work asked of an engine after close() gets
 
 
 class Engine:
@@ -73,6 +74,7 @@ class Engine:
         self._idle = threading.Event()
         self._idle.set()
         self._lock = threading.Lock()
+        self._closed = False  # set by close(): the engine thread takes no more work
         self._thread = threading.Thread(target=self._serve, name="localchat-engine", daemon=True)
         self._thread.start()
 
@@ -109,7 +111,8 @@ class Engine:
         if not background:
             for pending in waiting:  # queued or running: stopped before it costs the user time
                 pending.stop()
-        self._jobs.put(lambda: self._run_turn(handle, snapshot, sampling or Sampling(), background))
+        if not self._queue(lambda: self._run_turn(handle, snapshot, sampling or Sampling(), background)):
+            handle.emit(Failed(CLOSED))
         return handle
 
     def prepare(self, messages: list[dict[str, str]]) -> TurnHandle:
@@ -123,7 +126,8 @@ class Engine:
         with self._lock:
             self._background_jobs.append(handle)
             self._idle.clear()
-        self._jobs.put(lambda: self._run_job(handle, lambda: self._prepare(handle, snapshot), True))
+        if not self._queue(lambda: self._run_job(handle, lambda: self._prepare(handle, snapshot), True)):
+            handle.emit(Failed(CLOSED))
         return handle
 
     def wait_idle(self, timeout: float | None = None) -> bool:
@@ -176,8 +180,19 @@ class Engine:
             except BaseException as exc:  # handed to the caller
                 future.set_exception(exc)
 
-        self._jobs.put(job)
+        if not self._queue(job):
+            raise EngineError(CLOSED)
         return future.result()
+
+    def _queue(self, job: Callable[[], None]) -> bool:
+        """Queue ``job`` for the engine thread; False once ``close`` has begun (the thread will
+        never run it, and whoever waits on it would wait for ever: a turn ending as the app quits
+        saves its snapshot after the engine was closed)."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._jobs.put(job)
+            return True
 
     def reset(self) -> None:
         """Empty the KV cache (the next turn prefills everything, as a stateless server would)."""
@@ -265,10 +280,11 @@ class Engine:
         if self._thread.is_alive():
             with self._lock:
                 pending, self._background_jobs = self._background_jobs, []
+                self._closed = True
+                self._jobs.put(None)  # after every job queued so far, which still run
             for handle in pending:
                 handle.stop()
             self.stop()
-            self._jobs.put(None)
             self._thread.join(timeout=30)
         if self._speculator is not None:
             self._speculator.close()
