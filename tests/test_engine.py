@@ -176,8 +176,7 @@ def test_prompt_longer_than_the_context_fails_cleanly(test_model_path):
 def test_work_asked_of_a_closed_engine_fails_at_once_and_work_queued_before_still_runs(test_model_path):
     """A turn that ends as the app quits saves its snapshot after the engine was closed: that
     call, and any turn sent then, must fail at once instead of waiting on a thread that is gone."""
-    engine = Engine(test_model_path, EngineOptions(n_ctx=256, gpu_layers=0))
-    engine.load()
+    engine = Engine(test_model_path, EngineOptions(n_ctx=256, gpu_layers=0))  # no model load needed
     running, release = threading.Event(), threading.Event()
     queued_before: list[str] = []
     blocker = threading.Thread(target=lambda: engine.call(lambda: (running.set(), release.wait(10))), daemon=True)

@@ -127,9 +127,9 @@ def print_tui(report: dict[str, Any]) -> None:
     if one:
         rows.append(("test model, 1 thread", one.get("frames")))
     rows += [(f"scripted {name}", frames) for name, frames in report.get("shapes", {}).items()]
-    title = "frames of the reply"
-    width = max(len(name) for name in (title, *(name for name, _ in rows))) + 2
-    print(f"{title:<{width}}" + "".join(f"{title:>11}" for _, title, _ in _FRAME_COLUMNS))
+    heading = "frames of the reply"
+    width = max(len(name) for name in (heading, *(name for name, _ in rows))) + 2
+    print(f"{heading:<{width}}" + "".join(f"{title:>11}" for _, title, _ in _FRAME_COLUMNS))
     for name, frames in rows:
         if frames:
             print(f"{name:<{width}}" + "".join(f"{_cell(frames.get(key)):>11}" for key, _, _ in _FRAME_COLUMNS))
