@@ -198,6 +198,8 @@ def test_work_asked_of_a_closed_engine_fails_at_once_and_work_queued_before_stil
         except EngineError as exc:
             results.append(str(exc))
         results.append(list(engine.submit([{"role": "user", "content": "Hi"}], Sampling(max_tokens=4))))
+        results.append(list(engine.prepare([{"role": "user", "content": "Hi"}])))
+        results.append(engine.wait_idle(5))  # a background job refused by a closed engine is not waited on
 
     late = threading.Thread(target=after_close, daemon=True)
     late.start()
@@ -208,6 +210,7 @@ def test_work_asked_of_a_closed_engine_fails_at_once_and_work_queued_before_stil
     assert not late.is_alive(), "a call after close waited for an engine thread that had ended"
     assert results[0] == "the model was closed"
     assert [type(e) for e in results[1]] == [Failed] and results[1][0].message == "the model was closed"
+    assert [type(e) for e in results[2]] == [Failed] and results[3] is True
     assert queued_before == ["ran"]
 
 

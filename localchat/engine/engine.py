@@ -111,8 +111,7 @@ class Engine:
         if not background:
             for pending in waiting:  # queued or running: stopped before it costs the user time
                 pending.stop()
-        if not self._queue(lambda: self._run_turn(handle, snapshot, sampling or Sampling(), background)):
-            handle.emit(Failed(CLOSED))
+        self._queue_turn(handle, lambda: self._run_turn(handle, snapshot, sampling or Sampling(), background))
         return handle
 
     def prepare(self, messages: list[dict[str, str]]) -> TurnHandle:
@@ -126,8 +125,7 @@ class Engine:
         with self._lock:
             self._background_jobs.append(handle)
             self._idle.clear()
-        if not self._queue(lambda: self._run_job(handle, lambda: self._prepare(handle, snapshot), True)):
-            handle.emit(Failed(CLOSED))
+        self._queue_turn(handle, lambda: self._run_job(handle, lambda: self._prepare(handle, snapshot), True))
         return handle
 
     def wait_idle(self, timeout: float | None = None) -> bool:
@@ -193,6 +191,21 @@ class Engine:
                 return False
             self._jobs.put(job)
             return True
+
+    def _queue_turn(self, handle: TurnHandle, job: Callable[[], None]) -> None:
+        """Queue a turn-like ``job``; once ``close`` has begun its handle ends at once, as a
+        job that ran would have ended it (a background one no longer keeps the engine busy)."""
+        if not self._queue(job):
+            with self._lock:
+                self._job_ended(handle)
+            handle.emit(Failed(CLOSED))
+
+    def _job_ended(self, handle: TurnHandle) -> None:
+        """(Lock held.) ``handle`` no longer waits or runs; no background job left: idle."""
+        if handle in self._background_jobs:
+            self._background_jobs.remove(handle)
+        if not self._background_jobs:
+            self._idle.set()
 
     def reset(self) -> None:
         """Empty the KV cache (the next turn prefills everything, as a stateless server would)."""
@@ -461,10 +474,7 @@ class Engine:
         finally:
             with self._lock:
                 self._current = None
-                if handle in self._background_jobs:
-                    self._background_jobs.remove(handle)
-                if not self._background_jobs:
-                    self._idle.set()
+                self._job_ended(handle)
 
     def _prepare(self, handle: TurnHandle, messages: list[dict]) -> None:
         kv = self._require_kv()
