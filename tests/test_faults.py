@@ -1232,3 +1232,180 @@ async def test_i21_16_turns_an_ask_stored_while_the_app_was_open_are_shown_befor
         stored = [t.content for t in store.turns(session.id)]
     assert stored[2] == "U2 from ask" and stored == shown
     assert [m["content"] for m in engine.submitted[-1]][:4] == stored[:4]
+
+
+# -- issue 38: faults round 4 -------------------------------------------------------------------
+
+
+_COUNTING = "Write all the numbers from 1 to 1000, separated by commas. Do not stop early."
+
+
+class _AppOnATerminal:
+    """The app in a subprocess whose controlling terminal is a pseudo-terminal we hold: closing
+    our side hangs the terminal up as closing its window does (the kernel sends SIGHUP)."""
+
+    def __init__(self, model: Path, home: Path, *args: str) -> None:
+        import fcntl
+        import pty
+        import termios
+
+        def take_the_terminal() -> None:  # in the child, after setsid: the pty becomes its tty
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        self.controller, terminal = pty.openpty()
+        env = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO), "TERM": "xterm"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "localchat", "-m", str(model), *args], stdin=terminal,
+            stdout=terminal, stderr=terminal, env=env, start_new_session=True,
+            preexec_fn=take_the_terminal)
+        os.close(terminal)
+        self.drawn = b""
+
+    def wait_for(self, text: bytes, timeout: float = 120) -> None:
+        import select
+        import time
+
+        deadline = time.monotonic() + timeout
+        while text not in self.drawn:
+            assert time.monotonic() < deadline, f"never drew {text!r}"
+            if select.select([self.controller], [], [], 0.2)[0]:
+                self.drawn += os.read(self.controller, 65536)
+
+    def type(self, text: str) -> None:
+        os.write(self.controller, text.encode())
+
+    def hang_up(self) -> None:
+        os.close(self.controller)
+        self.controller = -1
+
+    def exit_status(self, timeout: float = 60) -> int:
+        """Wait for the process, keeping the terminal drained; its exit status."""
+        import select
+        import time
+
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            if self.controller >= 0 and select.select([self.controller], [], [], 0.2)[0]:
+                with contextlib.suppress(OSError):
+                    self.drawn += os.read(self.controller, 65536)
+            elif self.controller < 0:
+                time.sleep(0.1)
+        code = self.proc.poll()
+        assert code is not None, "the app did not exit"
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.controller >= 0:
+            os.close(self.controller)
+
+
+def _stored_turns(home: Path) -> list[tuple[str, str, int]]:
+    db = sqlite3.connect(home / "data" / "sessions.db")
+    try:
+        return db.execute("SELECT role, content, stopped FROM turns ORDER BY id").fetchall()
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP", "closed terminal"])
+def test_38_1a_a_signal_or_a_closed_terminal_mid_reply_keeps_it_stopped_as_ctrl_q_does(
+        how, test_model_path, tmp_path):
+    import signal
+
+    home = tmp_path / "home"
+    write_config(home, "[sampling]\ntemperature = 0\nmax_tokens = 400\n")
+    app = _AppOnATerminal(test_model_path, home)
+    try:
+        app.wait_for(b"idle")
+        app.type(_COUNTING + "\r")
+        app.wait_for(b"generating")
+        app.wait_for(b"10,", timeout=30)  # some of the reply is on the screen
+        if how == "closed terminal":
+            app.hang_up()
+        else:
+            app.proc.send_signal(getattr(signal, how))
+        code = app.exit_status(timeout=30)
+    finally:
+        app.close()
+    # As Ctrl+Q: the reply so far is kept, marked stopped; the status a signal gives.
+    signum = signal.SIGTERM if how == "SIGTERM" else signal.SIGHUP
+    assert code == 128 + signum
+    turns = _stored_turns(home)
+    assert [(role, stopped) for role, _, stopped in turns] == [("user", 0), ("assistant", 1)]
+    assert turns[1][1].startswith("1, 2, 3")
+    assert list((home / "cache" / "kv").glob("*.kvsnap"))  # the context was saved too
+    if how == "SIGTERM":  # a terminal still there is left as it was found (alternate screen off)
+        assert b"\x1b[?1049l" in app.drawn
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP"])
+def test_38_1b_ask_with_a_session_keeps_the_reply_stopped_on_sigterm_or_sighup(how, test_model_path, tmp_path):
+    import signal
+
+    home = tmp_path / "home"
+    env = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "localchat", "ask", "-m", str(test_model_path),
+                             "--temperature", "0", "--max-tokens", "400", "-s", "kept", _COUNTING],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout is not None
+        shown = b""
+        while b"10," not in shown:  # some of the reply is out
+            data = proc.stdout.read1(4096)
+            assert data, "the reply never came"
+            shown += data
+        signum = getattr(signal, how)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signum, err
+    assert "Traceback" not in err.decode() and "[stopped]" in err.decode()
+    turns = _stored_turns(home)
+    assert [(role, stopped) for role, _, stopped in turns] == [("user", 0), ("assistant", 1)]
+    assert (shown + out).decode().strip() == turns[1][1].strip()  # what was shown is what is kept
+
+
+def test_38_1c_ask_on_a_terminal_that_is_closed_mid_reply_keeps_it_stopped(test_model_path, tmp_path):
+    import fcntl
+    import pty
+    import select
+    import termios
+    import time
+
+    def take_the_terminal() -> None:  # stdout is the terminal (stdin is not)
+        fcntl.ioctl(1, termios.TIOCSCTTY, 0)
+
+    home = tmp_path / "home"
+    controller, terminal = pty.openpty()
+    env = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "localchat", "ask", "-m", str(test_model_path),
+                             "--temperature", "0", "--max-tokens", "400", "-s", "kept", _COUNTING],
+                            stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, env=env,
+                            start_new_session=True, preexec_fn=take_the_terminal)
+    os.close(terminal)
+    try:
+        shown = b""
+        while b"10," not in shown:
+            assert select.select([controller], [], [], 60)[0], "the reply never came"
+            shown += os.read(controller, 4096)
+        os.close(controller)  # the window is closed: SIGHUP, and every later write fails
+        controller = -1
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if controller >= 0:
+            os.close(controller)
+    assert proc.returncode == 128 + 1  # SIGHUP
+    turns = _stored_turns(home)
+    assert [(role, stopped) for role, _, stopped in turns] == [("user", 0), ("assistant", 1)]
+    assert turns[1][1].startswith("1, 2, 3")
