@@ -18,10 +18,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from localchat.errors import UserError
 
-# Read at most this much before deciding: a bigger file cannot fit any context we run.
+# Read at most this much before deciding: a bigger file cannot fit any context we run. A prompt
+# piped on stdin has the same cap (``read_capped``).
 MAX_BYTES = 4 * 1024 * 1024
 
 
@@ -53,11 +55,9 @@ def _read(path: Path, count_tokens: CountTokens | None) -> Attachment:
         raise UserError(f"{path} is not a file." if path.exists() else f"No file {path}.")
     try:
         with path.open("rb") as handle:
-            data = handle.read(MAX_BYTES + 1)
+            data = read_capped(handle, path.name, "attach a smaller text file")
     except OSError as exc:
         raise UserError(f"Cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_BYTES:
-        raise UserError(f"{path.name} is over {MAX_BYTES // 1024 // 1024} MB; attach a smaller text file.")
     if b"\0" in data[:65536]:
         raise UserError(f"{path.name} looks binary (it has NUL bytes); only text files can be attached.")
     try:
@@ -66,6 +66,15 @@ def _read(path: Path, count_tokens: CountTokens | None) -> Attachment:
         raise UserError(f"{path.name} is not UTF-8 text (byte {exc.start} is not); only text files can be attached.") from None
     tokens = count_tokens(text) if count_tokens is not None else (len(text) + 3) // 4
     return Attachment(path, text, tokens, estimated=count_tokens is None)
+
+
+def read_capped(stream: BinaryIO, name: str, advice: str) -> bytes:
+    """All of ``stream`` if it holds at most :data:`MAX_BYTES`, never reading more than one byte
+    past them (a producer that never stops is not read for ever); UserError beyond that."""
+    data = stream.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise UserError(f"{name} is over {MAX_BYTES // 1024 // 1024} MB; {advice}.")
+    return data
 
 
 def _within(attachment: Attachment, max_tokens: int | None) -> Attachment:

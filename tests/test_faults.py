@@ -1409,3 +1409,77 @@ def test_38_1c_ask_on_a_terminal_that_is_closed_mid_reply_keeps_it_stopped(test_
     turns = _stored_turns(home)
     assert [(role, stopped) for role, _, stopped in turns] == [("user", 0), ("assistant", 1)]
     assert turns[1][1].startswith("1, 2, 3")
+
+
+def test_38_2a_a_prompt_on_stdin_stops_at_the_4_mb_a_file_may_hold(test_model_path, tmp_path):
+    import threading
+
+    from localchat.attachments import MAX_BYTES
+
+    env = {**os.environ, "LOCALCHAT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
+    with open(tmp_path / "err", "wb") as err_file:
+        proc = subprocess.Popen([sys.executable, "-m", "localchat", "ask", "-m", str(test_model_path),
+                                 "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=err_file, env=env)
+        written = 0
+
+        def produce() -> None:  # a producer that does not stop (bounded here at 64 MB)
+            nonlocal written
+            assert proc.stdin is not None
+            with contextlib.suppress(OSError):
+                while written < 64 * 1024 * 1024:
+                    written += proc.stdin.write(b"word " * 13_107)
+                proc.stdin.close()
+
+        producer = threading.Thread(target=produce, daemon=True)
+        producer.start()
+        try:
+            code = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        producer.join(timeout=10)
+    err = (tmp_path / "err").read_text()
+    assert code == 1 and the_error(err) == "localchat: error: stdin is over 4 MB; send a smaller prompt."
+    # What it read is the cap, plus what the pipe holds: not what the producer would write.
+    assert written < MAX_BYTES + 2 * 1024 * 1024
+
+
+@pytest.mark.parametrize("payload", [chunk("word "), chunk("x" * 50_000)], ids=["tokens", "huge chunks"])
+def test_38_2b_a_remote_ignoring_max_tokens_is_cut_at_the_users_limit_with_a_notice(payload):
+    from fault_server import Endless
+
+    from localchat.engine.options import Sampling
+    from localchat.events import Done, Notice, Token
+    from localchat.remote.client import RemoteClient
+    from localchat.settings.remote import RemoteSettings
+
+    with FaultServer([Stream([Endless(payload, limit=200_000)])]) as server:
+        client = RemoteClient(RemoteSettings(mode="auto", base_url=server.base_url, timeout_s=5))
+        events = list(client.stream([{"role": "user", "content": "hi"}], Sampling(max_tokens=16)))
+        client.close()
+    tokens = [e for e in events if isinstance(e, Token)]
+    [notice] = [e for e in events if isinstance(e, Notice)]
+    done = events[-1]
+    assert isinstance(done, Done) and done.finish_reason == "length"
+    assert 1 <= len(tokens) <= 16 and done.reply == "".join(t.text for t in tokens)
+    assert "max_tokens" in notice.message and "16" in notice.message
+    assert server.events_sent < 10_000  # the connection was closed: the server stopped too
+
+
+def test_38_2c_ask_says_the_remote_went_past_max_tokens_and_keeps_what_it_asked_for(test_model_path, capsys, isolated_home):
+    from fault_server import Endless
+
+    with FaultServer([Stream([Endless(chunk("word "))])]) as server:
+        remote_config(isolated_home, server.base_url)
+        code, out, err = ask_here(capsys, test_model_path, "--route", "remote", "--max-tokens", "16",
+                                  "-s", "s", "hi")
+    host = server.base_url.split("//")[1].split("/")[0]
+    assert code == 0 and "Traceback" not in err
+    assert out == "word " * 16 + "\n"
+    assert (f"localchat: the remote at {host} went on past the 16 tokens asked for (max_tokens); "
+            "its reply was cut there") in err
+    assert [(role, stopped) for role, _, stopped in _stored_turns(isolated_home)] == [
+        ("user", 0), ("assistant", 0)]
+

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import io
 import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from localchat.commands.ask_output import JsonEvents, PlainText
 from localchat.ending import ENDING_SIGNALS, Ended, detach_lost_terminal, exit_status, handled
@@ -207,14 +208,15 @@ def check_flags(args: argparse.Namespace) -> None:
 def read_prompt(prompt: str | None) -> tuple[str, Notice | None]:
     """The prompt, and a notice when stdin was not valid UTF-8 (its bad bytes become U+FFFD:
     lone surrogates would otherwise reach the tokenizer and fail there)."""
+    from localchat.attachments import read_capped
     from localchat.errors import UserError
 
     notice = None
     if prompt is None or prompt == "-":
         if sys.stdin is None or sys.stdin.isatty():
             raise UserError("no prompt: give one as an argument, or pipe it on stdin with '-'")
-        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
-        prompt = data if isinstance(data, str) else data.decode("utf-8", errors="surrogateescape")
+        data = read_capped(_stdin_bytes(), "stdin", "send a smaller prompt")
+        prompt = data.decode("utf-8", errors="surrogateescape")
     # Undecodable bytes (from stdin or argv) arrive as lone surrogates.
     if any("\ud800" <= ch <= "\udfff" for ch in prompt):
         raw = prompt.encode("utf-8", "surrogateescape" if _escaped_only(prompt) else "surrogatepass")
@@ -224,6 +226,16 @@ def read_prompt(prompt: str | None) -> tuple[str, Notice | None]:
     if not prompt.strip():
         raise UserError("the prompt is empty")
     return prompt, notice
+
+
+def _stdin_bytes() -> BinaryIO:
+    """stdin as bytes (a text stream with no buffer, as some embedders set, read up to the cap)."""
+    from localchat.attachments import MAX_BYTES
+
+    stdin = sys.stdin
+    if hasattr(stdin, "buffer"):
+        return stdin.buffer
+    return io.BytesIO(stdin.read(MAX_BYTES + 1).encode("utf-8", "surrogateescape"))
 
 
 def _escaped_only(text: str) -> bool:
