@@ -5,6 +5,8 @@ repeats when the script runs out). Replies:
 
 - ``Status(code, error="...", headers={...})``: a plain JSON error answer (500, 401, 429 with a
   ``Retry-After``, ...).
+- ``Body(data, content_type, code)``: a whole answer that is no stream (a web page, a whole JSON
+  reply), 200 unless told.
 - ``Stream(steps)``: a 200 ``text/event-stream`` sent with chunked encoding. A step is a payload
   string (sent as ``data: <payload>\\n\\n``), a ``RawBytes`` (sent as is), ``Stall()`` (send nothing
   until the client goes away or the server closes), ``Drop()`` (cut the TCP connection without
@@ -53,6 +55,15 @@ class HugeLine:
     """Send ``data: `` then ``size`` bytes of ``x`` in 64 KB writes, with no newline."""
 
     size: int = 300 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Body:
+    """Answer ``code`` with ``data`` as the whole body, of type ``content_type``."""
+
+    data: bytes
+    content_type: str = "text/html; charset=utf-8"
+    code: int = 200
 
 
 @dataclass(frozen=True)
@@ -150,7 +161,7 @@ class FaultServer:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}/v1"
 
-    def next_reply(self) -> Status | Stream:
+    def next_reply(self) -> Status | Body | Stream:
         with self._lock:
             return self.script.pop(0) if len(self.script) > 1 else self.script[0]
 
@@ -207,6 +218,9 @@ class _Handler(BaseHTTPRequestHandler):
             headers = answer.headers() if callable(answer.headers) else answer.headers
             self._send_json(answer.code, {"error": {"message": answer.error, "type": "server_error"}},
                             headers)
+            return
+        if isinstance(answer, Body):
+            self._send_body(answer.code, answer.data, answer.content_type)
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")

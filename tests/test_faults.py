@@ -1483,3 +1483,86 @@ def test_38_2c_ask_says_the_remote_went_past_max_tokens_and_keeps_what_it_asked_
     assert [(role, stopped) for role, _, stopped in _stored_turns(isolated_home)] == [
         ("user", 0), ("assistant", 0)]
 
+
+_WEB_PAGE = (b"<!DOCTYPE html>\n<html><head><title>Sign in to the proxy</title></head>"
+             b"<body>" + b"<p>Please sign in.</p>" * 200 + b"</body></html>")
+_WHOLE_REPLY = json.dumps({"object": "chat.completion", "model": "m", "choices": [
+    {"index": 0, "message": {"role": "assistant", "content": "Hello!"}, "finish_reason": "stop"}]})
+
+
+@pytest.mark.parametrize("data, content_type, says", [
+    pytest.param(_WEB_PAGE, "text/html; charset=utf-8",
+                 "answered 200 with text/html (a web page), not a stream: '<!DOCTYPE html> <html>"
+                 "<head><title>Sign in", id="web page"),
+    pytest.param(_WHOLE_REPLY.encode(), "application/json",
+                 'answered 200 with application/json (a whole reply: the server ignored "stream": '
+                 "true), not a stream: '{\"object\": \"chat.completion\"", id="whole reply"),
+    pytest.param(_WHOLE_REPLY.encode(), "text/event-stream",
+                 "answered 200 with text/event-stream (a whole reply", id="JSON labelled a stream"),
+    pytest.param(b'{"error": {"message": "no such model"}}', "application/json",
+                 "answered 200 with application/json (an error object), not a stream: '{\"error\"",
+                 id="error object"),
+    pytest.param(b"", "text/event-stream",
+                 "answered 200 with an empty body (text/event-stream), not a stream", id="empty body"),
+    pytest.param(b"Service Unavailable\n", "",
+                 "answered 200 with no content type, not a stream: 'Service Unavailable'",
+                 id="plain text"),
+])
+def test_38_5a_a_2xx_answer_that_is_not_a_stream_is_named_for_what_it_is_and_not_retried(
+        data, content_type, says):
+    from fault_server import Body
+
+    from localchat.events import Failed
+    from localchat.remote.client import RemoteClient
+    from localchat.settings.remote import RemoteSettings
+
+    with FaultServer([Body(data, content_type)]) as server:
+        client = RemoteClient(RemoteSettings(mode="auto", base_url=server.base_url, timeout_s=5))
+        events = list(client.stream([{"role": "user", "content": "hi"}]))
+        client.close()
+    host = server.base_url.split("//")[1].split("/")[0]
+    assert [type(e) for e in events] == [Failed]  # no retry notice before it
+    assert events[0].message.startswith(f"the remote at {host} ")
+    assert says in events[0].message and "\n" not in events[0].message
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("steps, says", [
+    ([json.dumps({"id": "x", "object": "chat.completion.chunk"})] * 3 + ["[DONE]"],
+     "sent 3 events that are no chat-completion chunk (no 'choices'), the first: "),
+    ([json.dumps({"text": "Hel"}), json.dumps({"text": "lo"})],
+     "sent 2 events that are no chat-completion chunk (no 'choices'), the first: "),
+    ([json.dumps({"choices": [{"index": 0, "delta": {"content": None}}]}),
+      json.dumps({"choices": [{"index": 0, "delta": {"content": 42}, "finish_reason": "stop"}]}),
+      "[DONE]"], "sent an empty reply: its 2 events carried no text"),
+    ([json.dumps({"choices": "Hello"}), json.dumps({"choices": [7]}), "[DONE]"],
+     "sent an empty reply: its 2 events carried no text"),
+], ids=["no choices", "no choices and no [DONE]", "no text", "choices not objects"])
+def test_38_5b_a_stream_without_usable_chunks_fails_and_nothing_empty_is_stored(
+        steps, says, test_model_path, capsys, isolated_home):
+    with FaultServer([Stream(steps)]) as server:
+        remote_config(isolated_home, server.base_url)
+        code, out, err = ask_here(capsys, test_model_path, "--route", "remote", "-s", "s", "hi")
+    host = server.base_url.split("//")[1].split("/")[0]
+    assert code == 1 and not out.strip()
+    assert the_error(err).startswith(f"localchat: error: the remote at {host} {says}")
+    assert len(server.requests) == 1
+    assert not (isolated_home / "data" / "sessions.db").exists() or _stored_turns(isolated_home) == []
+
+
+def test_38_5c_an_auto_turn_falls_back_to_the_local_model_with_the_remotes_answer_named(
+        test_model_path, capsys, isolated_home):
+    from fault_server import Body
+
+    with FaultServer([Body(_WEB_PAGE)]) as server:
+        remote_config(isolated_home, server.base_url)
+        code, out, err = ask_here(
+            capsys, test_model_path, "--max-tokens", "4", "--json", "--route", "auto",
+            "Prove step by step that the square root of 2 is irrational, with a rigorous "
+            "proof by contradiction, and explain each step of the proof in detail.")
+    events = [json.loads(line) for line in out.splitlines()]
+    [fallback] = [e for e in events if e["event"] == "notice" and e["kind"] == "fallback"]
+    assert code == 0 and "(a web page), not a stream" in fallback["message"]
+    assert "closed the stream" not in fallback["message"]
+    assert events[-1]["event"] == "done" and events[-1]["route"] == "local"
+    assert len(server.requests) == 1

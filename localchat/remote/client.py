@@ -17,6 +17,9 @@ Contract of a :class:`RemoteTurn` (a ``localchat.events.Turn``):
   headers): keep-alive comments and the bytes of a line that never ends do not count, so a
   trickling server fails like a silent one. A line or event over ``sse.MAX_EVENT_BYTES`` fails
   at once, without reading the rest. Neither is retried.
+- A 2xx answer is read only if it is an event stream of chat-completion chunks that carry text
+  (``stream_checks``): a web page, a whole JSON reply, an empty body, events without ``choices``
+  or an empty reply fail in one line that names what came, and are not retried.
 - A server that goes on past the request's ``max_tokens`` is cut there (``stream_checks``): what
   fits is kept, a ``Notice`` says so, and the turn ends with finish_reason "length".
 - Every failure is one ``Failed`` line written for the user; it never contains the API key.
@@ -25,6 +28,7 @@ Contract of a :class:`RemoteTurn` (a ``localchat.events.Turn``):
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import queue
@@ -62,7 +66,7 @@ from localchat.remote.sse import (
     iter_lines,
     iter_sse_data,
 )
-from localchat.remote.stream_checks import TokenLimit
+from localchat.remote.stream_checks import TokenLimit, no_reply, not_a_stream, opening
 from localchat.remote.timing import ReplyClock
 from localchat.settings.remote import RemoteSettings
 
@@ -248,7 +252,7 @@ class RemoteTurn(TurnEnd):
     def _attempt(self) -> Done:
         try:
             with self._client._post_stream(self._body, self._trace) as response:
-                if response.status_code != 200:
+                if not response.is_success:
                     raise self._status_failure(response)
                 return self._read_stream(response)
         except httpx.TimeoutException as exc:
@@ -265,6 +269,12 @@ class RemoteTurn(TurnEnd):
 
     def _read_stream(self, response: httpx.Response) -> Done:
         where = self._client.where
+        body = self._within_deadline(response.iter_bytes())
+        head = opening(body)
+        problem = not_a_stream(where, response.status_code,
+                               response.headers.get("content-type", ""), head)
+        if problem:
+            raise _AttemptFailed(problem, False)  # the same server would answer the same again
         reply: list[str] = []
         thinking: list[str] = []
         # Reasoning arrives apart (reasoning_content) or inline as <think> in the content.
@@ -272,8 +282,10 @@ class RemoteTurn(TurnEnd):
         limit = TokenLimit(self._body["max_tokens"])
         finish_reason: str | None = None
         usage = None
+        events = chat_chunks = 0
+        first_event = ""
         ended = False  # by [DONE] or the cut at max_tokens
-        payloads = iter_sse_data(iter_lines(self._within_deadline(response.iter_bytes())))
+        payloads = iter_sse_data(iter_lines(itertools.chain([head], body)))
         for payload in _bounded(payloads, where):
             self._last_data = time.monotonic()
             try:
@@ -284,6 +296,8 @@ class RemoteTurn(TurnEnd):
             if chunk.done:
                 ended = True
                 break
+            events, chat_chunks = events + 1, chat_chunks + chunk.chat
+            first_event = first_event or payload
             text = chunk.reasoning + chunk.content
             fits = limit.room(text)
             if fits < len(text):  # the server went past max_tokens: keep what fits, then stop
@@ -308,6 +322,9 @@ class RemoteTurn(TurnEnd):
         reasoning, answer = inline.flush()
         self._reasoning(reasoning, thinking)
         self._answer(answer, reply)
+        if events and not chat_chunks or (ended or finish_reason) and not (reply or thinking):
+            # Not a chat stream, or an empty reply: never stored as one, and not worth a retry.
+            raise _AttemptFailed(no_reply(where, events, chat_chunks, first_event), False)
         if not ended and finish_reason is None:
             raise _AttemptFailed("the remote closed the stream before the reply was complete", True)
         timings = self._timings(usage.prompt_tokens if usage else None,
