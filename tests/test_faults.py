@@ -1566,3 +1566,52 @@ def test_38_5c_an_auto_turn_falls_back_to_the_local_model_with_the_remotes_answe
     assert "closed the stream" not in fallback["message"]
     assert events[-1]["event"] == "done" and events[-1]["route"] == "local"
     assert len(server.requests) == 1
+
+
+def test_38_3a_import_copies_the_file_so_rewriting_the_original_leaves_the_model_as_imported(tmp_path):
+    from hub_server import make_gguf
+
+    home = tmp_path / "home"
+    original = tmp_path / "downloads" / "tiny.gguf"
+    original.parent.mkdir()
+    original.write_bytes(make_gguf())
+    imported = home / "data" / "models" / "imported"
+    imported.mkdir(parents=True)
+    for stale in (".old.gguf.k3j2h1.tmp", ".older.gguf.999999999.importing"):  # killed imports'
+        (imported / stale).write_bytes(b"half a copy")
+    code, out, err = localchat("import", str(original), home=home, timeout=60)
+    assert code == 0, err
+    stored = home / "data" / "models" / "imported" / "tiny.gguf"
+    assert stored.stat().st_ino != original.stat().st_ino and stored.stat().st_nlink == 1
+    assert [p.name for p in stored.parent.iterdir()] == ["tiny.gguf"]  # no temp file, old or new
+    with open(original, "r+b") as f:  # a new download written over the original, in place
+        f.truncate(100)
+        f.write(b"new bytes")
+    assert stored.read_bytes() == make_gguf()
+    code, out, err = localchat("models", "--json", home=home, timeout=60)
+    row = {r["name"]: r for r in json.loads(out)}["tiny"]
+    assert row["downloaded"] and row["size_bytes"] == len(make_gguf())
+
+
+def test_38_3b_an_imported_model_whose_file_changed_says_so_at_load(test_model_path, tmp_path):
+    home = tmp_path / "home"
+    code, out, err = localchat("import", str(test_model_path), "--name", "small", home=home)
+    assert code == 0, err
+    stored = home / "data" / "models" / "imported" / "small.gguf"
+    with open(stored, "ab") as f:  # changed in the models folder (or through an old hard link)
+        f.write(b"\0" * 4096)
+    code, out, err = localchat("ask", "-m", "small", "--max-tokens", "2", "hi", home=home)
+    size = test_model_path.stat().st_size
+    assert code == 0 and out.strip(), err
+    assert (f"localchat: small's file changed since it was imported ({size:,} bytes then, "
+            f"{size + 4096:,} now): {stored}") in err
+
+
+def test_38_3c_import_onto_a_disk_without_room_is_one_line_and_leaves_nothing(test_model_path, tmp_path):
+    home = tmp_path / "home"
+    models = home / "data" / "models"
+    with tmpfs(models, "16m"):
+        code, out, err = localchat("import", str(test_model_path), "--name", "small", home=home)
+        assert code == 1 and "not enough disk space" in the_error(err)
+        assert list(models.rglob("*")) in ([], [models / "imported"])
+    assert not (home / "models.toml").exists()

@@ -323,6 +323,24 @@ def require_local(spec: ModelSpec) -> Path:
                         f"{offline}")
 
 
+def changed_since_import(spec: ModelSpec) -> str | None:
+    """One line when an imported model's file no longer has the size ``import`` recorded (it
+    was changed in the models folder, or through a hard link an older ``import`` made to the
+    user's file, which a new download then overwrote in place); None otherwise."""
+    if spec.path is None or not spec.size_bytes or spec.source_file != paths.user_registry_file():
+        return None
+    if spec.path.parent != paths.models_dir() / IMPORTED_DIR:
+        return None  # the user's own entry: its size_bytes is theirs to set, for display
+    try:
+        size = spec.path.stat().st_size
+    except OSError:
+        return None
+    if size == spec.size_bytes:
+        return None
+    return (f"{spec.name}'s file changed since it was imported ({spec.size_bytes:,} bytes then, "
+            f"{size:,} now): {spec.path}")
+
+
 def known_models() -> list[ModelSpec]:
     """Every model a user can name: the registry, then Hub files pulled by ``hf:`` reference."""
     registry = load_registry()
