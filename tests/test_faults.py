@@ -511,8 +511,10 @@ def _parse_keys(data: str) -> list:
     return [e for e in parsed if isinstance(e, events.Key)]
 
 
-def test_16_a_stalled_pull_says_the_hub_stopped_sending(monkeypatch, capsys):
-    from hub_server import FakeHub, make_gguf
+def _stalled_pull(monkeypatch, ref: str, content: bytes) -> int:
+    """``localchat pull ref`` in this process from a hub that stops sending after 100 KB of
+    ``content``, with short timeouts and no waits between huggingface_hub's resume attempts."""
+    from hub_server import FakeHub
     from huggingface_hub import constants, file_download
 
     from localchat.cli import main
@@ -528,9 +530,16 @@ def test_16_a_stalled_pull_says_the_hub_stopped_sending(monkeypatch, capsys):
         monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 0.2)
         # huggingface_hub waits 1 s before each of its 5 resume attempts; the test needs no wait.
         monkeypatch.setattr(file_download, "time", _NoSleep())
-        hub.add_file("acme/Tiny-GGUF", "tiny.gguf", make_gguf())
+        parts = ref.removeprefix("hf:").split("/")
+        hub.add_file("/".join(parts[:2]), "/".join(parts[2:]), content)
         hub.stall_after(100_000)
-        code = main(["pull", "hf:acme/Tiny-GGUF/tiny.gguf"])
+        return main(["pull", ref])
+
+
+def test_16_a_stalled_pull_says_the_hub_stopped_sending(monkeypatch, capsys):
+    from hub_server import make_gguf
+
+    code = _stalled_pull(monkeypatch, "hf:acme/Tiny-GGUF/tiny.gguf", make_gguf())
     err = capsys.readouterr().err
     assert code == 1 and "the Hub stopped sending" in the_error(err.replace("\r", "\n"))
 
@@ -1615,3 +1624,41 @@ def test_38_3c_import_onto_a_disk_without_room_is_one_line_and_leaves_nothing(te
         assert code == 1 and "not enough disk space" in the_error(err)
         assert list(models.rglob("*")) in ([], [models / "imported"])
     assert not (home / "models.toml").exists()
+
+
+def test_38_4_a_cancelled_hub_pull_is_listed_as_partial_and_rm_and_pull_act_on_it(
+        monkeypatch, capsys, isolated_home):
+    from hub_server import FakeHub, make_gguf
+
+    from localchat.models.progress import format_bytes
+
+    ref, content = "hf:acme/Tiny-GGUF/tiny.gguf", make_gguf()
+    assert _stalled_pull(monkeypatch, ref, content) == 1
+    [part] = list((isolated_home / "data" / "models").rglob("tiny.gguf.*.part"))
+    size = part.stat().st_size
+    assert 0 < size < len(content)
+
+    code, out, err = localchat("models", "--json", home=isolated_home)
+    row = {r["name"]: r for r in json.loads(out)}[ref]
+    assert code == 0 and not row["downloaded"] and row["partial_bytes"] == size
+    code, out, err = localchat("models", home=isolated_home)
+    [line] = [line for line in out.splitlines() if line.startswith(ref)]
+    assert "partial" in line and f"{format_bytes(size)} so far" in line
+    code, out, err = localchat("doctor", "--json", home=isolated_home)
+    assert json.loads(out)["models"]["partial"] == [{"name": ref, "path": str(part), "size_bytes": size}]
+    code, out, err = localchat("doctor", home=isolated_home)
+    assert f"{ref} ({format_bytes(size)} so far" in out
+
+    code, out, err = localchat("rm", ref, home=isolated_home)
+    assert code == 0 and f"deleted {ref} ({format_bytes(size)} freed)" in out
+    assert not part.exists()
+    code, out, err = localchat("models", "--json", home=isolated_home)
+    assert ref not in {r["name"] for r in json.loads(out)}
+
+    assert _stalled_pull(monkeypatch, ref, content) == 1  # cancelled again; this time, resumed
+    with FakeHub() as hub:
+        hub.add_file("acme/Tiny-GGUF", "tiny.gguf", content)
+        code, out, err = localchat("pull", ref, home=isolated_home, env=_hub_env(hub))
+    assert code == 0, err
+    assert hub.cdn_gets()[0].range_start == size
+    assert (isolated_home / "data" / "models" / "acme--Tiny-GGUF" / "tiny.gguf").read_bytes() == content

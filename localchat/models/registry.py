@@ -342,13 +342,17 @@ def changed_since_import(spec: ModelSpec) -> str | None:
 
 
 def known_models() -> list[ModelSpec]:
-    """Every model a user can name: the registry, then Hub files pulled by ``hf:`` reference."""
+    """Every model a user can name: the registry, then Hub files pulled by ``hf:`` reference,
+    whole or partly (the ``.part`` of a pull that was cut off: listed, so that its bytes do not
+    leak unseen, and named so that ``rm`` and ``pull`` act on it)."""
     registry = load_registry()
     specs = list(registry.values())
     claimed = {local_path(spec).resolve() for spec in specs}
     root = paths.models_dir()
-    for gguf in sorted(root.glob("*--*/**/*.gguf")):
-        if gguf.resolve() in claimed or not gguf.is_file():
+    pulled = {*root.glob("*--*/**/*.gguf"),
+              *(_pulled_file(part) for part in root.glob("*--*/**/*.gguf.*.part"))}
+    for gguf in sorted(pulled):
+        if gguf.resolve() in claimed or gguf.is_dir():
             continue
         relative = gguf.relative_to(root).parts
         repo = relative[0].replace("--", "/", 1)
@@ -357,6 +361,11 @@ def known_models() -> list[ModelSpec]:
         except ModelNotFound:  # a file put there by hand under a name no pull would accept
             continue
     return specs
+
+
+def _pulled_file(part: Path) -> Path:
+    """The model file a pull's ``NAME.gguf.<etag>.part`` will become."""
+    return part.with_name(part.name[:part.name.rindex(".gguf.") + len(".gguf")])
 
 
 
