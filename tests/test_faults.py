@@ -1662,3 +1662,69 @@ def test_38_4_a_cancelled_hub_pull_is_listed_as_partial_and_rm_and_pull_act_on_i
     assert code == 0, err
     assert hub.cdn_gets()[0].range_start == size
     assert (isolated_home / "data" / "models" / "acme--Tiny-GGUF" / "tiny.gguf").read_bytes() == content
+
+
+@pytest.mark.parametrize("name", ["config.toml", "models.toml"])
+@pytest.mark.parametrize("kind, says", [("dangling", "is a symbolic link to "),
+                                        ("loop", "is a symbolic link that loops back on itself"),
+                                        ("fifo", "is not a regular file")])
+def test_38_6a_a_settings_file_that_is_a_broken_link_is_refused_naming_it(name, kind, says, test_model_path, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    path = home / name
+    if kind == "dangling":  # say, a dotfiles checkout that moved: [snapshots] enabled = false was there
+        path.symlink_to(tmp_path / "dotfiles" / name)
+    elif kind == "loop":
+        path.symlink_to(path)
+    else:
+        os.mkfifo(path)  # reading it would wait for a writer for ever
+    code, out, err = localchat("ask", "-m", str(test_model_path), "--max-tokens", "2", "-s", "s",
+                               "hi", home=home, timeout=60)
+    assert code == 1 and not out
+    assert the_error(err).startswith(f"localchat: error: {path} {says}")
+    assert not (home / "cache" / "kv").exists() and not (home / "data" / "sessions.db").exists()
+
+
+def test_38_6b_a_settings_file_starting_with_a_byte_order_mark_is_read(test_model_path, capsys, isolated_home):
+    write_config(isolated_home, "\ufeff[snapshots]\nenabled = false\n")  # as Notepad saves it
+    (isolated_home / "models.toml").write_text('\ufeff[models.small]\npath = "small.gguf"\n')
+    code, out, err = ask_here(capsys, test_model_path, "--max-tokens", "2", "-s", "s", "hi")
+    assert code == 0 and out.strip(), err
+    assert not list((isolated_home / "cache" / "kv").glob("*.kvsnap"))  # the setting was read
+    code, out, err = localchat("models", "--json", home=isolated_home)
+    assert code == 0 and "small" in {row["name"] for row in json.loads(out)}, err
+    (isolated_home / "config.toml").write_text("[snapshots]\nenabled = false\n", encoding="utf-16")
+    code, out, err = localchat("models", home=isolated_home)
+    assert code == 1 and "is UTF-16 text" in the_error(err)
+
+
+def test_38_6c_a_truncated_gguf_given_by_path_says_so_on_every_load(test_model_path, tmp_path, capsys):
+    from localchat.models.gguf import read_gguf
+
+    cut = tmp_path / "cut.gguf"
+    data = test_model_path.read_bytes()
+    cut.write_bytes(data[:len(data) * 2 // 3])  # a download or copy still under way
+    code, out, err = ask_here(capsys, cut, "--max-tokens", "2", "hi")
+    needed = read_gguf(test_model_path).data_end
+    assert code == 1 and not out
+    assert the_error(err) == (f"localchat: error: {cut} is truncated: its tensors need {needed} "
+                              f"bytes but the file has {cut.stat().st_size} (an interrupted "
+                              "download or copy?)")
+
+
+def test_38_6d_a_file_ending_inside_a_character_is_read_up_to_it_and_one_bad_inside_is_refused(
+        test_model_path, tmp_path, capsys):
+    growing = tmp_path / "growing.txt"
+    growing.write_bytes("Le café coûte 2 €".encode()[:-2])  # the writer is half-way through "€"
+    code, out, err = ask_here(capsys, test_model_path, "--max-tokens", "2", "--json", "-f",
+                              str(growing), "Summarise the file.")
+    events = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and events[-1]["event"] == "done", err
+    notes = [e["message"] for e in events if e["event"] == "notice"]
+    assert ("growing.txt ends inside a character (is it still being written?): read up to its "
+            "last whole character") in notes
+
+    broken = tmp_path / "broken.txt"
+    broken.write_bytes(b"caf\xe9 au lait, and more text after it")
+    code, out, err = ask_here(capsys, test_model_path, "--max-tokens", "2", "-f", str(broken), "hi")
+    assert code == 1 and "broken.txt is not UTF-8 text (byte 3 is not)" in the_error(err)

@@ -8,6 +8,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from localchat.commands.ask_output import JsonEvents, PlainText
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
             interruptions: Interruptions) -> int:
-    from localchat.attachments import read_attachment
+    from localchat.attachments import mentioned_files, read_attachment
     from localchat.chat.escalation import Escalation
     from localchat.context.factory import open_chat
     from localchat.engine.factory import open_engine, sampling_options
@@ -78,8 +79,12 @@ def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
         prompt, notice = read_prompt(args.prompt)
         if notice:
             out.event(notice)
-        for path in args.file:  # a missing or binary file is refused before a model loads
-            read_attachment(path, None, None)
+        # A missing or binary file is refused before a model loads; one read up to a cut
+        # character says so.
+        for path in [*args.file, *mentioned_files(prompt, Path.cwd())]:
+            note = read_attachment(path, None, None).note
+            if note:
+                out.event(Notice(note, kind="input"))
         config = load_config()
         escalator = Escalator.from_settings(config.remote)
         route: Route = args.route or ("auto" if escalator.client is not None else "local")
@@ -125,8 +130,6 @@ def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
 def _with_files(prompt: str, paths: list[str], engine, sampling) -> str:
     """The question as it will be sent, with the ``-f`` files (and ``@path`` mentions) attached,
     as the app sends a message; UserError for a binary or over-long file."""
-    from pathlib import Path
-
     from localchat.attachments import outgoing_message
     from localchat.context.budget import message_room
 

@@ -27,7 +27,7 @@ from localchat.atomic import write_text_atomic
 from localchat.errors import ConfigError, ModelNotFound, UserError
 from localchat.names import UnsafeName, check_file_name, path_under
 from localchat.settings import load_config
-from localchat.settings.toml import line_of, read_toml_file
+from localchat.settings.toml import line_of, read_toml_file, settings_file_present
 from localchat.terminal import visible
 
 # Context opened for models the registry knows nothing about (hf: references, plain paths).
@@ -123,7 +123,7 @@ def load_registry() -> dict[str, ModelSpec]:
     entries: dict[str, dict[str, Any]] = {}
     origins: dict[str, tuple[Path, int]] = {}
     for registry_file in (shipped_registry_file(), paths.user_registry_file()):
-        if registry_file.exists():
+        if settings_file_present(registry_file):
             _merge_file(registry_file, entries, origins)
     return {name: _build_spec(name, values, *origins[name]) for name, values in entries.items()}
 
@@ -375,13 +375,14 @@ def add_user_entry(name: str, values: dict[str, Any]) -> Path:
     The caller makes sure ``name`` is not defined there yet. Returns the file written.
     """
     registry_file = paths.user_registry_file()
-    text = registry_file.read_text(encoding="utf-8") if registry_file.exists() else ""
+    text = read_toml_file(registry_file)[1] if settings_file_present(registry_file) else ""
     if text and not text.endswith("\n"):
         text += "\n"
     import tomli_w  # only here: writing entries is rare, start-up should not pay for it
 
     block = tomli_w.dumps({"models": {name: values}})
-    write_text_atomic(registry_file, text + ("\n" if text else "") + block)
+    # Through a link (a dotfiles checkout), to the file it points at: the link stays.
+    write_text_atomic(registry_file.resolve(), text + ("\n" if text else "") + block)
     return registry_file
 
 
@@ -394,10 +395,10 @@ def remove_user_entry(name: str) -> bool:
     import tomlkit  # only here, like tomli_w above
 
     registry_file = paths.user_registry_file()
-    if not registry_file.exists():
+    if not settings_file_present(registry_file):
         return False
     try:
-        document = tomlkit.parse(registry_file.read_text(encoding="utf-8"))
+        document = tomlkit.parse(read_toml_file(registry_file)[1])
     except tomlkit.exceptions.ParseError as exc:
         reason = re.sub(r" at line \d+ col \d+$", "", str(exc))
         raise ConfigError(f"{registry_file}:{exc.line}: invalid TOML: {reason}") from None
@@ -405,5 +406,5 @@ def remove_user_entry(name: str) -> bool:
     if not isinstance(models, dict) or name not in models:
         return False
     del models[name]
-    write_text_atomic(registry_file, tomlkit.dumps(document))
+    write_text_atomic(registry_file.resolve(), tomlkit.dumps(document))
     return True
