@@ -562,14 +562,15 @@ def _hub_env(hub) -> dict[str, str]:
     return {"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_TOKEN": ""}
 
 
-def on_a_terminal(*args: str, home: Path, timeout: float = 60) -> tuple[int, str]:
+def on_a_terminal(*args: str, home: Path, timeout: float = 60,
+                  env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run the CLI with stdout and stderr on a pseudo-terminal; returns (exit status, what the
     terminal received)."""
     import pty
     import select
 
     primary, secondary = pty.openpty()
-    environment = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO)}
+    environment = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO), **(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "localchat", *args], stdin=subprocess.DEVNULL,
                             stdout=secondary, stderr=secondary, env=environment)
     os.close(secondary)
@@ -1728,3 +1729,51 @@ def test_38_6d_a_file_ending_inside_a_character_is_read_up_to_it_and_one_bad_ins
     broken.write_bytes(b"caf\xe9 au lait, and more text after it")
     code, out, err = ask_here(capsys, test_model_path, "--max-tokens", "2", "-f", str(broken), "hi")
     assert code == 1 and "broken.txt is not UTF-8 text (byte 3 is not)" in the_error(err)
+
+
+def test_38_7a_reasoning_is_dimmed_only_on_a_terminal_that_can_show_it(test_model_path, tmp_path):
+    home = tmp_path / "home"
+    thought = json.dumps({"object": "chat.completion.chunk", "model": "m", "choices": [
+        {"index": 0, "delta": {"reasoning_content": "Let me think."}, "finish_reason": None}]})
+    stream = Stream([thought, chunk("Paris."), chunk(finish_reason="stop"), "[DONE]"])
+    with FaultServer([stream]) as server:
+        remote_config(home, server.base_url)
+        args = ("ask", "-m", str(test_model_path), "--route", "remote", "Capital of France?")
+        shown = {term: on_a_terminal(*args, home=home, env={"TERM": term})
+                 for term in ("dumb", "xterm-256color")}
+        code, piped, err = localchat(*args, home=home, env={"TERM": "xterm-256color"})
+    assert all(code == 0 and "Let me think." in text and "Paris." in text
+               for code, text in shown.values()), shown
+    assert "\x1b" not in shown["dumb"][1]  # not even around the reasoning
+    assert "\x1b[2mLet me think.\x1b[22m" in shown["xterm-256color"][1]  # the dimming still works
+    assert code == 0 and "\x1b" not in err + piped and "Let me think." in err
+
+
+_LOG_HARD = """
+import logging, sys
+from localchat import logs
+logs.MAX_BYTES = 400  # a rotation every other record: the race is met in most rounds
+logs.attach()
+log = logging.getLogger("localchat.test")
+for i in range(100):
+    log.warning("process %s record %d %s", sys.argv[1], i, "x" * 100)
+"""
+
+
+def test_38_7b_processes_logging_at_once_never_print_logging_errors(tmp_path):
+    import re
+
+    env = {**os.environ, "LOCALCHAT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
+    for _ in range(5):
+        procs = [subprocess.Popen([sys.executable, "-c", _LOG_HARD, str(n)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=env) for n in range(3)]
+        outputs = [proc.communicate(timeout=120) for proc in procs]
+        for proc, (out, err) in zip(procs, outputs):
+            assert proc.returncode == 0 and out == b"" and err == b"", err.decode()[-2000:]
+    logs = sorted((tmp_path / "home" / "data").glob("localchat.log*"))
+    assert [f.name for f in logs] == ["localchat.log", "localchat.log.1", "localchat.log.2"]
+    record = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING localchat.test "
+                        r"\[MainThread\] process \d record \d+ x{100}$")
+    for log in logs:  # each within the cap, and made of whole records
+        assert log.stat().st_size <= 400
+        assert all(record.match(line) for line in log.read_text().splitlines()), log

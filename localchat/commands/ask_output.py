@@ -17,7 +17,7 @@ from localchat.events import (
     Timings,
     Token,
 )
-from localchat.terminal import raw, visible
+from localchat.terminal import raw, shows_styles, visible
 
 
 def _unread(shown: str, whole: str) -> str:
@@ -97,10 +97,13 @@ class PlainText:
         return 1
 
     def _write_thinking(self, text: str) -> None:
-        """Reasoning goes to stderr, dimmed on a terminal, so stdout holds only the answer."""
+        """Reasoning goes to stderr, dimmed on a terminal that shows it, so stdout holds only the
+        answer."""
         stderr = raw(self.stderr)  # the dimming escapes are ours; the model's text is not
         if stderr.isatty():
-            text = f"\x1b[2m{visible(text)}\x1b[22m"
+            text = visible(text)
+            if shows_styles(stderr):
+                text = f"\x1b[2m{text}\x1b[22m"
         stderr.write(text)
         stderr.flush()
         self._thinking_open = True

@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from localchat import logs
 from localchat.engine.options import Sampling
 from localchat.errors import UserError
 from localchat.events import (
@@ -220,6 +221,7 @@ class RemoteTurn(TurnEnd):
         try:
             final = self._attempt_twice()
         except Exception as exc:  # a bug must still end the turn, or the iterator would hang
+            logs.attach()  # its traceback goes to the log file, not the terminal
             log.exception("remote turn crashed")
             final = Failed(self._redact(f"remote client error: {type(exc).__name__}: {exc}"))
         if final is None or self._stop.is_set():
