@@ -1478,6 +1478,29 @@ def test_38_2b_a_remote_ignoring_max_tokens_is_cut_at_the_users_limit_with_a_not
     assert server.events_sent < 10_000  # the connection was closed: the server stopped too
 
 
+def test_38_2b_a_remote_sending_empty_chunks_for_ever_is_not_read_for_ever():
+    from fault_server import Endless
+
+    from localchat.engine.options import Sampling
+    from localchat.events import Failed
+    from localchat.remote.client import RemoteClient
+    from localchat.settings.remote import RemoteSettings
+
+    empty = json.dumps({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}}]})
+    with FaultServer([Stream([chunk("Hi"), Endless(empty, limit=200_000)])]) as server:
+        client = RemoteClient(RemoteSettings(mode="auto", base_url=server.base_url, timeout_s=5))
+        events = list(client.stream([{"role": "user", "content": "hi"}], Sampling(max_tokens=16)))
+        client.close()
+    assert events[-1].reply == "Hi" and events[-1].finish_reason == "length"
+    assert server.events_sent < 10_000
+    with FaultServer([Stream([Endless(empty, limit=200_000)])]) as server:
+        client = RemoteClient(RemoteSettings(mode="auto", base_url=server.base_url, timeout_s=5))
+        events = list(client.stream([{"role": "user", "content": "hi"}], Sampling(max_tokens=16)))
+        client.close()
+    assert isinstance(events[-1], Failed) and "sent an empty reply" in events[-1].message
+    assert server.events_sent < 10_000 and len(server.requests) == 1
+
+
 def test_38_2c_ask_says_the_remote_went_past_max_tokens_and_keeps_what_it_asked_for(test_model_path, capsys, isolated_home):
     from fault_server import Endless
 

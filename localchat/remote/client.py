@@ -302,7 +302,7 @@ class RemoteTurn(TurnEnd):
             first_event = first_event or payload
             text = chunk.reasoning + chunk.content
             fits = limit.room(text)
-            if fits < len(text):  # the server went past max_tokens: keep what fits, then stop
+            if limit.passed:  # the server went past max_tokens: keep what fits, then stop
                 chunk = replace(chunk, reasoning=chunk.reasoning[:fits],
                                 content=chunk.content[:max(0, fits - len(chunk.reasoning))],
                                 finish_reason="length")
@@ -315,15 +315,16 @@ class RemoteTurn(TurnEnd):
                 reasoning, answer = inline.feed(chunk.content)
                 self._reasoning(reasoning, thinking)
                 self._answer(answer, reply)
-            if fits < len(text):
-                self._events.put(Notice(
-                    f"the remote at {where} went on past the {limit.max_tokens} tokens asked for "
-                    "(max_tokens); its reply was cut there", kind="max_tokens"))
+            if limit.passed:
                 ended = True
                 break
         reasoning, answer = inline.flush()
         self._reasoning(reasoning, thinking)
         self._answer(answer, reply)
+        if limit.passed and (reply or thinking):
+            self._events.put(Notice(
+                f"the remote at {where} went on past the {limit.max_tokens} tokens asked for "
+                "(max_tokens); its reply was cut there", kind="max_tokens"))
         if events and not chat_chunks or (ended or finish_reason) and not (reply or thinking):
             # Not a chat stream, or an empty reply: never stored as one, and not worth a retry.
             raise _AttemptFailed(no_reply(where, events, chat_chunks, first_event), False)

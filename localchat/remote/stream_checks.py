@@ -26,6 +26,11 @@ OPENING_BYTES = 1024
 # about 4 (3 for code); a server that sends a megabyte per chunk is caught by this bound.
 MAX_CHARS_PER_TOKEN = 8
 
+# Events a reply may take beyond its text: a role, a finish, usage, and empty deltas some servers
+# send between tokens. Far more is a server that goes on without end.
+EVENTS_PER_TOKEN = 4
+SPARE_EVENTS = 64
+
 _SSE_FIRST_LINE = re.compile(rb"^(?::|(?:data|event|id|retry)(?::|\r?$))")
 
 
@@ -83,22 +88,31 @@ class TokenLimit:
     """The reply's length against the ``max_tokens`` the request asked for. Without the remote
     model's tokenizer, a chunk with text counts as one token (real servers send at most one per
     chunk) and so do each :data:`MAX_CHARS_PER_TOKEN` characters of text: the larger of the two
-    is what has arrived."""
+    is what has arrived. Events without text (a role, a finish, usage) are bounded too, so that
+    a server sending empty chunks for ever is not read for ever. ``passed``: the stream went on
+    past the limit (stop reading it)."""
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
-        self._chunks = 0
-        self._chars = 0
+        self.max_events = EVENTS_PER_TOKEN * max_tokens + SPARE_EVENTS
+        self.passed = False
+        self._events = self._chunks = self._chars = 0
 
     def room(self, text: str) -> int:
-        """How many characters of a chunk carrying ``text`` fit within the limit: all of them,
-        or fewer when the chunk would take the reply past it. What fits is counted."""
+        """How many characters of the next event's ``text`` fit within the limit: all of them,
+        or fewer when it takes the reply past the limit (then ``passed`` is set). What fits is
+        counted."""
+        self._events += 1
+        if self._events > self.max_events:
+            self.passed = True
+            return 0
         if not text:
             return 0
         if self._chunks >= self.max_tokens:
+            self.passed = True
             return 0
-        fits = max(0, min(len(text), self.max_tokens * MAX_CHARS_PER_TOKEN - self._chars))
-        if fits:
-            self._chunks += 1
-            self._chars += fits
+        fits = min(len(text), self.max_tokens * MAX_CHARS_PER_TOKEN - self._chars)
+        self.passed = fits < len(text)
+        self._chunks += 1
+        self._chars += fits
         return fits
