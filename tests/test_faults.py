@@ -1709,6 +1709,18 @@ def test_38_6a_a_settings_file_that_is_a_broken_link_is_refused_naming_it(name, 
     assert not (home / "cache" / "kv").exists() and not (home / "data" / "sessions.db").exists()
 
 
+@pytest.mark.parametrize("link, says", [("dangling", "is a symbolic link to "),
+                                        ("loop", "is a symbolic link that loops back on itself")])
+def test_38_6a_a_session_database_that_is_a_broken_link_says_so(link, says, tmp_path):
+    data = tmp_path / "home" / "data"
+    data.mkdir(parents=True)
+    database = data / "sessions.db"
+    database.symlink_to(tmp_path / "gone" / "sessions.db" if link == "dangling" else database)
+    code, out, err = localchat("sessions", home=tmp_path / "home", timeout=60)
+    assert code == 1 and the_error(err).startswith(
+        f"localchat: error: The session database {database} {says}")
+
+
 def test_38_6b_a_settings_file_starting_with_a_byte_order_mark_is_read(test_model_path, capsys, isolated_home):
     write_config(isolated_home, "\ufeff[snapshots]\nenabled = false\n")  # as Notepad saves it
     (isolated_home / "models.toml").write_text('\ufeff[models.small]\npath = "small.gguf"\n')

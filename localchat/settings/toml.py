@@ -9,8 +9,6 @@ gets its line from :func:`find_line`, which scans headers and ``key =`` lines.
 from __future__ import annotations
 
 import codecs
-import errno
-import os
 import re
 import stat
 import tomllib
@@ -19,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from localchat.errors import ConfigError
+from localchat.paths import broken_link
 
 _LINE_IN_MESSAGE = re.compile(r"\(at line (\d+), column \d+\)")
 
@@ -29,16 +28,14 @@ def settings_file_present(path: Path) -> bool:
     A symbolic link that leads nowhere (its target moved, or it loops) is a ConfigError naming
     it, not a missing file: the settings the user keeps behind it (``[snapshots] enabled =
     false``, say) would be ignored without a word."""
+    link = broken_link(path)
+    if link:
+        raise ConfigError(f"{path} {link}")
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
-        if path.is_symlink():
-            raise ConfigError(f"{path} is a symbolic link to {os.readlink(path)}, which does not "
-                              "exist") from None
         return False
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ConfigError(f"{path} is a symbolic link that loops back on itself") from None
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if stat.S_ISDIR(mode):
         raise ConfigError(f"{path} is a folder, not a settings file")
