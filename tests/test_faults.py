@@ -1254,13 +1254,16 @@ class _AppOnATerminal:
     """The app in a subprocess whose controlling terminal is a pseudo-terminal we hold: closing
     our side hangs the terminal up as closing its window does (the kernel sends SIGHUP)."""
 
-    def __init__(self, model: Path, home: Path, *args: str) -> None:
+    def __init__(self, model: Path, home: Path, *args: str, nohup: bool = False) -> None:
         import fcntl
         import pty
+        import signal
         import termios
 
         def take_the_terminal() -> None:  # in the child, after setsid: the pty becomes its tty
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            if nohup:  # started as `nohup localchat` would be: SIGHUP ignored
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
         self.controller, terminal = pty.openpty()
         env = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO), "TERM": "xterm"}
@@ -1320,20 +1323,20 @@ def _stored_turns(home: Path) -> list[tuple[str, str, int]]:
         db.close()
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP", "closed terminal"])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP", "closed terminal", "closed terminal, nohup"])
 def test_38_1a_a_signal_or_a_closed_terminal_mid_reply_keeps_it_stopped_as_ctrl_q_does(
         how, test_model_path, tmp_path):
     import signal
 
     home = tmp_path / "home"
     write_config(home, "[sampling]\ntemperature = 0\nmax_tokens = 400\n")
-    app = _AppOnATerminal(test_model_path, home)
+    app = _AppOnATerminal(test_model_path, home, nohup=how.endswith("nohup"))
     try:
         app.wait_for(b"idle")
         app.type(_COUNTING + "\r")
         app.wait_for(b"generating")
         app.wait_for(b"10,", timeout=30)  # some of the reply is on the screen
-        if how == "closed terminal":
+        if how.startswith("closed terminal"):  # with SIGHUP ignored, the failed writes tell
             app.hang_up()
         else:
             app.proc.send_signal(getattr(signal, how))

@@ -98,6 +98,7 @@ class LocalChatApp(App[int]):
         self.store = store
         self.conversation: Conversation | None = None  # the open session's (see ``Sessions.open``)
         self._notices_by_cause: dict[str, list[Notification]] = {}
+        self._hung_up = False  # SIGHUP (or its driver's failed write) was heard: quitting already
         self.models = ModelState(self, model, engine_factory, sampling_factory)
         self.downloads = ModelDownloads(self, downloads or RegistryDownloads(), self.models.load)
         self.turns = Turns(self)
@@ -241,16 +242,21 @@ class LocalChatApp(App[int]):
         await self.turns.quit()
 
     def end_on_signal(self, signum: int) -> None:
-        """SIGTERM or SIGHUP (``localchat.ending``): quit as Ctrl+Q does, with the status the
-        signal gives; a terminal that hung up is let go first. A SIGINT sent from outside is the
-        Ctrl+C key (in the app, the key sends none)."""
+        """SIGTERM or SIGHUP (``localchat.ending``; the driver reports a terminal that hung up
+        as SIGHUP too): quit as Ctrl+Q does, with the status the signal gives; a terminal that
+        hung up is let go first. A SIGINT sent from outside is the Ctrl+C key (in the app, the
+        key sends none)."""
         if signum == signal.SIGINT:
             self.call_later(self.action_interrupt)
             return
+        if signum == getattr(signal, "SIGHUP", None):
+            if self._hung_up:  # the driver saw the terminal go (a failed write) before the signal
+                return
+            self._hung_up = True
         if detach_lost_terminal():
-            terminal_lost = getattr(self._driver, "terminal_lost", None)
-            if terminal_lost is not None:
-                terminal_lost()
+            stop_reading = getattr(self._driver, "stop_reading", None)
+            if stop_reading is not None:
+                stop_reading()
         self.call_later(self.turns.quit, exit_status(signum))
 
     async def action_new_session(self) -> None:
