@@ -1384,15 +1384,19 @@ def test_38_1b_ask_with_a_session_keeps_the_reply_stopped_on_sigterm_or_sighup(h
     assert (shown + out).decode().strip() == turns[1][1].strip()  # what was shown is what is kept
 
 
-def test_38_1c_ask_on_a_terminal_that_is_closed_mid_reply_keeps_it_stopped(test_model_path, tmp_path):
+@pytest.mark.parametrize("nohup", [False, True], ids=["SIGHUP", "SIGHUP ignored"])
+def test_38_1c_ask_on_a_terminal_that_is_closed_mid_reply_keeps_it_stopped(nohup, test_model_path, tmp_path):
     import fcntl
     import pty
     import select
+    import signal
     import termios
     import time
 
     def take_the_terminal() -> None:  # stdout is the terminal (stdin is not)
         fcntl.ioctl(1, termios.TIOCSCTTY, 0)
+        if nohup:  # then only the failed writes tell that the terminal is gone
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     home = tmp_path / "home"
     controller, terminal = pty.openpty()

@@ -289,7 +289,13 @@ class Interruptions:
         self._turn = handle
         try:
             for event in handle:
-                self._out.event(event)
+                try:
+                    self._out.event(event)
+                except OSError:
+                    if not detach_lost_terminal():
+                        raise
+                    # The terminal hung up and SIGHUP did not come (ignored: nohup): as if it had.
+                    self._on_signal(signal.SIGHUP, None)
             final = handle.result
             assert final is not None, "a turn's events end with its final one"
             return final
