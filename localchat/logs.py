@@ -58,8 +58,8 @@ def attach() -> Path | None:
 class SharedLogFile(logging.Handler):
     """Appends records to ``path``, which other processes may be writing too, and rotates it to
     ``path.1`` … ``path.N`` before a record would take it past ``max_bytes``: both under a lock
-    on ``.NAME.lock`` beside it, and rotating only when the file on disk is full (not when this process last
-    saw it so: another may have rotated it since)."""
+    on ``.NAME.lock`` beside it, and rotating only when the file on disk is full (not when this
+    process last saw it so: another may have rotated it since)."""
 
     def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
         super().__init__()

@@ -1382,6 +1382,7 @@ def test_38_1b_ask_with_a_session_keeps_the_reply_stopped_on_sigterm_or_sighup(h
     turns = _stored_turns(home)
     assert [(role, stopped) for role, _, stopped in turns] == [("user", 0), ("assistant", 1)]
     assert (shown + out).decode().strip() == turns[1][1].strip()  # what was shown is what is kept
+    assert list((home / "cache" / "kv").glob("*.kvsnap"))  # and its context saved
 
 
 @pytest.mark.parametrize("nohup", [False, True], ids=["SIGHUP", "SIGHUP ignored"])

@@ -37,7 +37,7 @@ class PlainText:
         self._unshown_reply = False  # a fallback kept a reply that is not on stdout after it
         self.hide_thinking = hide_thinking
         self._thinking_open = False  # reasoning was written to stderr and not yet ended
-        self.user_stopped = False  # Ctrl+C stopped the turn (set by ``stream``)
+        self.user_stopped = False  # Ctrl+C, SIGTERM or SIGHUP stopped it (ask.Interruptions)
 
     def _write(self, text: str) -> None:
         self.stdout.write(text)
@@ -127,7 +127,7 @@ class JsonEvents:
         self._remote_text = ""  # token text since the last route notice
         self._superseded = ""  # the local partial reply set aside by a mid-reply escalation
         self.hide_thinking = hide_thinking
-        self.user_stopped = False  # Ctrl+C stopped the turn (set by ``stream``)
+        self.user_stopped = False  # Ctrl+C, SIGTERM or SIGHUP stopped it (ask.Interruptions)
 
     def _write(self, obj: dict) -> None:
         self.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")

@@ -252,9 +252,9 @@ def _publish_import(source: Path, dest: Path, name: str, entry: dict[str, Any]) 
             progress.close()
             registry_file = add_user_entry(name, entry)
             entry_written = True
-    except BaseException as exc:  # any failure, Ctrl+C included: no file without an entry, or the reverse
+    except BaseException as exc:  # any failure, Ctrl+C included: no file without an entry, nor
         if entry_written and not dest.exists():
-            remove_user_entry(name)
+            remove_user_entry(name)  # an entry without its file
         if isinstance(exc, OSError):  # the temporary copy could not be made, written or renamed
             raise UserError(f"could not import {source} into {dest.parent}: "
                             f"{exc.strerror or exc}") from None

@@ -44,6 +44,8 @@ def run_until_quit(app: App, on_signal: Callable[[int], None] | None = None) -> 
     loop = asyncio.new_event_loop()
     loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix=_WORKER_PREFIX))
     signals = handled((*ENDING_SIGNALS, signal.SIGINT)) if on_signal is not None else []
+    if sys.platform == "win32":  # no signal handlers on a Windows event loop
+        signals = []
     for signum in signals:
         loop.add_signal_handler(signum, on_signal, signum)  # type: ignore[arg-type]
     try:
