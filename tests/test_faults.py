@@ -1671,10 +1671,16 @@ def test_38_4_a_cancelled_hub_pull_is_listed_as_partial_and_rm_and_pull_act_on_i
 
     code, out, err = localchat("models", "--json", home=isolated_home)
     row = {r["name"]: r for r in json.loads(out)}[ref]
-    assert code == 0 and not row["downloaded"] and row["partial_bytes"] == size
+    assert code == 0 and not row["downloaded"] and row["partial"] and row["partial_bytes"] == size
+    empty = isolated_home / "data" / "models" / "acme--Other-GGUF" / "other.gguf.0123abcd.part"
+    empty.parent.mkdir()
+    empty.touch()  # cut off before its first block was written: a leftover all the same
     code, out, err = localchat("models", home=isolated_home)
     [line] = [line for line in out.splitlines() if line.startswith(ref)]
     assert "partial" in line and f"{format_bytes(size)} so far" in line
+    [line] = [line for line in out.splitlines() if line.startswith("hf:acme/Other-GGUF/other.gguf")]
+    assert "partial" in line and "0 B so far" in line
+    empty.unlink()
     code, out, err = localchat("doctor", "--json", home=isolated_home)
     assert json.loads(out)["models"]["partial"] == [{"name": ref, "path": str(part), "size_bytes": size}]
     code, out, err = localchat("doctor", home=isolated_home)

@@ -84,7 +84,7 @@ def run_models(args: argparse.Namespace) -> int:
         licence = (row["license"] or "?") + (" (restricted)" if row["license_note"] else "")
         if row["downloaded"]:
             state, detail = "yes", row["path"]
-        elif row["partial_bytes"]:
+        elif row["partial"]:
             state, detail = "partial", f"{format_bytes(row['partial_bytes'])} so far; pull resumes"
         else:
             state, detail = "-", row["description"]
@@ -114,6 +114,7 @@ def model_rows() -> list[dict[str, Any]]:
     for spec in known_models():
         path = local_path(spec)
         downloaded = is_downloaded(spec)
+        parts = part_files(path)
         origin = ("hub-file" if spec.source_file is None
                   else "user" if spec.source_file == user_file else "registry")
         rows.append({
@@ -122,7 +123,8 @@ def model_rows() -> list[dict[str, Any]]:
             "downloaded": downloaded,
             "path": str(path),
             "size_bytes": path.stat().st_size if downloaded else spec.size_bytes,
-            "partial_bytes": sum(p.stat().st_size for p in part_files(path)),
+            "partial": bool(parts),  # a pull that was cut off left this much (0 bytes, even)
+            "partial_bytes": sum(p.stat().st_size for p in parts),
             "quant": spec.quant,
             "context_length": spec.context_length,
             "n_ctx": spec.n_ctx,
