@@ -18,15 +18,14 @@ from localchat.models.gguf import read_gguf
 from localchat.models.progress import TerminalProgress, format_bytes
 from localchat.models.registry import (
     IMPORTED_DIR,
-    add_user_entry,
     check_model_name,
     is_downloaded,
     known_models,
     load_registry,
     local_path,
-    remove_user_entry,
     resolve_model,
 )
+from localchat.models.user_registry import add_user_entry, remove_user_entry
 from localchat.names import path_under
 from localchat.settings import load_config
 
