@@ -13,15 +13,18 @@ it mentions through a ``FileReads`` cache; Enter reads them again.
 
 from __future__ import annotations
 
+import codecs
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from localchat.errors import UserError
 
-# Read at most this much before deciding: a bigger file cannot fit any context we run.
+# Read at most this much before deciding: a bigger file cannot fit any context we run. A prompt
+# piped on stdin has the same cap (``read_capped``).
 MAX_BYTES = 4 * 1024 * 1024
 
 
@@ -31,6 +34,7 @@ class Attachment:
     text: str
     tokens: int
     estimated: bool = False  # counted without a tokenizer (no model loaded yet): about 4 chars/token
+    note: str = ""  # something to tell the user about how it was read (its end was cut mid-character)
 
     @property
     def chip(self) -> str:
@@ -53,19 +57,39 @@ def _read(path: Path, count_tokens: CountTokens | None) -> Attachment:
         raise UserError(f"{path} is not a file." if path.exists() else f"No file {path}.")
     try:
         with path.open("rb") as handle:
-            data = handle.read(MAX_BYTES + 1)
+            data = read_capped(handle, path.name, "attach a smaller text file")
     except OSError as exc:
         raise UserError(f"Cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_BYTES:
-        raise UserError(f"{path.name} is over {MAX_BYTES // 1024 // 1024} MB; attach a smaller text file.")
     if b"\0" in data[:65536]:
         raise UserError(f"{path.name} looks binary (it has NUL bytes); only text files can be attached.")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path.name} is not UTF-8 text (byte {exc.start} is not); only text files can be attached.") from None
+    text, cut = _decoded(data, path.name)
+    note = (f"{path.name} ends inside a character (is it still being written?): read up to its "
+            "last whole character") if cut else ""
     tokens = count_tokens(text) if count_tokens is not None else (len(text) + 3) // 4
-    return Attachment(path, text, tokens, estimated=count_tokens is None)
+    return Attachment(path, text, tokens, estimated=count_tokens is None, note=note)
+
+
+def _decoded(data: bytes, name: str) -> tuple[str, bool]:
+    """The text of ``data`` (a leading byte order mark dropped), and whether its last bytes were
+    the start of a character cut off by the end of the file (left out). A byte that is not UTF-8
+    anywhere else refuses the file."""
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    try:
+        text = decoder.decode(data, final=False)  # holds back an unfinished last character
+    except UnicodeDecodeError as exc:
+        at = exc.start + (3 if data.startswith(codecs.BOM_UTF8) else 0)
+        raise UserError(f"{name} is not UTF-8 text (byte {at} is not); only text files can be "
+                        "attached.") from None
+    return text, bool(decoder.getstate()[0])
+
+
+def read_capped(stream: BinaryIO, name: str, advice: str) -> bytes:
+    """All of ``stream`` if it holds at most :data:`MAX_BYTES`, never reading more than one byte
+    past them (a producer that never stops is not read for ever); UserError beyond that."""
+    data = stream.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise UserError(f"{name} is over {MAX_BYTES // 1024 // 1024} MB; {advice}.")
+    return data
 
 
 def _within(attachment: Attachment, max_tokens: int | None) -> Attachment:

@@ -11,6 +11,7 @@ import os
 import sys
 
 from localchat import __version__
+from localchat.ending import Ended, exit_status
 from localchat.errors import UserError
 
 # Each module in localchat.commands defines ``register(subparsers)``, which adds its sub-command
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except Ended as exc:  # SIGTERM or SIGHUP before there was anything to keep
+        return exit_status(exc.signum)
     except BrokenPipeError:
         _discard_stdout()
         return EXIT_CLOSED_PIPE

@@ -1,10 +1,16 @@
 """The log file: an unexpected failure keeps its traceback there, and the user sees one line.
 
 ``attach()`` points the ``localchat`` loggers at ``paths.log_file()`` through a size-capped
-rotating handler (a few MB at most, however long localchat runs), and says where that is so that
-the one-line message can name the file. It is called where such a failure is caught (the engine
-thread) and when the app opens, for the app's own ``log.exception`` calls; ``localchat doctor``
-shows the path. The file is only created when something is logged.
+handler (a few MB at most, however long localchat runs), and says where that is so that the
+one-line message can name the file. It is called where such a failure is caught (the engine
+thread, the remote client's) and when the app opens, for the app's own ``log.exception`` calls;
+``localchat doctor`` shows the path. The file is only created when something is logged.
+
+Several localchat processes write the one file at once (the app, an ``ask``, a bench): each
+record is appended, and the file rotated when full, under an inter-process lock, so that no
+rotation races another (logging's own RotatingFileHandler did, and printed "--- Logging error
+---" with a traceback in a third of such rounds). A record that cannot be written is dropped:
+a log never prints to the user's terminal, nor stops what was logging.
 """
 
 from __future__ import annotations
@@ -12,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
 from localchat import paths
@@ -20,9 +25,10 @@ from localchat.errors import UserError
 
 MAX_BYTES = 1_000_000
 BACKUPS = 2  # localchat.log.1 and .2: three files of MAX_BYTES at most
+LOCK_WAIT_S = 2.0  # past this, the record is written without rotating rather than lost
 
 _lock = threading.Lock()
-_handler: RotatingFileHandler | None = None
+_handler: SharedLogFile | None = None
 
 
 def attach() -> Path | None:
@@ -35,10 +41,9 @@ def attach() -> Path | None:
         return None
     logger = logging.getLogger("localchat")
     with _lock:
-        if _handler is not None and _handler.baseFilename == os.path.abspath(path):
+        if _handler is not None and _handler.path == path:
             return path
-        handler = RotatingFileHandler(path, maxBytes=MAX_BYTES, backupCount=BACKUPS,
-                                      encoding="utf-8", delay=True)
+        handler = SharedLogFile(path, MAX_BYTES, BACKUPS)
         handler.setLevel(logging.WARNING)
         handler.setFormatter(logging.Formatter(
             "%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"))
@@ -48,3 +53,56 @@ def attach() -> Path | None:
         logger.addHandler(handler)
         _handler = handler
     return path
+
+
+class SharedLogFile(logging.Handler):
+    """Appends records to ``path``, which other processes may be writing too, and rotates it to
+    ``path.1`` … ``path.N`` before a record would take it past ``max_bytes``: both under a lock
+    on ``.NAME.lock`` beside it, and rotating only when the file on disk is full (not when this
+    process last saw it so: another may have rotated it since)."""
+
+    def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
+        super().__init__()
+        self.path = path
+        self.max_bytes = max_bytes
+        self.backups = backups
+        from filelock import FileLock
+
+        # Hidden: beside the log, not one of its files (``localchat.log*``).
+        self._file_lock = FileLock(path.with_name(f".{path.name}.lock"), timeout=LOCK_WAIT_S)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from filelock import Timeout
+
+        try:
+            data = (self.format(record) + "\n").encode("utf-8", errors="replace")
+            try:
+                with self._file_lock:
+                    self._rotate_for(len(data))
+                    self._append(data)
+            except Timeout:  # a writer stuck holding the lock: keep the record, unrotated
+                self._append(data)
+        except Exception:
+            self.handleError(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """Drop the record: logging's default prints a traceback on stderr, the user's screen."""
+
+    def _append(self, data: bytes) -> None:
+        with open(self.path, "ab") as f:
+            f.write(data)
+
+    def _rotate_for(self, incoming: int) -> None:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return
+        if not size or size + incoming <= self.max_bytes:
+            return
+        for n in range(self.backups, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{n - 1}") if n > 1 else self.path
+            if older.exists():
+                os.replace(older, self.path.with_name(f"{self.path.name}.{n}"))
+
+    def __repr__(self) -> str:
+        return f"<SharedLogFile {self.path} max {self.max_bytes} bytes, {self.backups} backups>"

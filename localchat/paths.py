@@ -69,3 +69,19 @@ def snapshots_dir() -> Path:
 def log_file() -> Path:
     """Tracebacks of unexpected failures (logs.py caps its size)."""
     return data_dir() / "localchat.log"
+
+
+def broken_link(path: Path) -> str | None:
+    """What is wrong with ``path`` when it is a symbolic link that leads nowhere ("is a symbolic
+    link to X, which does not exist", "... that loops back on itself"); None otherwise. Such a
+    path reads as missing to ``exists()``, which would make a user's file silently not count."""
+    import errno
+
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return f"is a symbolic link to {os.readlink(path)}, which does not exist" \
+            if path.is_symlink() else None
+    except OSError as exc:
+        return "is a symbolic link that loops back on itself" if exc.errno == errno.ELOOP else None
+    return None

@@ -9,13 +9,14 @@ UTF-8); newlines and tabs pass unless asked otherwise.
 :func:`guard_std_streams` applies it, once, to every command's stdout and stderr that is a
 terminal (the CLI calls it before running a command); a pipe or a file gets the bytes exactly
 (``--export > f.md``, ``--json``). Code that writes its own styling (rich's progress bar, dimmed
-reasoning) writes to :func:`raw` of the stream and runs any text it did not write itself through
-:func:`visible`.
+reasoning) writes to :func:`raw` of the stream, only where :func:`shows_styles` (not with
+``TERM=dumb``), and runs any text it did not write itself through :func:`visible`.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import sys
 import unicodedata
 from typing import TextIO
@@ -106,6 +107,18 @@ def guard_std_streams() -> None:
     ``sys.stderr`` where they are terminals."""
     sys.stdout = guard(sys.stdout)
     sys.stderr = guard(sys.stderr)
+
+
+def shows_styles(stream: TextIO) -> bool:
+    """Whether escape sequences that style text (dim, bold) may be written to ``stream``: it is a
+    terminal, and not one that says it cannot show them (``TERM=dumb`` or ``unknown``; an unset
+    TERM too, except on Windows, whose consoles set none)."""
+    if not _is_terminal(stream):
+        return False
+    term = os.environ.get("TERM", "")
+    if term in ("dumb", "unknown"):
+        return False
+    return bool(term) or sys.platform == "win32"
 
 
 def raw(stream: TextIO) -> TextIO:

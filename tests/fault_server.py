@@ -5,12 +5,15 @@ repeats when the script runs out). Replies:
 
 - ``Status(code, error="...", headers={...})``: a plain JSON error answer (500, 401, 429 with a
   ``Retry-After``, ...).
+- ``Body(data, content_type, code)``: a whole answer that is no stream (a web page, a whole JSON
+  reply), 200 unless told.
 - ``Stream(steps)``: a 200 ``text/event-stream`` sent with chunked encoding. A step is a payload
   string (sent as ``data: <payload>\\n\\n``), a ``RawBytes`` (sent as is), ``Stall()`` (send nothing
   until the client goes away or the server closes), ``Drop()`` (cut the TCP connection without
-  finishing the body), ``Trickle()`` (a line that never ends, a byte at a time) or ``HugeLine()``
-  (one line of many megabytes). The last two stop at a bound of their own, or when the client
-  goes away: ``bytes_sent`` tells how much it took.
+  finishing the body), ``Trickle()`` (a line that never ends, a byte at a time), ``HugeLine()``
+  (one line of many megabytes) or ``Endless(payload)`` (the same event again and again, a server
+  that ignores ``max_tokens``). The last three stop at a bound of their own, or when the client
+  goes away: ``bytes_sent`` (``events_sent`` for ``Endless``) tells how much it took.
 
 It counts TCP connections, records each request (path, headers, JSON body) and notices when a
 client closes its connection during a stall, so tests can assert what happened on the wire.
@@ -52,6 +55,24 @@ class HugeLine:
     """Send ``data: `` then ``size`` bytes of ``x`` in 64 KB writes, with no newline."""
 
     size: int = 300 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Body:
+    """Answer ``code`` with ``data`` as the whole body, of type ``content_type``."""
+
+    data: bytes
+    content_type: str = "text/html; charset=utf-8"
+    code: int = 200
+
+
+@dataclass(frozen=True)
+class Endless:
+    """Send ``data: <payload>`` every ``interval_s`` until the client leaves, or ``limit`` times."""
+
+    payload: str
+    interval_s: float = 0.0
+    limit: int = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -123,6 +144,7 @@ class FaultServer:
         self.requests: list[RecordedRequest] = []
         self.request_times: list[float] = []  # time.monotonic() as each request arrived
         self.bytes_sent = 0  # by Trickle and HugeLine steps
+        self.events_sent = 0  # by Endless steps
         self.connections = 0
         self._lock = threading.Lock()
         self._shutdown = threading.Event()
@@ -139,7 +161,7 @@ class FaultServer:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}/v1"
 
-    def next_reply(self) -> Status | Stream:
+    def next_reply(self) -> Status | Body | Stream:
         with self._lock:
             return self.script.pop(0) if len(self.script) > 1 else self.script[0]
 
@@ -197,6 +219,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(answer.code, {"error": {"message": answer.error, "type": "server_error"}},
                             headers)
             return
+        if isinstance(answer, Body):
+            self._send_body(answer.code, answer.data, answer.content_type)
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -215,6 +240,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if isinstance(step, HugeLine):
                 self._huge_line(step.size)
+                return
+            if isinstance(step, Endless):
+                self._endless(step)
                 return
             if isinstance(step, Drop):
                 self.connection.shutdown(socket.SHUT_RDWR)
@@ -263,6 +291,17 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             fault.bytes_sent += len(piece)
 
+    def _endless(self, step: Endless) -> None:
+        fault = self.server.fault
+        self.close_connection = True
+        data = f"data: {step.payload}\n\n".encode()
+        while fault.events_sent < step.limit and not fault._shutdown.is_set():
+            if not self._write_chunk(data):
+                return
+            fault.events_sent += 1
+            if step.interval_s:
+                time.sleep(step.interval_s)
+
     def _stall(self) -> None:
         # Wait until the client closes (the socket turns readable and reads as EOF) or shutdown.
         fault = self.server.fault
@@ -281,11 +320,15 @@ class _Handler(BaseHTTPRequestHandler):
                 return
 
     def _send_json(self, code: int, payload: dict, headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(payload).encode()
+        self._send_body(code, json.dumps(payload).encode(), "application/json", headers)
+
+    def _send_body(self, code: int, data: bytes, content_type: str,
+                   headers: dict[str, str] | None = None) -> None:
         self.send_response(code)
         for name, value in (headers or {}).items():
             self.send_header(name, value)
-        self.send_header("Content-Type", "application/json")
+        if content_type:
+            self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Connection", "close")
         self.end_headers()

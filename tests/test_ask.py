@@ -13,7 +13,7 @@ import pytest
 from fault_server import FaultServer, reply
 
 from localchat.cli import main
-from localchat.commands.ask import PlainText
+from localchat.commands.ask_output import PlainText
 from localchat.terminal import guard, visible
 
 
@@ -90,7 +90,7 @@ def test_sigint_in_plain_mode_leaves_the_partial_reply_on_stdout(test_model_path
 def test_the_text_a_stop_left_unread_is_written_before_the_end_in_both_outputs():
     import io
 
-    from localchat.commands.ask import JsonEvents
+    from localchat.commands.ask_output import JsonEvents
     from localchat.events import Done, Token
 
     stopped = [Token("Once"), Done("Once upon a time", "aborted")]

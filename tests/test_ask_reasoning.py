@@ -14,7 +14,7 @@ from reasoning_templates import THINKING
 from test_remote_reasoning import reasoning_chunk
 
 from localchat.cli import main
-from localchat.commands.ask import PlainText, summary_line
+from localchat.commands.ask_output import PlainText, summary_line
 from localchat.events import Done, Thinking, Timings, Token
 
 pytestmark = pytest.mark.model

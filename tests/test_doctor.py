@@ -62,7 +62,7 @@ def test_doctor_json_reports_build_paths_disk_and_models(capsys):
     assert report["paths"]["models_dir"] == str(paths.models_dir())
     assert report["disk"]["models_dir_free_bytes"] > 0
     assert report["models"] == {"default": "smollm2-135m", "default_downloaded": False,
-                                "downloaded": []}
+                                "downloaded": [], "partial": []}
     assert report["problems"] == []
 
 

@@ -511,8 +511,10 @@ def _parse_keys(data: str) -> list:
     return [e for e in parsed if isinstance(e, events.Key)]
 
 
-def test_16_a_stalled_pull_says_the_hub_stopped_sending(monkeypatch, capsys):
-    from hub_server import FakeHub, make_gguf
+def _stalled_pull(monkeypatch, ref: str, content: bytes) -> int:
+    """``localchat pull ref`` in this process from a hub that stops sending after 100 KB of
+    ``content``, with short timeouts and no waits between huggingface_hub's resume attempts."""
+    from hub_server import FakeHub
     from huggingface_hub import constants, file_download
 
     from localchat.cli import main
@@ -528,9 +530,16 @@ def test_16_a_stalled_pull_says_the_hub_stopped_sending(monkeypatch, capsys):
         monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 0.2)
         # huggingface_hub waits 1 s before each of its 5 resume attempts; the test needs no wait.
         monkeypatch.setattr(file_download, "time", _NoSleep())
-        hub.add_file("acme/Tiny-GGUF", "tiny.gguf", make_gguf())
+        parts = ref.removeprefix("hf:").split("/")
+        hub.add_file("/".join(parts[:2]), "/".join(parts[2:]), content)
         hub.stall_after(100_000)
-        code = main(["pull", "hf:acme/Tiny-GGUF/tiny.gguf"])
+        return main(["pull", ref])
+
+
+def test_16_a_stalled_pull_says_the_hub_stopped_sending(monkeypatch, capsys):
+    from hub_server import make_gguf
+
+    code = _stalled_pull(monkeypatch, "hf:acme/Tiny-GGUF/tiny.gguf", make_gguf())
     err = capsys.readouterr().err
     assert code == 1 and "the Hub stopped sending" in the_error(err.replace("\r", "\n"))
 
@@ -553,14 +562,15 @@ def _hub_env(hub) -> dict[str, str]:
     return {"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_TOKEN": ""}
 
 
-def on_a_terminal(*args: str, home: Path, timeout: float = 60) -> tuple[int, str]:
+def on_a_terminal(*args: str, home: Path, timeout: float = 60,
+                  env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run the CLI with stdout and stderr on a pseudo-terminal; returns (exit status, what the
     terminal received)."""
     import pty
     import select
 
     primary, secondary = pty.openpty()
-    environment = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO)}
+    environment = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO), **(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "localchat", *args], stdin=subprocess.DEVNULL,
                             stdout=secondary, stderr=secondary, env=environment)
     os.close(secondary)
@@ -1232,3 +1242,590 @@ async def test_i21_16_turns_an_ask_stored_while_the_app_was_open_are_shown_befor
         stored = [t.content for t in store.turns(session.id)]
     assert stored[2] == "U2 from ask" and stored == shown
     assert [m["content"] for m in engine.submitted[-1]][:4] == stored[:4]
+
+
+# -- issue 38: faults round 4 -------------------------------------------------------------------
+
+
+_COUNTING = "Write all the numbers from 1 to 1000, separated by commas. Do not stop early."
+
+
+class _AppOnATerminal:
+    """The app in a subprocess whose controlling terminal is a pseudo-terminal we hold: closing
+    our side hangs the terminal up as closing its window does (the kernel sends SIGHUP)."""
+
+    def __init__(self, model: Path, home: Path, *args: str, nohup: bool = False) -> None:
+        import fcntl
+        import pty
+        import signal
+        import termios
+
+        def take_the_terminal() -> None:  # in the child, after setsid: the pty becomes its tty
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            if nohup:  # started as `nohup localchat` would be: SIGHUP ignored
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+        self.controller, terminal = pty.openpty()
+        env = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO), "TERM": "xterm"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "localchat", "-m", str(model), *args], stdin=terminal,
+            stdout=terminal, stderr=terminal, env=env, start_new_session=True,
+            preexec_fn=take_the_terminal)
+        os.close(terminal)
+        self.drawn = b""
+
+    def wait_for(self, text: bytes, timeout: float = 120) -> None:
+        import select
+        import time
+
+        deadline = time.monotonic() + timeout
+        while text not in self.drawn:
+            assert time.monotonic() < deadline, f"never drew {text!r}"
+            if select.select([self.controller], [], [], 0.2)[0]:
+                self.drawn += os.read(self.controller, 65536)
+
+    def type(self, text: str) -> None:
+        os.write(self.controller, text.encode())
+
+    def hang_up(self) -> None:
+        os.close(self.controller)
+        self.controller = -1
+
+    def exit_status(self, timeout: float = 60) -> int:
+        """Wait for the process, keeping the terminal drained; its exit status."""
+        import select
+        import time
+
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            if self.controller >= 0 and select.select([self.controller], [], [], 0.2)[0]:
+                with contextlib.suppress(OSError):
+                    self.drawn += os.read(self.controller, 65536)
+            elif self.controller < 0:
+                time.sleep(0.1)
+        code = self.proc.poll()
+        assert code is not None, "the app did not exit"
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.controller >= 0:
+            os.close(self.controller)
+
+
+def _stored_turns(home: Path) -> list[tuple[str, str, int]]:
+    db = sqlite3.connect(home / "data" / "sessions.db")
+    try:
+        return db.execute("SELECT role, content, stopped FROM turns ORDER BY id").fetchall()
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP", "closed terminal", "closed terminal, nohup"])
+def test_38_1a_a_signal_or_a_closed_terminal_mid_reply_keeps_it_stopped_as_ctrl_q_does(
+        how, test_model_path, tmp_path):
+    import signal
+
+    home = tmp_path / "home"
+    write_config(home, "[sampling]\ntemperature = 0\nmax_tokens = 400\n")
+    app = _AppOnATerminal(test_model_path, home, nohup=how.endswith("nohup"))
+    try:
+        app.wait_for(b"idle")
+        app.type(_COUNTING + "\r")
+        app.wait_for(b"generating")
+        app.wait_for(b"10,", timeout=30)  # some of the reply is on the screen
+        if how.startswith("closed terminal"):  # with SIGHUP ignored, the failed writes tell
+            app.hang_up()
+        else:
+            app.proc.send_signal(getattr(signal, how))
+        code = app.exit_status(timeout=30)
+    finally:
+        app.close()
+    # As Ctrl+Q: the reply so far is kept, marked stopped; the status a signal gives.
+    signum = signal.SIGTERM if how == "SIGTERM" else signal.SIGHUP
+    assert code == 128 + signum
+    turns = _stored_turns(home)
+    assert [(role, stopped) for role, _, stopped in turns] == [("user", 0), ("assistant", 1)]
+    assert turns[1][1].startswith("1, 2, 3")
+    assert list((home / "cache" / "kv").glob("*.kvsnap"))  # the context was saved too
+    if how == "SIGTERM":  # a terminal still there is left as it was found (alternate screen off)
+        assert b"\x1b[?1049l" in app.drawn
+
+
+def test_38_1b_ask_with_a_session_keeps_the_reply_stopped_on_sigterm(test_model_path, tmp_path):
+    import signal
+
+    home = tmp_path / "home"
+    env = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "localchat", "ask", "-m", str(test_model_path),
+                             "--temperature", "0", "--max-tokens", "400", "-s", "kept", _COUNTING],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout is not None
+        shown = b""
+        while b"10," not in shown:  # some of the reply is out
+            data = proc.stdout.read1(4096)
+            assert data, "the reply never came"
+            shown += data
+        signum = signal.SIGTERM  # SIGHUP: test_38_1c, from a terminal that is closed
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signum, err
+    assert "Traceback" not in err.decode() and "[stopped]" in err.decode()
+    turns = _stored_turns(home)
+    assert [(role, stopped) for role, _, stopped in turns] == [("user", 0), ("assistant", 1)]
+    assert (shown + out).decode().strip() == turns[1][1].strip()  # what was shown is what is kept
+    assert list((home / "cache" / "kv").glob("*.kvsnap"))  # and its context saved
+
+
+@pytest.mark.parametrize("nohup", [False, True], ids=["SIGHUP", "SIGHUP ignored"])
+def test_38_1c_ask_on_a_terminal_that_is_closed_mid_reply_keeps_it_stopped(nohup, test_model_path, tmp_path):
+    import fcntl
+    import pty
+    import select
+    import signal
+    import termios
+    import time
+
+    def take_the_terminal() -> None:  # stdout is the terminal (stdin is not)
+        fcntl.ioctl(1, termios.TIOCSCTTY, 0)
+        if nohup:  # then only the failed writes tell that the terminal is gone
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    home = tmp_path / "home"
+    controller, terminal = pty.openpty()
+    env = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "localchat", "ask", "-m", str(test_model_path),
+                             "--temperature", "0", "--max-tokens", "400", "-s", "kept", _COUNTING],
+                            stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, env=env,
+                            start_new_session=True, preexec_fn=take_the_terminal)
+    os.close(terminal)
+    try:
+        shown = b""
+        while b"10," not in shown:
+            assert select.select([controller], [], [], 60)[0], "the reply never came"
+            shown += os.read(controller, 4096)
+        os.close(controller)  # the window is closed: SIGHUP, and every later write fails
+        controller = -1
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if controller >= 0:
+            os.close(controller)
+    assert proc.returncode == 128 + 1  # SIGHUP
+    turns = _stored_turns(home)
+    assert [(role, stopped) for role, _, stopped in turns] == [("user", 0), ("assistant", 1)]
+    assert turns[1][1].startswith("1, 2, 3")
+
+
+def test_38_2a_a_prompt_on_stdin_stops_at_the_4_mb_a_file_may_hold(test_model_path, tmp_path):
+    import threading
+
+    from localchat.attachments import MAX_BYTES
+
+    env = {**os.environ, "LOCALCHAT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
+    with open(tmp_path / "err", "wb") as err_file:
+        proc = subprocess.Popen([sys.executable, "-m", "localchat", "ask", "-m", str(test_model_path),
+                                 "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=err_file, env=env)
+        written = 0
+
+        def produce() -> None:  # a producer that does not stop (bounded here at 64 MB)
+            nonlocal written
+            assert proc.stdin is not None
+            with contextlib.suppress(OSError):
+                while written < 64 * 1024 * 1024:
+                    written += proc.stdin.write(b"word " * 13_107)
+                proc.stdin.close()
+
+        producer = threading.Thread(target=produce, daemon=True)
+        producer.start()
+        try:
+            code = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        producer.join(timeout=10)
+    err = (tmp_path / "err").read_text()
+    assert code == 1 and the_error(err) == "localchat: error: stdin is over 4 MB; send a smaller prompt."
+    # What it read is the cap, plus what the pipe holds: not what the producer would write.
+    assert written < MAX_BYTES + 2 * 1024 * 1024
+
+
+@pytest.mark.parametrize("payload", [chunk("word "), chunk("x" * 50_000)], ids=["tokens", "huge chunks"])
+def test_38_2b_a_remote_ignoring_max_tokens_is_cut_at_the_users_limit_with_a_notice(payload):
+    from fault_server import Endless
+
+    from localchat.engine.options import Sampling
+    from localchat.events import Done, Notice, Token
+    from localchat.remote.client import RemoteClient
+    from localchat.settings.remote import RemoteSettings
+
+    with FaultServer([Stream([Endless(payload, limit=200_000)])]) as server:
+        client = RemoteClient(RemoteSettings(mode="auto", base_url=server.base_url, timeout_s=5))
+        events = list(client.stream([{"role": "user", "content": "hi"}], Sampling(max_tokens=16)))
+        client.close()
+    tokens = [e for e in events if isinstance(e, Token)]
+    [notice] = [e for e in events if isinstance(e, Notice)]
+    done = events[-1]
+    assert isinstance(done, Done) and done.finish_reason == "length"
+    assert 1 <= len(tokens) <= 16 and done.reply == "".join(t.text for t in tokens)
+    assert "max_tokens" in notice.message and "16" in notice.message
+    assert server.events_sent < 10_000  # the connection was closed: the server stopped too
+
+
+def test_38_2b_a_remote_sending_empty_chunks_for_ever_is_not_read_for_ever():
+    from fault_server import Endless
+
+    from localchat.engine.options import Sampling
+    from localchat.events import Failed
+    from localchat.remote.client import RemoteClient
+    from localchat.settings.remote import RemoteSettings
+
+    empty = json.dumps({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}}]})
+    with FaultServer([Stream([chunk("Hi"), Endless(empty, limit=200_000)])]) as server:
+        client = RemoteClient(RemoteSettings(mode="auto", base_url=server.base_url, timeout_s=5))
+        events = list(client.stream([{"role": "user", "content": "hi"}], Sampling(max_tokens=16)))
+        client.close()
+    assert events[-1].reply == "Hi" and events[-1].finish_reason == "length"
+    assert server.events_sent < 10_000
+    with FaultServer([Stream([Endless(empty, limit=200_000)])]) as server:
+        client = RemoteClient(RemoteSettings(mode="auto", base_url=server.base_url, timeout_s=5))
+        events = list(client.stream([{"role": "user", "content": "hi"}], Sampling(max_tokens=16)))
+        client.close()
+    assert isinstance(events[-1], Failed) and "sent an empty reply" in events[-1].message
+    assert server.events_sent < 10_000 and len(server.requests) == 1
+
+
+def test_38_2c_ask_says_the_remote_went_past_max_tokens_and_keeps_what_it_asked_for(test_model_path, capsys, isolated_home):
+    from fault_server import Endless
+
+    with FaultServer([Stream([Endless(chunk("word "))])]) as server:
+        remote_config(isolated_home, server.base_url)
+        code, out, err = ask_here(capsys, test_model_path, "--route", "remote", "--max-tokens", "16",
+                                  "-s", "s", "hi")
+    host = server.base_url.split("//")[1].split("/")[0]
+    assert code == 0 and "Traceback" not in err
+    assert out == "word " * 16 + "\n"
+    assert (f"localchat: the remote at {host} went on past the 16 tokens asked for (max_tokens); "
+            "its reply was cut there") in err
+    assert [(role, stopped) for role, _, stopped in _stored_turns(isolated_home)] == [
+        ("user", 0), ("assistant", 0)]
+
+
+_WEB_PAGE = (b"<!DOCTYPE html>\n<html><head><title>Sign in to the proxy</title></head>"
+             b"<body>" + b"<p>Please sign in.</p>" * 200 + b"</body></html>")
+_WHOLE_REPLY = json.dumps({"object": "chat.completion", "model": "m", "choices": [
+    {"index": 0, "message": {"role": "assistant", "content": "Hello!"}, "finish_reason": "stop"}]})
+
+
+@pytest.mark.parametrize("data, content_type, says", [
+    pytest.param(_WEB_PAGE, "text/html; charset=utf-8",
+                 "answered 200 with text/html (a web page), not a stream: '<!DOCTYPE html> <html>"
+                 "<head><title>Sign in", id="web page"),
+    pytest.param(_WHOLE_REPLY.encode(), "application/json",
+                 'answered 200 with application/json (a whole reply: the server ignored "stream": '
+                 "true), not a stream: '{\"object\": \"chat.completion\"", id="whole reply"),
+    pytest.param(_WHOLE_REPLY.encode(), "text/event-stream",
+                 "answered 200 with text/event-stream (a whole reply", id="JSON labelled a stream"),
+    pytest.param(b'{"error": {"message": "no such model"}}', "application/json",
+                 "answered 200 with application/json (an error object), not a stream: '{\"error\"",
+                 id="error object"),
+    pytest.param(b"", "text/event-stream",
+                 "answered 200 with an empty body (text/event-stream), not a stream", id="empty body"),
+    pytest.param(b"Service Unavailable\n", "",
+                 "answered 200 with no content type, not a stream: 'Service Unavailable'",
+                 id="plain text"),
+])
+def test_38_5a_a_2xx_answer_that_is_not_a_stream_is_named_for_what_it_is_and_not_retried(
+        data, content_type, says):
+    from fault_server import Body
+
+    from localchat.events import Failed
+    from localchat.remote.client import RemoteClient
+    from localchat.settings.remote import RemoteSettings
+
+    with FaultServer([Body(data, content_type)]) as server:
+        client = RemoteClient(RemoteSettings(mode="auto", base_url=server.base_url, timeout_s=5))
+        events = list(client.stream([{"role": "user", "content": "hi"}]))
+        client.close()
+    host = server.base_url.split("//")[1].split("/")[0]
+    assert [type(e) for e in events] == [Failed]  # no retry notice before it
+    assert events[0].message.startswith(f"the remote at {host} ")
+    assert says in events[0].message and "\n" not in events[0].message
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("steps, says", [
+    ([json.dumps({"id": "x", "object": "chat.completion.chunk"})] * 3 + ["[DONE]"],
+     "sent 3 events that are no chat-completion chunk (no 'choices'), the first: "),
+    ([json.dumps({"text": "Hel"}), json.dumps({"text": "lo"})],
+     "sent 2 events that are no chat-completion chunk (no 'choices'), the first: "),
+    ([json.dumps({"choices": [{"index": 0, "delta": {"content": None}}]}),
+      json.dumps({"choices": [{"index": 0, "delta": {"content": 42}, "finish_reason": "stop"}]}),
+      "[DONE]"], "sent an empty reply: its 2 events carried no text"),
+    ([json.dumps({"choices": "Hello"}), json.dumps({"choices": [7]}), "[DONE]"],
+     "sent an empty reply: its 2 events carried no text"),
+], ids=["no choices", "no choices and no [DONE]", "no text", "choices not objects"])
+def test_38_5b_a_stream_without_usable_chunks_fails_and_nothing_empty_is_stored(
+        steps, says, test_model_path, capsys, isolated_home):
+    with FaultServer([Stream(steps)]) as server:
+        remote_config(isolated_home, server.base_url)
+        code, out, err = ask_here(capsys, test_model_path, "--route", "remote", "-s", "s", "hi")
+    host = server.base_url.split("//")[1].split("/")[0]
+    assert code == 1 and not out.strip()
+    assert the_error(err).startswith(f"localchat: error: the remote at {host} {says}")
+    assert len(server.requests) == 1
+    assert not (isolated_home / "data" / "sessions.db").exists() or _stored_turns(isolated_home) == []
+
+
+def test_38_5c_an_auto_turn_falls_back_to_the_local_model_with_the_remotes_answer_named(
+        test_model_path, capsys, isolated_home):
+    from fault_server import Body
+
+    with FaultServer([Body(_WEB_PAGE)]) as server:
+        remote_config(isolated_home, server.base_url)
+        code, out, err = ask_here(
+            capsys, test_model_path, "--max-tokens", "4", "--json", "--route", "auto",
+            "Prove step by step that the square root of 2 is irrational, with a rigorous "
+            "proof by contradiction, and explain each step of the proof in detail.")
+    events = [json.loads(line) for line in out.splitlines()]
+    [fallback] = [e for e in events if e["event"] == "notice" and e["kind"] == "fallback"]
+    assert code == 0 and "(a web page), not a stream" in fallback["message"]
+    assert "closed the stream" not in fallback["message"]
+    assert events[-1]["event"] == "done" and events[-1]["route"] == "local"
+    assert len(server.requests) == 1
+
+
+def test_38_3a_import_copies_the_file_so_rewriting_the_original_leaves_the_model_as_imported(tmp_path):
+    from hub_server import make_gguf
+
+    home = tmp_path / "home"
+    original = tmp_path / "downloads" / "tiny.gguf"
+    original.parent.mkdir()
+    original.write_bytes(make_gguf())
+    imported = home / "data" / "models" / "imported"
+    imported.mkdir(parents=True)
+    for stale in (".old.gguf.k3j2h1.tmp", ".older.gguf.999999999.importing"):  # killed imports'
+        (imported / stale).write_bytes(b"half a copy")
+    code, out, err = localchat("import", str(original), home=home, timeout=60)
+    assert code == 0, err
+    stored = home / "data" / "models" / "imported" / "tiny.gguf"
+    assert stored.stat().st_ino != original.stat().st_ino and stored.stat().st_nlink == 1
+    assert [p.name for p in stored.parent.iterdir()] == ["tiny.gguf"]  # no temp file, old or new
+    with open(original, "r+b") as f:  # a new download written over the original, in place
+        f.truncate(100)
+        f.write(b"new bytes")
+    assert stored.read_bytes() == make_gguf()
+    code, out, err = localchat("models", "--json", home=home, timeout=60)
+    row = {r["name"]: r for r in json.loads(out)}["tiny"]
+    assert row["downloaded"] and row["size_bytes"] == len(make_gguf())
+
+
+def test_38_3b_an_imported_model_whose_file_changed_says_so_at_load(test_model_path, tmp_path):
+    home = tmp_path / "home"
+    code, out, err = localchat("import", str(test_model_path), "--name", "small", home=home)
+    assert code == 0, err
+    stored = home / "data" / "models" / "imported" / "small.gguf"
+    with open(stored, "ab") as f:  # changed in the models folder (or through an old hard link)
+        f.write(b"\0" * 4096)
+    code, out, err = localchat("ask", "-m", "small", "--max-tokens", "2", "hi", home=home)
+    size = test_model_path.stat().st_size
+    assert code == 0 and out.strip(), err
+    assert (f"localchat: small's file changed since it was imported ({size:,} bytes then, "
+            f"{size + 4096:,} now): {stored}") in err
+
+
+def test_38_3c_import_onto_a_disk_without_room_is_one_line_and_leaves_nothing(test_model_path, tmp_path):
+    home = tmp_path / "home"
+    models = home / "data" / "models"
+    with tmpfs(models, "16m"):
+        code, out, err = localchat("import", str(test_model_path), "--name", "small", home=home)
+        assert code == 1 and "not enough disk space" in the_error(err)
+        assert list(models.rglob("*")) in ([], [models / "imported"])
+    assert not (home / "models.toml").exists()
+
+
+def test_38_4_a_cancelled_hub_pull_is_listed_as_partial_and_rm_and_pull_act_on_it(
+        monkeypatch, capsys, isolated_home):
+    from hub_server import FakeHub, make_gguf
+
+    from localchat.models.progress import format_bytes
+
+    ref, content = "hf:acme/Tiny-GGUF/tiny.gguf", make_gguf()
+    assert _stalled_pull(monkeypatch, ref, content) == 1
+    [part] = list((isolated_home / "data" / "models").rglob("tiny.gguf.*.part"))
+    size = part.stat().st_size
+    assert 0 < size < len(content)
+
+    code, out, err = localchat("models", "--json", home=isolated_home)
+    row = {r["name"]: r for r in json.loads(out)}[ref]
+    assert code == 0 and not row["downloaded"] and row["partial"] and row["partial_bytes"] == size
+    empty = isolated_home / "data" / "models" / "acme--Other-GGUF" / "other.gguf.0123abcd.part"
+    empty.parent.mkdir()
+    empty.touch()  # cut off before its first block was written: a leftover all the same
+    code, out, err = localchat("models", home=isolated_home)
+    [line] = [line for line in out.splitlines() if line.startswith(ref)]
+    assert "partial" in line and f"{format_bytes(size)} so far" in line
+    [line] = [line for line in out.splitlines() if line.startswith("hf:acme/Other-GGUF/other.gguf")]
+    assert "partial" in line and "0 B so far" in line
+    empty.unlink()
+    code, out, err = localchat("doctor", "--json", home=isolated_home)
+    assert json.loads(out)["models"]["partial"] == [{"name": ref, "path": str(part), "size_bytes": size}]
+    code, out, err = localchat("doctor", home=isolated_home)
+    assert f"{ref} ({format_bytes(size)} so far" in out
+
+    code, out, err = localchat("rm", ref, home=isolated_home)
+    assert code == 0 and f"deleted {ref} ({format_bytes(size)} freed)" in out
+    assert not part.exists()
+    code, out, err = localchat("models", "--json", home=isolated_home)
+    assert ref not in {r["name"] for r in json.loads(out)}
+
+    assert _stalled_pull(monkeypatch, ref, content) == 1  # cancelled again; this time, resumed
+    with FakeHub() as hub:
+        hub.add_file("acme/Tiny-GGUF", "tiny.gguf", content)
+        code, out, err = localchat("pull", ref, home=isolated_home, env=_hub_env(hub))
+    assert code == 0, err
+    assert hub.cdn_gets()[0].range_start == size
+    assert (isolated_home / "data" / "models" / "acme--Tiny-GGUF" / "tiny.gguf").read_bytes() == content
+
+
+@pytest.mark.parametrize("name", ["config.toml", "models.toml"])
+@pytest.mark.parametrize("kind, says", [
+    pytest.param("dangling", "is a symbolic link to ", id="dangling"),
+    pytest.param("loop", "is a symbolic link that loops back on itself", id="loop"),
+    pytest.param("fifo", "is not a regular file", id="fifo"),
+])
+def test_38_6a_a_settings_file_that_is_a_broken_link_is_refused_naming_it(name, kind, says, test_model_path, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    path = home / name
+    if kind == "dangling":  # say, a dotfiles checkout that moved: [snapshots] enabled = false was there
+        path.symlink_to(tmp_path / "dotfiles" / name)
+    elif kind == "loop":
+        path.symlink_to(path)
+    else:
+        os.mkfifo(path)  # reading it would wait for a writer for ever
+    code, out, err = localchat("ask", "-m", str(test_model_path), "--max-tokens", "2", "-s", "s",
+                               "hi", home=home, timeout=60)
+    assert code == 1 and not out
+    assert the_error(err).startswith(f"localchat: error: {path} {says}")
+    assert not (home / "cache" / "kv").exists() and not (home / "data" / "sessions.db").exists()
+
+
+@pytest.mark.parametrize("link, says", [
+    pytest.param("dangling", "is a symbolic link to ", id="dangling"),
+    pytest.param("loop", "is a symbolic link that loops back on itself", id="loop"),
+])
+def test_38_6a_a_session_database_that_is_a_broken_link_says_so(link, says, tmp_path):
+    data = tmp_path / "home" / "data"
+    data.mkdir(parents=True)
+    database = data / "sessions.db"
+    database.symlink_to(tmp_path / "gone" / "sessions.db" if link == "dangling" else database)
+    code, out, err = localchat("sessions", home=tmp_path / "home", timeout=60)
+    assert code == 1 and the_error(err).startswith(
+        f"localchat: error: The session database {database} {says}")
+
+
+def test_38_6b_a_settings_file_starting_with_a_byte_order_mark_is_read(test_model_path, capsys, isolated_home):
+    write_config(isolated_home, "\ufeff[snapshots]\nenabled = false\n")  # as Notepad saves it
+    (isolated_home / "models.toml").write_text('\ufeff[models.small]\npath = "small.gguf"\n')
+    code, out, err = ask_here(capsys, test_model_path, "--max-tokens", "2", "-s", "s", "hi")
+    assert code == 0 and out.strip(), err
+    assert not list((isolated_home / "cache" / "kv").glob("*.kvsnap"))  # the setting was read
+    code, out, err = localchat("models", "--json", home=isolated_home)
+    assert code == 0 and "small" in {row["name"] for row in json.loads(out)}, err
+    (isolated_home / "config.toml").write_text("[snapshots]\nenabled = false\n", encoding="utf-16")
+    code, out, err = localchat("models", home=isolated_home)
+    assert code == 1 and "is UTF-16 text" in the_error(err)
+
+
+def test_38_6c_a_truncated_gguf_given_by_path_says_so_on_every_load(test_model_path, tmp_path, capsys):
+    from localchat.models.gguf import read_gguf
+
+    cut = tmp_path / "cut.gguf"
+    data = test_model_path.read_bytes()
+    cut.write_bytes(data[:len(data) * 2 // 3])  # a download or copy still under way
+    code, out, err = ask_here(capsys, cut, "--max-tokens", "2", "hi")
+    needed = read_gguf(test_model_path).data_end
+    assert code == 1 and not out
+    assert the_error(err) == (f"localchat: error: {cut} is truncated: its tensors need {needed} "
+                              f"bytes but the file has {cut.stat().st_size} (an interrupted "
+                              "download or copy?)")
+
+
+def test_38_6d_a_file_ending_inside_a_character_is_read_up_to_it_and_one_bad_inside_is_refused(
+        test_model_path, tmp_path, capsys):
+    growing = tmp_path / "growing.txt"
+    growing.write_bytes("Le café coûte 2 €".encode()[:-2])  # the writer is half-way through "€"
+    code, out, err = ask_here(capsys, test_model_path, "--max-tokens", "2", "--json", "-f",
+                              str(growing), "Summarise the file.")
+    events = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and events[-1]["event"] == "done", err
+    notes = [e["message"] for e in events if e["event"] == "notice"]
+    assert ("growing.txt ends inside a character (is it still being written?): read up to its "
+            "last whole character") in notes
+
+    broken = tmp_path / "broken.txt"
+    broken.write_bytes(b"caf\xe9 au lait, and more text after it")
+    code, out, err = ask_here(capsys, test_model_path, "--max-tokens", "2", "-f", str(broken), "hi")
+    assert code == 1 and "broken.txt is not UTF-8 text (byte 3 is not)" in the_error(err)
+
+
+def test_38_7a_reasoning_is_dimmed_only_on_a_terminal_that_can_show_it(test_model_path, tmp_path):
+    home = tmp_path / "home"
+    thought = json.dumps({"object": "chat.completion.chunk", "model": "m", "choices": [
+        {"index": 0, "delta": {"reasoning_content": "Let me think."}, "finish_reason": None}]})
+    stream = Stream([thought, chunk("Paris."), chunk(finish_reason="stop"), "[DONE]"])
+    with FaultServer([stream]) as server:
+        remote_config(home, server.base_url)
+        args = ("ask", "-m", str(test_model_path), "--route", "remote", "Capital of France?")
+        shown = {term: on_a_terminal(*args, home=home, env={"TERM": term})
+                 for term in ("dumb", "xterm-256color")}
+        code, piped, err = localchat(*args, home=home, env={"TERM": "xterm-256color"})
+    assert all(code == 0 and "Let me think." in text and "Paris." in text
+               for code, text in shown.values()), shown
+    assert "\x1b" not in shown["dumb"][1]  # not even around the reasoning
+    assert "\x1b[2mLet me think.\x1b[22m" in shown["xterm-256color"][1]  # the dimming still works
+    assert code == 0 and "\x1b" not in err + piped and "Let me think." in err
+
+
+_LOG_HARD = """
+import logging, sys
+from localchat import logs
+logs.MAX_BYTES = 400  # a rotation every other record: the race is met in most rounds
+logs.attach()
+log = logging.getLogger("localchat.test")
+for i in range(100):
+    log.warning("process %s record %d %s", sys.argv[1], i, "x" * 100)
+"""
+
+
+def test_38_7b_processes_logging_at_once_never_print_logging_errors(tmp_path):
+    import re
+
+    env = {**os.environ, "LOCALCHAT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
+    for _ in range(5):
+        procs = [subprocess.Popen([sys.executable, "-c", _LOG_HARD, str(n)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=env) for n in range(3)]
+        outputs = [proc.communicate(timeout=120) for proc in procs]
+        for proc, (out, err) in zip(procs, outputs):
+            assert proc.returncode == 0 and out == b"" and err == b"", err.decode()[-2000:]
+    logs = sorted((tmp_path / "home" / "data").glob("localchat.log*"))
+    assert [f.name for f in logs] == ["localchat.log", "localchat.log.1", "localchat.log.2"]
+    record = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING localchat.test "
+                        r"\[MainThread\] process \d record \d+ x{100}$")
+    for log in logs:  # each within the cap, and made of whole records
+        assert log.stat().st_size <= 400
+        assert all(record.match(line) for line in log.read_text().splitlines()), log

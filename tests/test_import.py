@@ -109,23 +109,25 @@ def test_unusable_names_are_refused(test_model_path, name, capsys):
     assert "not a usable model name" in error_line(capsys.readouterr().err)
 
 
-def test_import_hard_links_when_it_can_and_copies_when_it_cannot(tmp_path, monkeypatch):
+def test_import_copies_the_file_in_the_kernel_or_else_in_blocks_never_linking_it(tmp_path, monkeypatch):
+    import errno
+
     from hub_server import make_gguf
 
-    from localchat.commands import models as commands
+    from localchat.models import file_copy
 
     source = tmp_path / "small.gguf"
     source.write_bytes(make_gguf())
-    assert main(["import", str(source), "--name", "linked"]) == 0
-    linked = local_path(resolve_model("linked"))
-    assert linked.read_bytes() == source.read_bytes()
+    assert main(["import", str(source), "--name", "kernel"]) == 0  # copy_file_range (no reflink here)
 
-    def no_links(src, dst):
-        raise OSError(18, "Invalid cross-device link")
+    def no_kernel_copy(*args: object) -> int:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
 
-    monkeypatch.setattr(commands.os, "link", no_links)
-    assert main(["import", str(source), "--name", "copied"]) == 0
-    copied = local_path(resolve_model("copied"))
-    assert copied.read_bytes() == source.read_bytes()
-    assert copied.stat().st_ino != source.stat().st_ino
-    assert sorted(p.name for p in copied.parent.iterdir()) == ["copied.gguf", "linked.gguf"]
+    monkeypatch.setattr(file_copy.os, "copy_file_range", no_kernel_copy)
+    monkeypatch.setattr(file_copy, "_BLOCK", 4096)  # several blocks
+    assert main(["import", str(source), "--name", "blocks"]) == 0
+    for name in ("kernel", "blocks"):
+        copy = local_path(resolve_model(name))
+        assert copy.read_bytes() == source.read_bytes()
+        assert copy.stat().st_ino != source.stat().st_ino and copy.stat().st_nlink == 1
+    assert sorted(p.name for p in copy.parent.iterdir()) == ["blocks.gguf", "kernel.gguf"]

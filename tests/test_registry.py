@@ -8,14 +8,13 @@ from localchat import paths
 from localchat.cli import main
 from localchat.errors import ConfigError, ModelNotFound
 from localchat.models.registry import (
-    add_user_entry,
     load_registry,
     local_path,
-    remove_user_entry,
     require_local,
     resolve_model,
     shipped_registry_file,
 )
+from localchat.models.user_registry import add_user_entry, remove_user_entry
 
 REQUIRED = ["smollm2-135m", "smollm2-1.7b", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b",
             "qwen2.5-7b", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "gemma3-1b", "gemma3-4b",

@@ -38,6 +38,17 @@ def test_content_delta_and_finish_reason():
     assert (end.content, end.finish_reason) == ("", "length")
 
 
+def test_content_given_as_parts_or_as_a_whole_message_is_read_and_other_shapes_carry_none():
+    parts = decode_chunk(json.dumps({"choices": [{"delta": {"content": [
+        {"type": "text", "text": "Hel"}, {"type": "image_url"}, {"type": "text", "text": "lo"}]}}]}))
+    assert (parts.content, parts.chat) == ("Hello", True)
+    whole = decode_chunk(json.dumps({"choices": [{"message": {"content": "Hi"}, "finish_reason": "stop"}]}))
+    assert (whole.content, whole.finish_reason) == ("Hi", "stop")
+    for odd in ({"choices": "Hi"}, {"choices": [{"delta": {"content": 7}}]}, {"text": "Hi"}):
+        assert decode_chunk(json.dumps(odd)).content == ""
+    assert not decode_chunk(json.dumps({"text": "Hi"})).chat
+
+
 def test_the_usage_chunk_has_no_choices():
     chunk = decode_chunk(json.dumps({"choices": [], "usage": {"prompt_tokens": 12,
                                                               "completion_tokens": 5}}))

@@ -309,7 +309,7 @@ def test_a_draft_model_with_another_vocabulary_is_refused_in_one_line(test_model
 
 
 def test_ask_summary_shows_the_drafts():
-    from localchat.commands.ask import summary_line
+    from localchat.commands.ask_output import summary_line
 
     line = summary_line(Timings(predicted_n=40, predicted_ms=1000.0, draft_n=30, draft_n_accepted=24))
     assert "drafted 30, 24 accepted (80%)" in line

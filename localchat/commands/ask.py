@@ -3,26 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import json
+import io
 import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-from localchat.events import (
-    Done,
-    Event,
-    Failed,
-    Notice,
-    PrefillProgress,
-    RouteChanged,
-    Thinking,
-    Timings,
-    Token,
-    Turn,
-)
-from localchat.terminal import raw, visible
+from localchat.commands.ask_output import JsonEvents, PlainText
+from localchat.ending import ENDING_SIGNALS, Ended, detach_lost_terminal, exit_status, handled
+from localchat.events import Done, Failed, Notice, Turn
 
 if TYPE_CHECKING:
     from localchat.chat.conversation import Conversation
@@ -31,15 +22,14 @@ if TYPE_CHECKING:
     from localchat.remote.escalate import Escalator, Route
     from localchat.settings import Settings
 
-EXIT_INTERRUPTED = 130
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "ask",
         help="answer one prompt, streamed to stdout",
         description="Answer one prompt with the local model, streaming tokens to stdout and a "
-        "timings summary to stderr. Ctrl+C stops the reply (exit status 130).",
+        "timings summary to stderr. Ctrl+C stops the reply (exit status 130); so do SIGTERM "
+        "and SIGHUP (143 and 129), and the reply so far is kept.",
     )
     p.add_argument("prompt", nargs="?", default=None, help="the prompt; '-' or nothing reads stdin")
     p.add_argument("--model", "-m", help="registry name, hf:ORG/REPO/FILE.gguf or a .gguf path")
@@ -68,7 +58,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from localchat.attachments import read_attachment
+    out = (JsonEvents(sys.stdout, args.hide_thinking) if args.json
+           else PlainText(sys.stdout, sys.stderr, args.hide_thinking))
+    with Interruptions(out) as interruptions:
+        return _answer(args, out, interruptions)
+
+
+def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
+            interruptions: Interruptions) -> int:
+    from localchat.attachments import mentioned_files, read_attachment
     from localchat.chat.escalation import Escalation
     from localchat.context.factory import open_chat
     from localchat.engine.factory import open_engine, sampling_options
@@ -76,15 +74,17 @@ def run(args: argparse.Namespace) -> int:
     from localchat.remote.escalate import Escalator
     from localchat.settings import load_config
 
-    out = (JsonEvents(sys.stdout, args.hide_thinking) if args.json
-           else PlainText(sys.stdout, sys.stderr, args.hide_thinking))
     try:
         check_flags(args)
         prompt, notice = read_prompt(args.prompt)
         if notice:
             out.event(notice)
-        for path in args.file:  # a missing or binary file is refused before a model loads
-            read_attachment(path, None, None)
+        # A missing or binary file is refused before a model loads; one read up to a cut
+        # character says so.
+        for path in [*args.file, *mentioned_files(prompt, Path.cwd())]:
+            note = read_attachment(path, None, None).note
+            if note:
+                out.event(Notice(note, kind="input"))
         config = load_config()
         escalator = Escalator.from_settings(config.remote)
         route: Route = args.route or ("auto" if escalator.client is not None else "local")
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             # The message as the context policy sent it (it may have cut an over-long one);
             # stored together with its reply. None: refused, nothing was sent.
             sent = chat.history[before].content if len(chat.history) > before else None
-            final, user_stopped = stream(handle, out)
+            final = interruptions.stream(handle)
             if conversation is not None and sent is not None and isinstance(final, Done):
                 conversation.record_exchange(sent, final, engine.name)
                 for notice in conversation.take_notices():
@@ -124,18 +124,12 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.close()
         escalator.close()
-    if isinstance(final, Failed):
-        return 1
-    # Only the user's Ctrl+C is an interruption: a local reply cut by a hand-over to a remote
-    # that then failed is the answer kept (the fallback notice said so).
-    return EXIT_INTERRUPTED if user_stopped and final.finish_reason == "aborted" else 0
+    return interruptions.status(final)
 
 
 def _with_files(prompt: str, paths: list[str], engine, sampling) -> str:
     """The question as it will be sent, with the ``-f`` files (and ``@path`` mentions) attached,
     as the app sends a message; UserError for a binary or over-long file."""
-    from pathlib import Path
-
     from localchat.attachments import outgoing_message
     from localchat.context.budget import message_room
 
@@ -217,14 +211,15 @@ def check_flags(args: argparse.Namespace) -> None:
 def read_prompt(prompt: str | None) -> tuple[str, Notice | None]:
     """The prompt, and a notice when stdin was not valid UTF-8 (its bad bytes become U+FFFD:
     lone surrogates would otherwise reach the tokenizer and fail there)."""
+    from localchat.attachments import read_capped
     from localchat.errors import UserError
 
     notice = None
     if prompt is None or prompt == "-":
         if sys.stdin is None or sys.stdin.isatty():
             raise UserError("no prompt: give one as an argument, or pipe it on stdin with '-'")
-        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
-        prompt = data if isinstance(data, str) else data.decode("utf-8", errors="surrogateescape")
+        data = read_capped(_stdin_bytes(), "stdin", "send a smaller prompt")
+        prompt = data.decode("utf-8", errors="surrogateescape")
     # Undecodable bytes (from stdin or argv) arrive as lone surrogates.
     if any("\ud800" <= ch <= "\udfff" for ch in prompt):
         raw = prompt.encode("utf-8", "surrogateescape" if _escaped_only(prompt) else "surrogatepass")
@@ -236,198 +231,85 @@ def read_prompt(prompt: str | None) -> tuple[str, Notice | None]:
     return prompt, notice
 
 
+def _stdin_bytes() -> BinaryIO:
+    """stdin as bytes (a text stream with no buffer, as some embedders set, read up to the cap)."""
+    from localchat.attachments import MAX_BYTES
+
+    stdin = sys.stdin
+    if hasattr(stdin, "buffer"):
+        return stdin.buffer
+    return io.BytesIO(stdin.read(MAX_BYTES + 1).encode("utf-8", "surrogateescape"))
+
+
 def _escaped_only(text: str) -> bool:
     return all(not "\ud800" <= ch <= "\udfff" or "\udc80" <= ch <= "\udcff" for ch in text)
 
 
-def stream(handle: Turn, out: PlainText | JsonEvents) -> tuple[Done | Failed, bool]:
-    """Write each event as it arrives; Ctrl+C stops the reply instead of killing the process.
-    The turn's final event, and whether Ctrl+C stopped it."""
+class Interruptions:
+    """Ctrl+C, SIGTERM and SIGHUP while ``ask`` runs (``localchat.ending``), in three phases:
 
-    def on_interrupt(*_: object) -> None:
-        out.user_stopped = True  # before the stop, so the final event finds it set
-        handle.stop()
+    - before the turn starts, they end the command at once (KeyboardInterrupt for Ctrl+C,
+      ``Ended`` for the others): nothing is there to keep yet, and the ``finally`` blocks on the
+      way out release the session and forget one this ask started;
+    - while the reply streams, they stop it: it is printed and stored, marked stopped;
+    - once it has ended, they wait: storing the reply and saving its context are not cut.
 
-    previous = signal.signal(signal.SIGINT, on_interrupt)
-    try:
-        for event in handle:
-            out.event(event)
-        final = handle.result
-        assert final is not None, "a turn's events end with its final one"
-        return final, out.user_stopped
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    ``signum`` is the first that came (None: none came). After SIGHUP, output that went to the
+    terminal which was closed goes to /dev/null, so that writing it cannot fail the turn."""
 
+    def __init__(self, out: PlainText | JsonEvents) -> None:
+        self.signum: int | None = None
+        self._out = out
+        self._turn: Turn | None = None
+        self._holding = False  # the turn has ended: a signal now waits for the reply to be kept
+        self._previous: dict[int, Any] = {}
 
-def _unread(shown: str, whole: str) -> str:
-    """The end of a stopped reply that was not shown: a stop drops the tokens still queued (see
-    ``events.Turn``), and the final ``Done`` holds them."""
-    return whole[len(shown):] if whole.startswith(shown) else ""
+    def __enter__(self) -> Interruptions:
+        for signum in handled((signal.SIGINT, *ENDING_SIGNALS)):
+            self._previous[signum] = signal.signal(signum, self._on_signal)
+        return self
 
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
-class PlainText:
-    """Reply text on stdout, summary on stderr (on a terminal, the CLI's guard neutralises
-    control sequences in both: see localchat.terminal)."""
+    def status(self, final: Done | Failed) -> int:
+        """The exit status for a turn that ended with ``final``: a signal's when it stopped the
+        reply (a local reply cut by a hand-over to a remote that then failed is the answer kept,
+        not an interruption)."""
+        if isinstance(final, Failed):
+            return 1
+        if self.signum is not None and self._out.user_stopped and final.finish_reason == "aborted":
+            return exit_status(self.signum)
+        return 0
 
-    def __init__(self, stdout: TextIO, stderr: TextIO, hide_thinking: bool = False) -> None:
-        self.stdout = stdout
-        self.stderr = stderr
-        self._remote_text = ""  # reply text on stdout since the last route notice
-        self._unshown_reply = False  # a fallback kept a reply that is not on stdout after it
-        self.hide_thinking = hide_thinking
-        self._thinking_open = False  # reasoning was written to stderr and not yet ended
-        self.user_stopped = False  # Ctrl+C stopped the turn (set by ``stream``)
+    def stream(self, handle: Turn) -> Done | Failed:
+        """Write each event of ``handle`` as it arrives; the turn's final event. A signal now
+        stops the reply instead of ending the process."""
+        self._turn = handle
+        try:
+            for event in handle:
+                try:
+                    self._out.event(event)
+                except OSError:
+                    if not detach_lost_terminal():
+                        raise
+                    # The terminal hung up and SIGHUP did not come (ignored: nohup): as if it had.
+                    self._on_signal(signal.SIGHUP, None)
+            final = handle.result
+            assert final is not None, "a turn's events end with its final one"
+            return final
+        finally:
+            self._turn = None
+            self._holding = True
 
-    def _write(self, text: str) -> None:
-        self.stdout.write(text)
-        self.stdout.flush()
-
-    def event(self, event: Event) -> None:
-        if isinstance(event, Thinking):
-            if not self.hide_thinking and event.text:
-                self._write_thinking(event.text)
-            return
-        if self._thinking_open and (isinstance(event, (Done, Failed)) or
-                                    (isinstance(event, Token) and event.text)):
-            self.stderr.write("\n")  # the reasoning ends where the answer begins
-            self.stderr.flush()
-            self._thinking_open = False
-        if isinstance(event, Token) and event.text:
-            self._write(event.text)
-            self._remote_text += event.text
-            self._unshown_reply = False
-        elif isinstance(event, RouteChanged):
-            self._route_changed(event)
-        elif isinstance(event, Done):
-            if self._unshown_reply and event.reply:
-                self._write(event.reply)
-            elif event.finish_reason == "aborted":
-                self._write(_unread(self._remote_text, event.answer))
-            self.stdout.write("\n")
-            self.stdout.flush()
-            if event.finish_reason == "aborted" and self.user_stopped:
-                self.stderr.write("[stopped]\n")
-            self.stderr.write(summary_line(event.timings) + "\n")
-        elif isinstance(event, Failed):
-            self.stdout.flush()
-            self.stderr.write(f"localchat: error: {event.message}\n")
-        elif isinstance(event, Notice):
-            self.stderr.write(f"localchat: {event.message}\n")
-
-    def _route_changed(self, event: RouteChanged) -> None:
-        """Keep stdout honest when the reply changes hands: a local reply handed over part-way is
-        marked superseded on its own line before the remote's answer; a remote reply that fails
-        part-way is marked void, and the local reply that stands follows the marker."""
-        self.stderr.write(f"localchat: {event.message}\n")
-        if event.route == "remote":
-            if self._remote_text:  # local text is on stdout: say it is not the answer
-                self.stdout.write("\n[local reply superseded; the remote model's answer follows]\n")
-                self.stdout.flush()
-            self._remote_text = ""
-            return
-        if self._remote_text:
-            self.stdout.write("\n[remote reply failed; the text above is void]\n")
-            self.stdout.flush()
-        self._remote_text = ""
-        self._unshown_reply = True
-
-    def error(self, message: str) -> int:
-        self.stderr.write(f"localchat: error: {message}\n")
-        return 1
-
-    def _write_thinking(self, text: str) -> None:
-        """Reasoning goes to stderr, dimmed on a terminal, so stdout holds only the answer."""
-        stderr = raw(self.stderr)  # the dimming escapes are ours; the model's text is not
-        if stderr.isatty():
-            text = f"\x1b[2m{visible(text)}\x1b[22m"
-        stderr.write(text)
-        stderr.flush()
-        self._thinking_open = True
-
-
-class JsonEvents:
-    """One JSON object per line: thinking, token, prefill, notice, superseded, retract, restore,
-    done, error. The token texts not voided always add up to the reply kept:
-
-    - ``superseded`` (before an escalate notice) voids the token text so far: the local reply
-      handed to the remote part-way, kept aside (its ``text``); the remote's tokens follow.
-    - ``retract`` (before a fallback notice) voids the token text since the escalate notice: the
-      remote reply that failed part-way. If a local reply was superseded, a ``restore`` with its
-      text follows: it is the reply kept after all.
-    - A stopped reply's ``done`` follows a ``token`` with id -1 holding the text the stop left
-      unread, if any (the tokens still queued when it came).
-    """
-
-    def __init__(self, stdout: TextIO, hide_thinking: bool = False) -> None:
-        self.stdout = stdout
-        self._remote_text = ""  # token text since the last route notice
-        self._superseded = ""  # the local partial reply set aside by a mid-reply escalation
-        self.hide_thinking = hide_thinking
-        self.user_stopped = False  # Ctrl+C stopped the turn (set by ``stream``)
-
-    def _write(self, obj: dict) -> None:
-        self.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
-        self.stdout.flush()
-
-    def event(self, event: Event) -> None:
-        if isinstance(event, Thinking):
-            if not self.hide_thinking:
-                self._write({"event": "thinking", "text": event.text})
-        elif isinstance(event, Token):
-            self._remote_text += event.text
-            self._write({"event": "token", "text": event.text, "id": event.token_id})
-        elif isinstance(event, PrefillProgress):
-            self._write({"event": "prefill", "done": event.done, "total": event.total})
-        elif isinstance(event, RouteChanged):
-            if event.route == "remote" and self._remote_text:
-                self._superseded = self._remote_text
-                self._write({"event": "superseded", "text": self._superseded,
-                             "reason": event.message})
-            if event.route == "local":
-                # Token text since the escalation was the remote's: a reader must drop it.
-                self._write({"event": "retract", "text": self._remote_text,
-                             "reason": event.message})
-                if self._superseded:
-                    self._write({"event": "restore", "text": self._superseded})
-            # Token text since the change; a restored reply counts as such text.
-            self._remote_text = self._superseded if event.route == "local" else ""
-            # On the wire a route change stays the notice it always was.
-            kind = "escalate" if event.route == "remote" else "fallback"
-            self._write({"event": "notice", "kind": kind, "message": event.message})
-        elif isinstance(event, Notice):
-            self._write({"event": "notice", "kind": event.kind, "message": event.message})
-        elif isinstance(event, Done):
-            unread = _unread(self._remote_text, event.answer) if event.finish_reason == "aborted" else ""
-            if unread:
-                self._write({"event": "token", "text": unread, "id": -1})
-            self._write({"event": "done", "finish_reason": event.finish_reason,
-                         "route": event.timings.route, "route_reason": event.timings.route_reason,
-                         "timings": event.timings.to_dict()})
-        elif isinstance(event, Failed):
-            self._write({"event": "error", "message": event.message})
-
-    def error(self, message: str) -> int:
-        self._write({"event": "error", "message": message})
-        return 1
-
-
-def summary_line(t: Timings) -> str:
-    parts = [f"TTFT {t.ttft_ms:.0f} ms"]
-    if t.thinking_n:
-        answer = f"answer {t.time_to_answer_ms / 1000:.1f} s" if t.time_to_answer_ms else "no answer"
-        parts.append(f"{answer} after {t.thinking_n} tok of thinking")
-    parts.append(f"TPOT {t.tpot_ms:.1f} ms")
-    if t.predicted_per_second:
-        parts.append(f"{t.predicted_n} tokens at {t.predicted_per_second:.1f} tok/s")
-    if t.draft_n:
-        parts.append(f"drafted {t.draft_n}, {t.draft_n_accepted} accepted "
-                     f"({100 * t.draft_n_accepted / t.draft_n:.0f}%)")
-    parts.append(f"prompt {t.prompt_n} tok in {t.prompt_ms:.0f} ms, {t.cache_n} cached")
-    parts.append(f"context {t.n_ctx_used}/{t.n_ctx}")
-    if t.restore_ms:
-        parts.append(f"restored in {t.restore_ms:.0f} ms")
-    if t.trimmed_n:
-        parts.append(f"trimmed {t.trimmed_n} tok")
-    if t.route != "local":
-        parts.append(f"route {t.route}" + (f" ({t.route_reason})" if t.route_reason else ""))
-    return " · ".join(parts)
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if signum != signal.SIGINT:
+            detach_lost_terminal()
+        if self.signum is None:
+            self.signum = signum
+        if self._turn is not None:
+            self._out.user_stopped = True  # before the stop, so the final event finds it set
+            self._turn.stop()
+        elif not self._holding:
+            raise KeyboardInterrupt if signum == signal.SIGINT else Ended(signum)

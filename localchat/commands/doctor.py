@@ -90,6 +90,7 @@ def _paths_section() -> dict[str, Any]:
 
 
 def _models_section() -> dict[str, Any]:
+    from localchat.models.download import part_files
     from localchat.models.registry import is_downloaded, known_models, local_path
     from localchat.settings import load_config
 
@@ -110,13 +111,16 @@ def _models_section() -> dict[str, Any]:
              "size_bytes": local_path(spec).stat().st_size, "memory": _memory_kind(local_path(spec))}
             for spec in specs if is_downloaded(spec)
         ]
+        partial = [{"name": spec.name, "path": str(part), "size_bytes": part.stat().st_size}
+                   for spec in specs for part in part_files(local_path(spec))]
     except UserError:  # the models folder cannot be created: reported with the paths
-        downloaded = []
+        downloaded, partial = [], []
     return {
         "models": {
             "default": default,
             "default_downloaded": any(m["name"] == default for m in downloaded),
             "downloaded": downloaded,
+            "partial": partial,  # pulls that were cut off: `pull` resumes them, `rm` deletes them
         },
         "problems": problems,
     }
@@ -171,6 +175,10 @@ def render_report(report: dict[str, Any]) -> str:
         lines.append(("downloaded", f"{model['name']} ({format_bytes(model['size_bytes'])}{memory})"))
     if not models["downloaded"]:
         lines.append(("downloaded", "no models yet"))
+    for part in models["partial"]:
+        lines.append(("partial", f"{part['name']} ({format_bytes(part['size_bytes'])} so far: "
+                                 f"`localchat pull {part['name']}` resumes it, `localchat rm "
+                                 f"{part['name']}` deletes it)"))
     if models["default"]:
         state = ("downloaded" if models["default_downloaded"]
                  else f"not downloaded: run `localchat pull {models['default']}`")

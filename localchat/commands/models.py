@@ -4,29 +4,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 from localchat import paths
+from localchat.atomic import abandoned_temps, atomic_writer
 from localchat.errors import UserError
 from localchat.models.download import part_files, pull
+from localchat.models.file_copy import copy_model_file
 from localchat.models.gguf import read_gguf
 from localchat.models.progress import TerminalProgress, format_bytes
 from localchat.models.registry import (
     IMPORTED_DIR,
-    add_user_entry,
     check_model_name,
     is_downloaded,
     known_models,
     load_registry,
     local_path,
-    remove_user_entry,
     resolve_model,
 )
+from localchat.models.user_registry import add_user_entry, remove_user_entry
 from localchat.names import path_under
 from localchat.settings import load_config
 
@@ -60,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     imp = subparsers.add_parser(
         "import", help="add a local .gguf file as a named model",
         description="Check a GGUF file (header and completeness), copy it into localchat's models "
-                    "folder (a hard link when possible) and add it to your models.toml.")
+                    "folder (a reflink where the file system can share blocks, so no space is "
+                    "taken; never a link to your file) and add it to your models.toml.")
     imp.add_argument("path", metavar="PATH.gguf", help="the GGUF file to import")
     imp.add_argument("--name", help="name to use (default: derived from the file name)")
     imp.set_defaults(func=run_import)
@@ -83,7 +83,7 @@ def run_models(args: argparse.Namespace) -> int:
         licence = (row["license"] or "?") + (" (restricted)" if row["license_note"] else "")
         if row["downloaded"]:
             state, detail = "yes", row["path"]
-        elif row["partial_bytes"]:
+        elif row["partial"]:
             state, detail = "partial", f"{format_bytes(row['partial_bytes'])} so far; pull resumes"
         else:
             state, detail = "-", row["description"]
@@ -113,6 +113,7 @@ def model_rows() -> list[dict[str, Any]]:
     for spec in known_models():
         path = local_path(spec)
         downloaded = is_downloaded(spec)
+        parts = part_files(path)
         origin = ("hub-file" if spec.source_file is None
                   else "user" if spec.source_file == user_file else "registry")
         rows.append({
@@ -121,7 +122,8 @@ def model_rows() -> list[dict[str, Any]]:
             "downloaded": downloaded,
             "path": str(path),
             "size_bytes": path.stat().st_size if downloaded else spec.size_bytes,
-            "partial_bytes": sum(p.stat().st_size for p in part_files(path)),
+            "partial": bool(parts),  # a pull that was cut off left this much (0 bytes, even)
+            "partial_bytes": sum(p.stat().st_size for p in parts),
             "quant": spec.quant,
             "context_length": spec.context_length,
             "n_ctx": spec.n_ctx,
@@ -236,45 +238,40 @@ def _import_source(path: Path) -> Path:
 
 
 def _publish_import(source: Path, dest: Path, name: str, entry: dict[str, Any]) -> Path:
-    """Put the file in place and its entry in models.toml, both or neither: the bytes go to a
-    hidden temporary name first and are renamed to ``dest`` once the entry is written."""
+    """Put a copy of the file in place and its entry in models.toml, both or neither: the bytes
+    go to a hidden temporary name first (``atomic_writer``) and are renamed to ``dest`` once the
+    entry is written."""
     if dest.exists():
         raise UserError(f"{dest} already exists; `localchat rm` that model first")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    staged = dest.with_name(f".{dest.name}.{os.getpid()}.importing")
+    _sweep_killed_imports(dest.parent)
     entry_written = False
+    progress = TerminalProgress(f"copying {source.name}")
     try:
-        link_or_copy(source, staged)
-        registry_file = add_user_entry(name, entry)
-        entry_written = True
-        os.replace(staged, dest)
-    except BaseException:  # any failure, Ctrl+C included: no file without an entry, or the reverse
-        staged.unlink(missing_ok=True)
-        if entry_written:
-            remove_user_entry(name)
+        with open(source, "rb") as original, atomic_writer(dest) as copy:
+            copy_model_file(original, copy, f"{source} into {dest.parent}", progress)
+            progress.close()
+            registry_file = add_user_entry(name, entry)
+            entry_written = True
+    except BaseException as exc:  # any failure, Ctrl+C included: no file without an entry, nor
+        if entry_written and not dest.exists():
+            remove_user_entry(name)  # an entry without its file
+        if isinstance(exc, OSError):  # the temporary copy could not be made, written or renamed
+            raise UserError(f"could not import {source} into {dest.parent}: "
+                            f"{exc.strerror or exc}") from None
         raise
+    finally:
+        progress.close()
     return registry_file
+
+
+def _sweep_killed_imports(folder: Path) -> None:
+    """Temporary copies left by imports that were killed (their lock is gone with them)."""
+    for pattern in (".*.tmp", ".*.importing"):  # the second: names older versions used
+        for abandoned in abandoned_temps(folder, pattern):
+            abandoned.unlink(missing_ok=True)
 
 
 def default_import_name(path: Path) -> str:
     """``Qwen2.5-7B-Instruct-Q4_K_M.gguf`` -> ``qwen2.5-7b-instruct-q4_k_m``."""
     return _NAME_CHARS.sub("-", path.stem.lower()).strip("-.")
-
-
-def link_or_copy(source: Path, dest: Path) -> None:
-    """Put ``source``'s bytes at ``dest`` (a staging name the caller removes on failure): a hard
-    link when on the same filesystem (instant, no extra space), else a copy."""
-    dest.unlink(missing_ok=True)  # left by an import that was killed
-    try:
-        os.link(source, dest)
-        return
-    except OSError:
-        pass  # another filesystem, or links not allowed: copy instead
-    free = shutil.disk_usage(dest.parent).free
-    size = source.stat().st_size
-    if size > free:
-        raise UserError(f"not enough disk space to copy {source} into {dest.parent}")
-    try:
-        shutil.copyfile(source, dest)
-    except OSError as exc:
-        raise UserError(f"could not copy {source} to {dest}: {exc.strerror or exc}") from None

@@ -70,6 +70,7 @@ def plan_draft(ref: str, options: EngineOptions, target_name: str) -> DraftPlan:
         spec = resolve_model(ref)
         path = require_local(spec)
         gguf = read_gguf(path)
+        gguf.require_complete()
     except UserError as exc:
         raise EngineError(f"draft model {ref} for {target_name} cannot be used: {exc}") from None
     if gguf.memory_kind in ("recurrent", "hybrid"):

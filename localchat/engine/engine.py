@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -54,7 +54,10 @@ CLOSED = "the model was closed"  # what work asked of an engine after close() ge
 class Engine:
     """A loaded model plus the exact token log of the conversation in its KV cache."""
 
-    def __init__(self, model_path: Path, options: EngineOptions | None = None, name: str = "") -> None:
+    def __init__(self, model_path: Path, options: EngineOptions | None = None, name: str = "",
+                 notices: Sequence[str] = ()) -> None:
+        """``notices``: lines about the model file (it changed since it was imported), given to
+        the first turn after each load, as the load's own are."""
         self.model_path = Path(model_path)
         self.options = options or EngineOptions()
         self.name = name or self.model_path.stem
@@ -68,6 +71,7 @@ class Engine:
         self._kv: ConversationCache | None = None
         self._speculator: Speculator | None = None
         self._notices: list[Notice] = []  # for the next foreground turn (after a load)
+        self._file_notices = [Notice(text, kind="model") for text in notices]
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._current: TurnHandle | None = None
         self._background_jobs: list[TurnHandle] = []
@@ -411,7 +415,7 @@ class Engine:
         self._kv = ConversationCache(self._runtime, self.options.checkpoints)
         self._speculator, notices = build_speculator(self.options, self._runtime, gguf, draft,
                                                      draft_problem, self.name)
-        self._notices = [Notice(text, kind="speculative") for text in notices]
+        self._notices = [*self._file_notices, *(Notice(text, kind="speculative") for text in notices)]
         if on_progress:
             on_progress(1.0)
         self.info = Loaded(

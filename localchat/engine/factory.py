@@ -12,7 +12,12 @@ from typing import Any
 
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
-from localchat.models.registry import ModelSpec, require_local, resolve_model
+from localchat.models.registry import (
+    ModelSpec,
+    changed_since_import,
+    require_local,
+    resolve_model,
+)
 from localchat.settings import EngineSection, Settings, load_config
 
 
@@ -68,4 +73,5 @@ def open_engine(model: str | None, settings: Settings | None = None, **overrides
     from localchat.engine.runtime import check_n_ctx_floor
 
     check_n_ctx_floor(options.n_ctx, zero_is_default=True)
-    return Engine(path, options, name=spec.name)
+    changed = changed_since_import(spec)
+    return Engine(path, options, name=spec.name, notices=[changed] if changed else [])

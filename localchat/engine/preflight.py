@@ -4,7 +4,8 @@ One check for every caller: the app runs it before it unloads the model in use (
 keeps the current one), and ``Engine.load`` runs it (or takes the result the app's run left), so
 the GGUF header is read once per load. It refuses, each in one line written for the user:
 
-- a missing file, or one that is not a (complete-headed) GGUF;
+- a missing file, or one that is not a GGUF, or one cut short (a copy or download still under
+  way: llama.cpp's own refusal only says it failed to load);
 - a context size above what the model was trained for (more would only degrade it), wherever
   the size came from: a flag, ``config.toml`` or the registry;
 - a chat template that is missing (and the registry names none) or does not compile.
@@ -47,6 +48,7 @@ def preflight(path: Path, name: str, options: EngineOptions) -> Preflight:
     if not path.is_file():
         raise EngineError(f"model file not found: {path}")
     gguf = read_gguf(path)
+    gguf.require_complete()  # a file cut short, or still being written: llama.cpp says only "failed"
     trained = gguf.context_length
     if trained and options.n_ctx > trained:
         raise EngineError(f"n_ctx {options.n_ctx} is more than {name} was trained for ({trained}); "

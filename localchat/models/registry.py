@@ -10,7 +10,8 @@ field by field. Everywhere a model is named, three forms are accepted (:func:`re
 - a path to a local ``.gguf`` file
 
 Downloaded files live in the models dir, one folder per Hub repository
-(``models/ORG--REPO/FILE.gguf``); imported files in ``models/imported/``.
+(``models/ORG--REPO/FILE.gguf``); imported files in ``models/imported/``. Writing the user's
+``models.toml`` is ``user_registry``'s.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from localchat import paths
-from localchat.atomic import write_text_atomic
 from localchat.errors import ConfigError, ModelNotFound, UserError
 from localchat.names import UnsafeName, check_file_name, path_under
 from localchat.settings import load_config
-from localchat.settings.toml import line_of, read_toml_file
+from localchat.settings.toml import line_of, read_toml_file, settings_file_present
 from localchat.terminal import visible
 
 # Context opened for models the registry knows nothing about (hf: references, plain paths).
@@ -123,7 +123,7 @@ def load_registry() -> dict[str, ModelSpec]:
     entries: dict[str, dict[str, Any]] = {}
     origins: dict[str, tuple[Path, int]] = {}
     for registry_file in (shipped_registry_file(), paths.user_registry_file()):
-        if registry_file.exists():
+        if settings_file_present(registry_file):
             _merge_file(registry_file, entries, origins)
     return {name: _build_spec(name, values, *origins[name]) for name, values in entries.items()}
 
@@ -323,14 +323,36 @@ def require_local(spec: ModelSpec) -> Path:
                         f"{offline}")
 
 
+def changed_since_import(spec: ModelSpec) -> str | None:
+    """One line when an imported model's file no longer has the size ``import`` recorded (it
+    was changed in the models folder, or through a hard link an older ``import`` made to the
+    user's file, which a new download then overwrote in place); None otherwise."""
+    if spec.path is None or not spec.size_bytes or spec.source_file != paths.user_registry_file():
+        return None
+    if spec.path.parent != paths.models_dir() / IMPORTED_DIR:
+        return None  # the user's own entry: its size_bytes is theirs to set, for display
+    try:
+        size = spec.path.stat().st_size
+    except OSError:
+        return None
+    if size == spec.size_bytes:
+        return None
+    return (f"{spec.name}'s file changed since it was imported ({spec.size_bytes:,} bytes then, "
+            f"{size:,} now): {spec.path}")
+
+
 def known_models() -> list[ModelSpec]:
-    """Every model a user can name: the registry, then Hub files pulled by ``hf:`` reference."""
+    """Every model a user can name: the registry, then Hub files pulled by ``hf:`` reference,
+    whole or partly (the ``.part`` of a pull that was cut off: listed, so that its bytes do not
+    leak unseen, and named so that ``rm`` and ``pull`` act on it)."""
     registry = load_registry()
     specs = list(registry.values())
     claimed = {local_path(spec).resolve() for spec in specs}
     root = paths.models_dir()
-    for gguf in sorted(root.glob("*--*/**/*.gguf")):
-        if gguf.resolve() in claimed or not gguf.is_file():
+    pulled = {*root.glob("*--*/**/*.gguf"),
+              *(_pulled_file(part) for part in root.glob("*--*/**/*.gguf.*.part"))}
+    for gguf in sorted(pulled):
+        if gguf.resolve() in claimed or gguf.is_dir():
             continue
         relative = gguf.relative_to(root).parts
         repo = relative[0].replace("--", "/", 1)
@@ -341,42 +363,6 @@ def known_models() -> list[ModelSpec]:
     return specs
 
 
-
-def add_user_entry(name: str, values: dict[str, Any]) -> Path:
-    """Append ``[models.NAME]`` to the user's models.toml, atomically, keeping its comments.
-
-    The caller makes sure ``name`` is not defined there yet. Returns the file written.
-    """
-    registry_file = paths.user_registry_file()
-    text = registry_file.read_text(encoding="utf-8") if registry_file.exists() else ""
-    if text and not text.endswith("\n"):
-        text += "\n"
-    import tomli_w  # only here: writing entries is rare, start-up should not pay for it
-
-    block = tomli_w.dumps({"models": {name: values}})
-    write_text_atomic(registry_file, text + ("\n" if text else "") + block)
-    return registry_file
-
-
-def remove_user_entry(name: str) -> bool:
-    """Delete the ``[models.NAME]`` table (and its sub-tables) from the user's models.toml.
-
-    Returns whether one was found. Other entries and comments are left as they were (a comment
-    between the entry and the next table goes with the entry).
-    """
-    import tomlkit  # only here, like tomli_w above
-
-    registry_file = paths.user_registry_file()
-    if not registry_file.exists():
-        return False
-    try:
-        document = tomlkit.parse(registry_file.read_text(encoding="utf-8"))
-    except tomlkit.exceptions.ParseError as exc:
-        reason = re.sub(r" at line \d+ col \d+$", "", str(exc))
-        raise ConfigError(f"{registry_file}:{exc.line}: invalid TOML: {reason}") from None
-    models = document.get("models")
-    if not isinstance(models, dict) or name not in models:
-        return False
-    del models[name]
-    write_text_atomic(registry_file, tomlkit.dumps(document))
-    return True
+def _pulled_file(part: Path) -> Path:
+    """The model file a pull's ``NAME.gguf.<etag>.part`` will become."""
+    return part.with_name(part.name[:part.name.rindex(".gguf.") + len(".gguf")])

@@ -17,26 +17,32 @@ Contract of a :class:`RemoteTurn` (a ``localchat.events.Turn``):
   headers): keep-alive comments and the bytes of a line that never ends do not count, so a
   trickling server fails like a silent one. A line or event over ``sse.MAX_EVENT_BYTES`` fails
   at once, without reading the rest. Neither is retried.
+- A 2xx answer is read only if it is an event stream of chat-completion chunks that carry text
+  (``stream_checks``): a web page, a whole JSON reply, an empty body, events without ``choices``
+  or an empty reply fail in one line that names what came, and are not retried.
+- A server that goes on past the request's ``max_tokens`` is cut there (``stream_checks``): what
+  fits is kept, a ``Notice`` says so, and the turn ends with finish_reason "length".
 - Every failure is one ``Failed`` line written for the user; it never contains the API key.
 - The circuit breaker learns the outcome of each turn (a stopped turn teaches it nothing).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
-import math
 import queue
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from email.utils import parsedate_to_datetime
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
+from localchat import logs
 from localchat.engine.options import Sampling
 from localchat.errors import UserError
 from localchat.events import (
@@ -51,6 +57,7 @@ from localchat.events import (
     TurnEnd,
 )
 from localchat.reasoning import ReasoningSplitter, join_reply
+from localchat.remote import failures
 from localchat.remote.breaker import CircuitBreaker
 from localchat.remote.sse import (
     RemoteStreamError,
@@ -60,6 +67,7 @@ from localchat.remote.sse import (
     iter_lines,
     iter_sse_data,
 )
+from localchat.remote.stream_checks import TokenLimit, no_reply, not_a_stream, opening
 from localchat.remote.timing import ReplyClock
 from localchat.settings.remote import RemoteSettings
 
@@ -213,6 +221,7 @@ class RemoteTurn(TurnEnd):
         try:
             final = self._attempt_twice()
         except Exception as exc:  # a bug must still end the turn, or the iterator would hang
+            logs.attach()  # its traceback goes to the log file, not the terminal
             log.exception("remote turn crashed")
             final = Failed(self._redact(f"remote client error: {type(exc).__name__}: {exc}"))
         if final is None or self._stop.is_set():
@@ -235,8 +244,8 @@ class RemoteTurn(TurnEnd):
                 wait = exc.retry_after_s or 0.0
                 if wait > self._client.settings.timeout_s or not (
                         attempt == 1 and exc.retryable and not self._clock.arrivals):
-                    return Failed(message + _try_again_hint(exc.retry_after_s))
-                later = f" in {_seconds(wait)} s (Retry-After)" if wait else ""
+                    return Failed(message + failures.try_again_hint(exc.retry_after_s))
+                later = f" in {failures.seconds(wait)} s (Retry-After)" if wait else ""
                 self._events.put(Notice(f"{message}; retrying once{later}", kind="retry"))
                 if self._stop.wait(wait):
                     return None
@@ -245,29 +254,41 @@ class RemoteTurn(TurnEnd):
     def _attempt(self) -> Done:
         try:
             with self._client._post_stream(self._body, self._trace) as response:
-                if response.status_code != 200:
+                if not response.is_success:
                     raise self._status_failure(response)
                 return self._read_stream(response)
         except httpx.TimeoutException as exc:
             # Not retried: a second wait as long as the first would double the user's delay
             # before the local fallback (a silent server cost 2 × timeout_s + 1 s).
-            raise _AttemptFailed(_timeout_message(exc, self._client.settings.timeout_s), False) from None
+            message = failures.timeout_message(exc, self._client.settings.timeout_s)
+            raise _AttemptFailed(message, False) from None
         except httpx.ConnectError as exc:
-            raise _AttemptFailed(f"cannot connect to the remote: {_reason(exc)}", True) from None
+            raise _AttemptFailed(f"cannot connect to the remote: {failures.reason(exc)}", True) from None
         except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
-            raise _AttemptFailed(f"connection to the remote dropped: {_reason(exc)}", True) from None
+            raise _AttemptFailed(f"connection to the remote dropped: {failures.reason(exc)}", True) from None
         except httpx.HTTPError as exc:
-            raise _AttemptFailed(f"remote request failed: {_reason(exc)}", False) from None
+            raise _AttemptFailed(f"remote request failed: {failures.reason(exc)}", False) from None
 
     def _read_stream(self, response: httpx.Response) -> Done:
+        where = self._client.where
+        body = self._within_deadline(response.iter_bytes())
+        head = opening(body)
+        problem = not_a_stream(where, response.status_code,
+                               response.headers.get("content-type", ""), head)
+        if problem:
+            raise _AttemptFailed(problem, False)  # the same server would answer the same again
         reply: list[str] = []
         thinking: list[str] = []
         # Reasoning arrives apart (reasoning_content) or inline as <think> in the content.
         inline = ReasoningSplitter()
+        limit = TokenLimit(self._body["max_tokens"])
         finish_reason: str | None = None
         usage = None
-        payloads = iter_sse_data(iter_lines(self._within_deadline(response.iter_bytes())))
-        for payload in _bounded(payloads, self._client.where):
+        events = chat_chunks = 0
+        first_event = ""
+        ended = False  # by [DONE] or the cut at max_tokens
+        payloads = iter_sse_data(iter_lines(itertools.chain([head], body)))
+        for payload in _bounded(payloads, where):
             self._last_data = time.monotonic()
             try:
                 chunk = decode_chunk(payload)
@@ -275,7 +296,16 @@ class RemoteTurn(TurnEnd):
                 # An error object is the server's own report (often transient); garbage is not.
                 raise _AttemptFailed(str(exc), str(exc).startswith("remote error")) from None
             if chunk.done:
+                ended = True
                 break
+            events, chat_chunks = events + 1, chat_chunks + chunk.chat
+            first_event = first_event or payload
+            text = chunk.reasoning + chunk.content
+            fits = limit.room(text)
+            if limit.passed:  # the server went past max_tokens: keep what fits, then stop
+                chunk = replace(chunk, reasoning=chunk.reasoning[:fits],
+                                content=chunk.content[:max(0, fits - len(chunk.reasoning))],
+                                finish_reason="length")
             self._model = self._client.settings.model or chunk.model or self._model
             usage = chunk.usage or usage
             finish_reason = chunk.finish_reason or finish_reason
@@ -285,12 +315,21 @@ class RemoteTurn(TurnEnd):
                 reasoning, answer = inline.feed(chunk.content)
                 self._reasoning(reasoning, thinking)
                 self._answer(answer, reply)
-        else:
-            if finish_reason is None:
-                raise _AttemptFailed("the remote closed the stream before the reply was complete", True)
+            if limit.passed:
+                ended = True
+                break
         reasoning, answer = inline.flush()
         self._reasoning(reasoning, thinking)
         self._answer(answer, reply)
+        if limit.passed and (reply or thinking):
+            self._events.put(Notice(
+                f"the remote at {where} went on past the {limit.max_tokens} tokens asked for "
+                "(max_tokens); its reply was cut there", kind="max_tokens"))
+        if events and not chat_chunks or (ended or finish_reason) and not (reply or thinking):
+            # Not a chat stream, or an empty reply: never stored as one, and not worth a retry.
+            raise _AttemptFailed(no_reply(where, events, chat_chunks, first_event), False)
+        if not ended and finish_reason is None:
+            raise _AttemptFailed("the remote closed the stream before the reply was complete", True)
         timings = self._timings(usage.prompt_tokens if usage else None,
                                 usage.completion_tokens if usage else None)
         reasoning = "".join(thinking)
@@ -323,7 +362,7 @@ class RemoteTurn(TurnEnd):
             yield data
 
     def _status_failure(self, response: httpx.Response) -> _AttemptFailed:
-        text = _read_at_most(response, _ERROR_BODY_BYTES)
+        text = failures.read_at_most(response, _ERROR_BODY_BYTES)
         try:
             detail = error_text(json.loads(text).get("error") or text)
         except (ValueError, AttributeError):
@@ -333,7 +372,8 @@ class RemoteTurn(TurnEnd):
             env = self._client.settings.api_key_env
             message += f" (check the key in ${env})" if env else " (set api_key_env in [remote])"
         retryable = response.status_code >= 500 or response.status_code in _RETRYABLE_STATUS
-        return _AttemptFailed(message, retryable, _retry_after_s(response.headers.get("retry-after")))
+        wait = failures.retry_after_s(response.headers.get("retry-after"))
+        return _AttemptFailed(message, retryable, wait)
 
     def _trace(self, event: str, info: dict[str, Any]) -> None:
         # httpcore reports each new connection; keep its socket so stop() can shut it down.
@@ -374,60 +414,3 @@ def _bounded(payloads: Iterator[str], where: str) -> Iterator[str]:
     except StreamTooLarge as exc:
         raise _AttemptFailed(f"the remote at {where} sent {exc}; no chat stream needs that",
                              False) from None
-
-
-def _read_at_most(response: httpx.Response, limit: int) -> str:
-    """The start of a (non-200) body as text: a broken server's endless error page is not read."""
-    body = bytearray()
-    for data in response.iter_bytes():
-        body += data
-        if len(body) >= limit:
-            break
-    return bytes(body[:limit]).decode(response.encoding or "utf-8", errors="replace")
-
-
-def _retry_after_s(header: str | None, now: float | None = None) -> float | None:
-    """Seconds a ``Retry-After`` header asks for (delta-seconds or an HTTP date); None when
-    absent or unreadable (then the usual immediate retry applies)."""
-    if not header:
-        return None
-    header = header.strip()
-    if header.isdigit():
-        return float(header)
-    try:
-        when = parsedate_to_datetime(header)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:  # HTTP dates are GMT; a zone-less one is read as such too
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
-
-
-def _try_again_hint(retry_after_s: float | None) -> str:
-    """"; the remote asks to wait 120 s; try again after 14:03" for a failure with Retry-After."""
-    if not retry_after_s:
-        return ""
-    asks = f"; the remote asks to wait {_seconds(retry_after_s)} s"
-    if retry_after_s < 60:
-        return asks
-    until = time.localtime(math.ceil((time.time() + retry_after_s) / 60) * 60)
-    same_day = until[:3] == time.localtime()[:3]
-    clock = time.strftime("%H:%M" if same_day else "%Y-%m-%d %H:%M", until)
-    return f"{asks}; try again after {clock}"
-
-
-def _seconds(value: float) -> str:
-    return f"{math.ceil(value):d}" if value >= 1 else f"{value:.1g}"
-
-
-def _timeout_message(exc: httpx.TimeoutException, timeout_s: float) -> str:
-    if isinstance(exc, httpx.ConnectTimeout):
-        return f"could not connect to the remote within {timeout_s:g} s"
-    if isinstance(exc, httpx.ReadTimeout):
-        return f"the remote sent nothing for {timeout_s:g} s (timeout_s)"
-    return f"the remote request timed out after {timeout_s:g} s"
-
-
-def _reason(exc: Exception) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text[:200]

@@ -53,6 +53,7 @@ class StreamChunk:
     usage: Usage | None = None
     model: str = ""
     done: bool = False
+    chat: bool = False  # a chat-completion chunk: it had a "choices" list (the usage one: empty)
 
 
 def iter_lines(chunks: Iterable[bytes], max_bytes: int = MAX_EVENT_BYTES) -> Iterator[str]:
@@ -112,34 +113,47 @@ def decode_chunk(payload: str) -> StreamChunk:
     try:
         obj = json.loads(payload)
     except json.JSONDecodeError:
-        raise RemoteStreamError(f"remote sent a malformed stream chunk: {_preview(payload)}") from None
+        raise RemoteStreamError(f"remote sent a malformed stream chunk: {preview(payload)}") from None
     if not isinstance(obj, dict):
-        raise RemoteStreamError(f"remote sent a malformed stream chunk: {_preview(payload)}")
+        raise RemoteStreamError(f"remote sent a malformed stream chunk: {preview(payload)}")
     if obj.get("error"):
         raise RemoteStreamError(f"remote error: {error_text(obj['error'])}")
     content, reasoning, finish_reason = "", "", None
-    choices = obj.get("choices") or []  # the usage chunk has "choices": []
-    if choices and isinstance(choices[0], dict):
+    choices = obj.get("choices")  # the usage chunk has "choices": []
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         choice = choices[0]
-        delta = choice.get("delta")
+        # "message": a server that sends a whole completion as one event of its stream.
+        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else choice.get("message")
         if isinstance(delta, dict):
-            content = delta.get("content") or ""
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+            content = _text(delta.get("content"))
+            reasoning = _text(delta.get("reasoning_content")) or _text(delta.get("reasoning"))
         finish_reason = choice.get("finish_reason")
     return StreamChunk(
-        content=content if isinstance(content, str) else "",
-        reasoning=reasoning if isinstance(reasoning, str) else "",
+        content=content,
+        reasoning=reasoning,
         finish_reason=finish_reason if isinstance(finish_reason, str) else None,
         usage=_usage(obj.get("usage")),
         model=model if isinstance(model := obj.get("model"), str) else "",
+        chat=isinstance(choices, list),
     )
+
+
+def _text(value: Any) -> str:
+    """A delta's text: a string, or a list of content parts (``{"type": "text", "text": ...}``)
+    as some servers send; anything else carries none."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(part["text"] for part in value
+                       if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return ""
 
 
 def error_text(error: Any) -> str:
     """The human part of an OpenAI-style error (``{"message": ...}``, or a bare string), one line."""
     if isinstance(error, dict):
         error = error.get("message") or error.get("type") or error.get("code") or json.dumps(error)
-    return _preview(str(error), limit=200)
+    return preview(str(error), limit=200)
 
 
 def _usage(raw: Any) -> Usage | None:
@@ -152,7 +166,8 @@ def _usage(raw: Any) -> Usage | None:
     )
 
 
-def _preview(text: str, limit: int = 80) -> str:
+def preview(text: str, limit: int = 80) -> str:
+    """``text`` on one line (runs of white space as one space), cut to ``limit`` characters."""
     one_line = " ".join(text.split())
     return one_line if len(one_line) <= limit else one_line[: limit - 1] + "…"
 

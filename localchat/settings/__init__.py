@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 from localchat import paths
 from localchat.errors import ConfigError, UserError
 from localchat.settings.remote import RemoteSettings
-from localchat.settings.toml import find_line, read_toml_file
+from localchat.settings.toml import find_line, read_toml_file, settings_file_present
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -144,7 +144,7 @@ def load_config(path: Path | None = None) -> Settings:
     value of the wrong type or out of range.
     """
     path = path or paths.config_file()
-    if not path.exists():
+    if not settings_file_present(path):
         return Settings()
     data, text = read_toml_file(path)
     return parse_settings(data, path, text)

@@ -1,5 +1,6 @@
 """Reading a TOML file, and finding the line a table or key is on, for error messages that
-point at it ("FILE:LINE: ..."): config.toml's and models.toml's.
+point at it ("FILE:LINE: ..."): config.toml's and models.toml's. A file that is a broken link
+is an error, not a missing file (:func:`settings_file_present`).
 
 tomllib reports a position only for malformed documents; a valid one that holds a wrong value
 gets its line from :func:`find_line`, which scans headers and ``key =`` lines.
@@ -7,25 +8,55 @@ gets its line from :func:`find_line`, which scans headers and ``key =`` lines.
 
 from __future__ import annotations
 
+import codecs
 import re
+import stat
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from localchat.errors import ConfigError
+from localchat.paths import broken_link
 
 _LINE_IN_MESSAGE = re.compile(r"\(at line (\d+), column \d+\)")
 
 
-def read_toml_file(path: Path) -> tuple[dict[str, Any], str]:
-    """Parse a TOML file; returns (data, text). Malformed TOML -> ConfigError "FILE:LINE: ..."."""
+def settings_file_present(path: Path) -> bool:
+    """Whether a settings file is at ``path`` (False: nothing is, and the defaults apply).
+
+    A symbolic link that leads nowhere (its target moved, or it loops) is a ConfigError naming
+    it, not a missing file: the settings the user keeps behind it (``[snapshots] enabled =
+    false``, say) would be ignored without a word."""
+    link = broken_link(path)
+    if link:
+        raise ConfigError(f"{path} {link}")
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return False
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"{path} is a folder, not a settings file")
+    if not stat.S_ISREG(mode):  # reading a FIFO would wait for a writer for ever
+        raise ConfigError(f"{path} is not a regular file (a FIFO, socket or device)")
+    return True
+
+
+def read_toml_file(path: Path) -> tuple[dict[str, Any], str]:
+    """Parse a TOML file; returns (data, text). Malformed TOML -> ConfigError "FILE:LINE: ...".
+    A UTF-8 byte order mark at the start (as some Windows editors save) is read past."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise ConfigError(f"{path} is UTF-16 text; save it as UTF-8")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start} is not)") from None
     try:
         return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as exc:

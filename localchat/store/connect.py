@@ -12,6 +12,7 @@ import sqlite3
 from pathlib import Path
 
 from localchat.errors import UserError
+from localchat.paths import broken_link
 
 
 class StoreError(UserError):
@@ -69,6 +70,9 @@ def describe(path: Path, exc: Exception) -> str:
     if isinstance(exc, sqlite3.OperationalError) and _is_read_only(folder):
         return (f"The folder {folder} is read-only, so the session database could not be "
                 "written (reading history still works).")
+    link = broken_link(path)  # SQLite only says "unable to open database file"
+    if link:
+        return f"The session database {path} {link}."
     return f"The session database {path} could not be used: {text}."
 
 

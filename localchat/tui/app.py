@@ -10,6 +10,9 @@ thread workers that report through typed messages (``localchat.tui.messages``).
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -22,6 +25,7 @@ from textual.widgets import Footer
 
 from localchat.chat.conversation import Conversation
 from localchat.chat.services import ChatServices, build_services
+from localchat.ending import detach_lost_terminal, exit_status
 from localchat.errors import UserError
 from localchat.store import Store
 from localchat.tui.chat_log import ChatLog
@@ -48,7 +52,19 @@ from localchat.tui.turn import Turns
 from localchat.tui.typeahead import TypeAhead
 
 if TYPE_CHECKING:
+    from textual.driver import Driver
+
     from localchat.engine.options import Sampling
+
+
+def terminal_driver_class() -> type[Driver] | None:
+    """The driver that survives a closed terminal, where Textual would use its LinuxDriver
+    (not on Windows, nor when TEXTUAL_DRIVER names another)."""
+    if sys.platform == "win32" or os.environ.get("TEXTUAL_DRIVER"):
+        return None
+    from localchat.tui.terminal_driver import TerminalDriver  # termios: not on Windows
+
+    return TerminalDriver
 
 class LocalChatApp(App[int]):
     CSS_PATH = "app.tcss"
@@ -78,10 +94,11 @@ class LocalChatApp(App[int]):
         services_factory: Callable[..., ChatServices | None] = build_services,
         downloads: Downloads | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(driver_class=terminal_driver_class())
         self.store = store
         self.conversation: Conversation | None = None  # the open session's (see ``Sessions.open``)
         self._notices_by_cause: dict[str, list[Notification]] = {}
+        self._hung_up = False  # SIGHUP (or its driver's failed write) was heard: quitting already
         self.models = ModelState(self, model, engine_factory, sampling_factory)
         self.downloads = ModelDownloads(self, downloads or RegistryDownloads(), self.models.load)
         self.turns = Turns(self)
@@ -223,6 +240,24 @@ class LocalChatApp(App[int]):
 
     async def action_quit(self) -> None:
         await self.turns.quit()
+
+    def end_on_signal(self, signum: int) -> None:
+        """SIGTERM or SIGHUP (``localchat.ending``; the driver reports a terminal that hung up
+        as SIGHUP too): quit as Ctrl+Q does, with the status the signal gives; a terminal that
+        hung up is let go first. A SIGINT sent from outside is the Ctrl+C key (in the app, the
+        key sends none)."""
+        if signum == signal.SIGINT:
+            self.call_later(self.action_interrupt)
+            return
+        if signum == getattr(signal, "SIGHUP", None):
+            if self._hung_up:  # the driver saw the terminal go (a failed write) before the signal
+                return
+            self._hung_up = True
+        if detach_lost_terminal():
+            stop_reading = getattr(self._driver, "stop_reading", None)
+            if stop_reading is not None:
+                stop_reading()
+        self.call_later(self.turns.quit, exit_status(signum))
 
     async def action_new_session(self) -> None:
         await self.sessions.new()

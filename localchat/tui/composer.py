@@ -121,7 +121,9 @@ class Composer:
             self._app.notify("Attachments removed.")
             return
         attachment = await self.attach_file(path_text)
-        self._app.notify(f"Attached {attachment.chip}; it goes with your next message.")
+        note = f" Note: {attachment.note}." if attachment.note else ""
+        self._app.notify(f"Attached {attachment.chip}; it goes with your next message.{note}",
+                         severity="warning" if note else "information")
         self._app.draft.schedule(self._app.prompt.text)  # the model can read the file meanwhile
 
     def file_budget(self) -> tuple[Callable[[str], int] | None, int | None]:

@@ -25,7 +25,7 @@ def run_app(model: str | None = None, continue_last: bool = False, session: str 
         logs.attach()  # the app's own failures (a turn, a model load) keep their tracebacks too
         app = LocalChatApp(store=store, model=model, continue_last=continue_last, session=session,
                            engine_factory=partial(build_engine, speculative=speculative))
-        code, stuck = run_until_quit(app)
+        code, stuck = run_until_quit(app, app.end_on_signal)
     if stuck:  # a worker that never returns must not keep the process alive after a quit
         exit_now(code)
     return code

@@ -95,6 +95,7 @@ class Turns:
         self.pacer = FramePacer()
         self.collections = FullCollectionsPaused()
         self.quit_when_idle = False  # the user quit while a reply streamed: exit once it is saved
+        self._quit_status = 0  # the exit status of that quit (a signal's: localchat.ending)
         self._previous_switch_interval = sys.getswitchinterval()
         self._status_shown_at = 0.0
 
@@ -304,7 +305,7 @@ class Turns:
         app = self._app
         app.sessions.refresh_sidebar()
         if self.quit_when_idle:
-            app.exit(0)
+            app.exit(return_code=self._quit_status)
             return
         await app.queue.send_next()
         if self.current is None and app.prompt.text:
@@ -343,12 +344,14 @@ class Turns:
             self.current.stop()
             self._app.set_state("stopping")
 
-    async def quit(self) -> None:
-        """Quit; a streaming reply is stopped first so that it is saved (as stopped)."""
+    async def quit(self, status: int = 0) -> None:
+        """Quit with exit status ``status``; a streaming reply is stopped first so that it is
+        saved (as stopped)."""
         if self.current is None or self.quit_when_idle:
             # A second quit while the reply has not ended (a worker stuck in a template render,
             # say) exits anyway: tui/shutdown.py gives the worker its grace period, then ends.
-            self._app.exit(0)
+            self._app.exit(return_code=status or self._quit_status)
             return
         self.quit_when_idle = True
+        self._quit_status = status
         self.stop()

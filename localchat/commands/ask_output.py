@@ -1,0 +1,197 @@
+"""What ``localchat ask`` writes: the reply as plain text on stdout (the summary and notices on
+stderr), or JSON Lines events with ``--json``."""
+
+from __future__ import annotations
+
+import json
+from typing import TextIO
+
+from localchat.events import (
+    Done,
+    Event,
+    Failed,
+    Notice,
+    PrefillProgress,
+    RouteChanged,
+    Thinking,
+    Timings,
+    Token,
+)
+from localchat.terminal import raw, shows_styles, visible
+
+
+def _unread(shown: str, whole: str) -> str:
+    """The end of a stopped reply that was not shown: a stop drops the tokens still queued (see
+    ``events.Turn``), and the final ``Done`` holds them."""
+    return whole[len(shown):] if whole.startswith(shown) else ""
+
+
+class PlainText:
+    """Reply text on stdout, summary on stderr (on a terminal, the CLI's guard neutralises
+    control sequences in both: see localchat.terminal)."""
+
+    def __init__(self, stdout: TextIO, stderr: TextIO, hide_thinking: bool = False) -> None:
+        self.stdout = stdout
+        self.stderr = stderr
+        self._remote_text = ""  # reply text on stdout since the last route notice
+        self._unshown_reply = False  # a fallback kept a reply that is not on stdout after it
+        self.hide_thinking = hide_thinking
+        self._thinking_open = False  # reasoning was written to stderr and not yet ended
+        self.user_stopped = False  # Ctrl+C, SIGTERM or SIGHUP stopped it (ask.Interruptions)
+
+    def _write(self, text: str) -> None:
+        self.stdout.write(text)
+        self.stdout.flush()
+
+    def event(self, event: Event) -> None:
+        if isinstance(event, Thinking):
+            if not self.hide_thinking and event.text:
+                self._write_thinking(event.text)
+            return
+        if self._thinking_open and (isinstance(event, (Done, Failed)) or
+                                    (isinstance(event, Token) and event.text)):
+            self.stderr.write("\n")  # the reasoning ends where the answer begins
+            self.stderr.flush()
+            self._thinking_open = False
+        if isinstance(event, Token) and event.text:
+            self._write(event.text)
+            self._remote_text += event.text
+            self._unshown_reply = False
+        elif isinstance(event, RouteChanged):
+            self._route_changed(event)
+        elif isinstance(event, Done):
+            if self._unshown_reply and event.reply:
+                self._write(event.reply)
+            elif event.finish_reason == "aborted":
+                self._write(_unread(self._remote_text, event.answer))
+            self.stdout.write("\n")
+            self.stdout.flush()
+            if event.finish_reason == "aborted" and self.user_stopped:
+                self.stderr.write("[stopped]\n")
+            self.stderr.write(summary_line(event.timings) + "\n")
+        elif isinstance(event, Failed):
+            self.stdout.flush()
+            self.stderr.write(f"localchat: error: {event.message}\n")
+        elif isinstance(event, Notice):
+            self.stderr.write(f"localchat: {event.message}\n")
+
+    def _route_changed(self, event: RouteChanged) -> None:
+        """Keep stdout honest when the reply changes hands: a local reply handed over part-way is
+        marked superseded on its own line before the remote's answer; a remote reply that fails
+        part-way is marked void, and the local reply that stands follows the marker."""
+        self.stderr.write(f"localchat: {event.message}\n")
+        if event.route == "remote":
+            if self._remote_text:  # local text is on stdout: say it is not the answer
+                self.stdout.write("\n[local reply superseded; the remote model's answer follows]\n")
+                self.stdout.flush()
+            self._remote_text = ""
+            return
+        if self._remote_text:
+            self.stdout.write("\n[remote reply failed; the text above is void]\n")
+            self.stdout.flush()
+        self._remote_text = ""
+        self._unshown_reply = True
+
+    def error(self, message: str) -> int:
+        self.stderr.write(f"localchat: error: {message}\n")
+        return 1
+
+    def _write_thinking(self, text: str) -> None:
+        """Reasoning goes to stderr, dimmed on a terminal that shows it, so stdout holds only the
+        answer."""
+        stderr = raw(self.stderr)  # the dimming escapes are ours; the model's text is not
+        if stderr.isatty():
+            text = visible(text)
+            if shows_styles(stderr):
+                text = f"\x1b[2m{text}\x1b[22m"
+        stderr.write(text)
+        stderr.flush()
+        self._thinking_open = True
+
+
+class JsonEvents:
+    """One JSON object per line: thinking, token, prefill, notice, superseded, retract, restore,
+    done, error. The token texts not voided always add up to the reply kept:
+
+    - ``superseded`` (before an escalate notice) voids the token text so far: the local reply
+      handed to the remote part-way, kept aside (its ``text``); the remote's tokens follow.
+    - ``retract`` (before a fallback notice) voids the token text since the escalate notice: the
+      remote reply that failed part-way. If a local reply was superseded, a ``restore`` with its
+      text follows: it is the reply kept after all.
+    - A stopped reply's ``done`` follows a ``token`` with id -1 holding the text the stop left
+      unread, if any (the tokens still queued when it came).
+    """
+
+    def __init__(self, stdout: TextIO, hide_thinking: bool = False) -> None:
+        self.stdout = stdout
+        self._remote_text = ""  # token text since the last route notice
+        self._superseded = ""  # the local partial reply set aside by a mid-reply escalation
+        self.hide_thinking = hide_thinking
+        self.user_stopped = False  # Ctrl+C, SIGTERM or SIGHUP stopped it (ask.Interruptions)
+
+    def _write(self, obj: dict) -> None:
+        self.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        self.stdout.flush()
+
+    def event(self, event: Event) -> None:
+        if isinstance(event, Thinking):
+            if not self.hide_thinking:
+                self._write({"event": "thinking", "text": event.text})
+        elif isinstance(event, Token):
+            self._remote_text += event.text
+            self._write({"event": "token", "text": event.text, "id": event.token_id})
+        elif isinstance(event, PrefillProgress):
+            self._write({"event": "prefill", "done": event.done, "total": event.total})
+        elif isinstance(event, RouteChanged):
+            if event.route == "remote" and self._remote_text:
+                self._superseded = self._remote_text
+                self._write({"event": "superseded", "text": self._superseded,
+                             "reason": event.message})
+            if event.route == "local":
+                # Token text since the escalation was the remote's: a reader must drop it.
+                self._write({"event": "retract", "text": self._remote_text,
+                             "reason": event.message})
+                if self._superseded:
+                    self._write({"event": "restore", "text": self._superseded})
+            # Token text since the change; a restored reply counts as such text.
+            self._remote_text = self._superseded if event.route == "local" else ""
+            # On the wire a route change stays the notice it always was.
+            kind = "escalate" if event.route == "remote" else "fallback"
+            self._write({"event": "notice", "kind": kind, "message": event.message})
+        elif isinstance(event, Notice):
+            self._write({"event": "notice", "kind": event.kind, "message": event.message})
+        elif isinstance(event, Done):
+            unread = _unread(self._remote_text, event.answer) if event.finish_reason == "aborted" else ""
+            if unread:
+                self._write({"event": "token", "text": unread, "id": -1})
+            self._write({"event": "done", "finish_reason": event.finish_reason,
+                         "route": event.timings.route, "route_reason": event.timings.route_reason,
+                         "timings": event.timings.to_dict()})
+        elif isinstance(event, Failed):
+            self._write({"event": "error", "message": event.message})
+
+    def error(self, message: str) -> int:
+        self._write({"event": "error", "message": message})
+        return 1
+
+
+def summary_line(t: Timings) -> str:
+    parts = [f"TTFT {t.ttft_ms:.0f} ms"]
+    if t.thinking_n:
+        answer = f"answer {t.time_to_answer_ms / 1000:.1f} s" if t.time_to_answer_ms else "no answer"
+        parts.append(f"{answer} after {t.thinking_n} tok of thinking")
+    parts.append(f"TPOT {t.tpot_ms:.1f} ms")
+    if t.predicted_per_second:
+        parts.append(f"{t.predicted_n} tokens at {t.predicted_per_second:.1f} tok/s")
+    if t.draft_n:
+        parts.append(f"drafted {t.draft_n}, {t.draft_n_accepted} accepted "
+                     f"({100 * t.draft_n_accepted / t.draft_n:.0f}%)")
+    parts.append(f"prompt {t.prompt_n} tok in {t.prompt_ms:.0f} ms, {t.cache_n} cached")
+    parts.append(f"context {t.n_ctx_used}/{t.n_ctx}")
+    if t.restore_ms:
+        parts.append(f"restored in {t.restore_ms:.0f} ms")
+    if t.trimmed_n:
+        parts.append(f"trimmed {t.trimmed_n} tok")
+    if t.route != "local":
+        parts.append(f"route {t.route}" + (f" ({t.route_reason})" if t.route_reason else ""))
+    return " · ".join(parts)
