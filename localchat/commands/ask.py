@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, TextIO
 
+from localchat.commands import answer_shape
+from localchat.errors import FormatError
 from localchat.events import (
     Done,
     Event,
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from localchat.chat.conversation import Conversation
     from localchat.engine.engine import Engine
     from localchat.engine.options import Sampling
+    from localchat.formats import AnswerFormat
     from localchat.remote.escalate import Escalator, Route
     from localchat.settings import Settings
 
@@ -64,6 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--route", choices=("local", "remote", "auto"),
                    help="who answers: the local model, the configured remote, or decide by rules "
                    "and confidence (default: auto when [remote] is on, else local)")
+    answer_shape.add_flags(p)
     p.set_defaults(func=run)
 
 
@@ -72,14 +76,16 @@ def run(args: argparse.Namespace) -> int:
     from localchat.chat.escalation import Escalation
     from localchat.context.factory import open_chat
     from localchat.engine.factory import open_engine, sampling_options
+    from localchat.engine.options import shaped
     from localchat.errors import UserError
     from localchat.remote.escalate import Escalator
     from localchat.settings import load_config
 
-    out = (JsonEvents(sys.stdout, args.hide_thinking) if args.json
-           else PlainText(sys.stdout, sys.stderr, args.hide_thinking))
+    out: PlainText | JsonEvents = (JsonEvents(sys.stdout, args.hide_thinking) if args.json
+                                   else PlainText(sys.stdout, sys.stderr, args.hide_thinking))
     try:
         check_flags(args)
+        shape = out.answer_format = answer_shape.answer_format(args)
         prompt, notice = read_prompt(args.prompt)
         if notice:
             out.event(notice)
@@ -90,9 +96,14 @@ def run(args: argparse.Namespace) -> int:
         route: Route = args.route or ("auto" if escalator.client is not None else "local")
         overrides = {"n_ctx": args.n_ctx or None, "speculative": args.speculative,
                      "draft_model": args.draft_model}
+        if shape is not None and not shape.is_json and route == "remote":
+            raise FormatError("--grammar is followed by the local model only: it cannot be sent "
+                              "to the remote (--route remote)")
         engine = open_engine(args.model, config, **overrides)
-        sampling = sampling_options(config, **_sampling_flags(args))
+        sampling = shaped(sampling_options(config, **_sampling_flags(args)), shape)
         engine.load()
+        if shape is not None and not shape.is_json:
+            engine.check_grammar(shape.grammar)  # token names (<|im_end|>) need the vocabulary
         prompt = _with_files(prompt, args.file, engine, sampling)
         if args.n_ctx and engine.n_ctx != args.n_ctx:
             out.event(Notice(f"n_ctx {args.n_ctx} was rounded up to {engine.n_ctx} "
@@ -101,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             out.event(Notice(f"{engine.name} has no thinking switch; --think {sampling.thinking} "
                              "is ignored", kind="thinking"))
     except UserError as exc:
-        return out.error(str(exc))
+        return out.error(str(exc), exc.exit_code)
     try:
         with _stored_conversation(args.session, engine, config, args.system, sampling, out,
                                   escalator) as conversation:
@@ -120,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                 for notice in conversation.take_notices():
                     out.event(notice)
     except UserError as exc:
-        return out.error(str(exc))
+        return out.error(str(exc), exc.exit_code)
     finally:
         engine.close()
         escalator.close()
@@ -128,7 +139,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     # Only the user's Ctrl+C is an interruption: a local reply cut by a hand-over to a remote
     # that then failed is the answer kept (the fallback notice said so).
-    return EXIT_INTERRUPTED if user_stopped and final.finish_reason == "aborted" else 0
+    if user_stopped and final.finish_reason == "aborted":
+        return EXIT_INTERRUPTED
+    return 1 if out.shape_problem is not None else 0
 
 
 def _with_files(prompt: str, paths: list[str], engine, sampling) -> str:
@@ -277,6 +290,10 @@ class PlainText:
         self.hide_thinking = hide_thinking
         self._thinking_open = False  # reasoning was written to stderr and not yet ended
         self.user_stopped = False  # Ctrl+C stopped the turn (set by ``stream``)
+        # A shaped answer is held back and written whole at the end, on stdout only when it is
+        # complete and of its shape (``answer_shape.verdict``), else on stderr with why not.
+        self.answer_format: AnswerFormat | None = None
+        self.shape_problem: str | None = None
 
     def _write(self, text: str) -> None:
         self.stdout.write(text)
@@ -293,11 +310,14 @@ class PlainText:
             self.stderr.flush()
             self._thinking_open = False
         if isinstance(event, Token) and event.text:
-            self._write(event.text)
-            self._remote_text += event.text
-            self._unshown_reply = False
+            if self.answer_format is None:
+                self._write(event.text)
+                self._remote_text += event.text
+                self._unshown_reply = False
         elif isinstance(event, RouteChanged):
             self._route_changed(event)
+        elif isinstance(event, Done) and self.answer_format is not None:
+            self._shaped_done(event, self.answer_format)
         elif isinstance(event, Done):
             if self._unshown_reply and event.reply:
                 self._write(event.reply)
@@ -313,6 +333,19 @@ class PlainText:
             self.stderr.write(f"localchat: error: {event.message}\n")
         elif isinstance(event, Notice):
             self.stderr.write(f"localchat: {event.message}\n")
+
+    def _shaped_done(self, event: Done, answer_format: AnswerFormat) -> None:
+        self.shape_problem = answer_shape.verdict(answer_format, event)
+        if self.shape_problem is None:
+            self._write(event.answer + "\n")
+        else:
+            self.stderr.write(f"localchat: error: {self.shape_problem}\n")
+            if event.answer:
+                self.stderr.write(event.answer + "\n")
+        if event.finish_reason == "aborted" and self.user_stopped:
+            self.stderr.write("[stopped]\n")
+        self.stderr.write(summary_line(event.timings) + "\n")
+        self.stderr.flush()
 
     def _route_changed(self, event: RouteChanged) -> None:
         """Keep stdout honest when the reply changes hands: a local reply handed over part-way is
@@ -331,9 +364,9 @@ class PlainText:
         self._remote_text = ""
         self._unshown_reply = True
 
-    def error(self, message: str) -> int:
+    def error(self, message: str, code: int = 1) -> int:
         self.stderr.write(f"localchat: error: {message}\n")
-        return 1
+        return code
 
     def _write_thinking(self, text: str) -> None:
         """Reasoning goes to stderr, dimmed on a terminal, so stdout holds only the answer."""
@@ -364,6 +397,8 @@ class JsonEvents:
         self._superseded = ""  # the local partial reply set aside by a mid-reply escalation
         self.hide_thinking = hide_thinking
         self.user_stopped = False  # Ctrl+C stopped the turn (set by ``stream``)
+        self.answer_format: AnswerFormat | None = None  # the done event says if the answer has it
+        self.shape_problem: str | None = None
 
     def _write(self, obj: dict) -> None:
         self.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
@@ -400,15 +435,21 @@ class JsonEvents:
             unread = _unread(self._remote_text, event.answer) if event.finish_reason == "aborted" else ""
             if unread:
                 self._write({"event": "token", "text": unread, "id": -1})
-            self._write({"event": "done", "finish_reason": event.finish_reason,
-                         "route": event.timings.route, "route_reason": event.timings.route_reason,
-                         "timings": event.timings.to_dict()})
+            done = {"event": "done", "finish_reason": event.finish_reason,
+                    "route": event.timings.route, "route_reason": event.timings.route_reason,
+                    "timings": event.timings.to_dict()}
+            if self.answer_format is not None:
+                self.shape_problem = answer_shape.verdict(self.answer_format, event)
+                done["format"] = {"name": self.answer_format.name,
+                                  "complete": self.shape_problem is None,
+                                  "problem": self.shape_problem}
+            self._write(done)
         elif isinstance(event, Failed):
             self._write({"event": "error", "message": event.message})
 
-    def error(self, message: str) -> int:
+    def error(self, message: str, code: int = 1) -> int:
         self._write({"event": "error", "message": message})
-        return 1
+        return code
 
 
 def summary_line(t: Timings) -> str:

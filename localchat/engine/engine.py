@@ -208,6 +208,13 @@ class Engine:
         if not self._background_jobs:
             self._idle.set()
 
+    def check_grammar(self, grammar: str, root: str = "root") -> None:
+        """FormatError unless llama.cpp parses ``grammar`` over this model's vocabulary (a token
+        named by its text must be one of the model's)."""
+        from localchat.engine.grammar import check_grammar
+
+        self.call(lambda: check_grammar(grammar, root, self._require_runtime().vocab))
+
     def reset(self) -> None:
         """Empty the KV cache (the next turn prefills everything, as a stateless server would)."""
         self.call(lambda: self._require_kv().forget())

@@ -110,10 +110,14 @@ def _init(llama_cpp, vocab, text: str, root: str):
 
 def _refusal(said: list[str], root: str) -> str:
     """llama.cpp's reason for refusing a grammar, in one line."""
-    for line in said:
+    for i, line in enumerate(said):
         found = re.search(r"error parsing grammar: (.*)", line)
         if found:
-            return f"the grammar does not parse: {found.group(1).strip()}"
+            reason = found.group(1).strip()
+            if reason.endswith(" at"):  # llama.cpp prints where on the lines after
+                where = next((rest.strip() for rest in said[i + 1:] if rest.strip()), "")
+                reason += f" {where[:40]!r}" if where else " the end"
+            return f"the grammar does not parse: {reason}"
     for line in said:
         if "left recursion" in line:
             return ("the grammar does not parse: a rule begins with itself (left recursion, "

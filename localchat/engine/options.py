@@ -9,8 +9,10 @@ schema's 0 means "the model's registry default", which only the factory knows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
+from localchat.formats import AnswerFormat
 from localchat.settings import EngineSection, GpuLayers, KvType, SamplingSection, Speculative
 
 
@@ -44,10 +46,21 @@ class Sampling:
     max_tokens: int = SamplingSection.max_tokens
     thinking: str = SamplingSection.thinking  # one of THINKING_MODES (the TUI sets it from /think)
     constraint: Constraint | None = None  # a grammar the answer must follow (per turn)
+    # The same shape as the remote is asked for it (OpenAI's response_format); None: a turn
+    # that has no shape, or one only the local model can give (a grammar: it stays local).
+    response_format: dict[str, Any] | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+
+def shaped(sampling: Sampling, answer_format: AnswerFormat | None) -> Sampling:
+    """``sampling`` for answers in ``answer_format`` (None: answers as they come)."""
+    if answer_format is None:
+        return replace(sampling, constraint=None, response_format=None)
+    return replace(sampling, constraint=Constraint(answer_format.grammar),
+                   response_format=answer_format.response_format() if answer_format.is_json else None)
 
 
 @dataclass

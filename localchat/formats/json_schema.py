@@ -375,5 +375,6 @@ def _escape(name: str) -> str:
 
 
 def _error(path: str, problem: str) -> FormatError:
+    """One line: "the schema at /properties/age uses ...", "the schema: 'minLength' 5 is ..."."""
     where = f"the schema at {path}" if path else "the schema"
-    return FormatError(f"{where} {problem}")
+    return FormatError(f"{where}: {problem}" if problem.startswith("'") else f"{where} {problem}")
