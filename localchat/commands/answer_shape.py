@@ -10,11 +10,10 @@ the answer: ``ask`` says why on stderr with the text it got, and exits 1 (130 fo
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from localchat.errors import FormatError
 from localchat.events import Done
-from localchat.formats import AnswerFormat, grammar_format, json_format, read_schema, schema_format
+from localchat.formats import AnswerFormat, json_format, read_schema, schema_format
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -46,25 +45,12 @@ def answer_format(args: argparse.Namespace) -> AnswerFormat | None:
     if args.schema_multi is not None:
         return schema_format(read_schema(args.schema_multi, multi=True))
     if args.grammar is not None:
-        from localchat.engine.grammar import check_grammar
+        from localchat.engine.grammar import grammar_file
 
-        path = Path(args.grammar).expanduser()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise FormatError(f"cannot read the grammar {args.grammar}: "
-                              f"{getattr(exc, 'strerror', None) or exc}") from None
-        shaped = grammar_format(text, path.name)
-        check_grammar(text)
-        return shaped
+        return grammar_file(args.grammar)
     return None
 
 
 def verdict(answer_format: AnswerFormat, done: Done) -> str | None:
     """None when ``done`` holds an answer in ``answer_format``; else why not, in one line."""
-    what = "the JSON" if answer_format.is_json else "what the grammar asks for"
-    if done.finish_reason == "length":
-        return f"the answer is incomplete: the reply reached its token limit before {what} was complete"
-    if done.finish_reason == "aborted":
-        return f"the answer is incomplete: the reply was stopped before {what} was complete"
-    return answer_format.problem(done.answer)
+    return answer_format.verdict(done.answer, done.finish_reason)

@@ -58,6 +58,18 @@ class AnswerFormat:
         found = schema_problem(value, self.schema)
         return None if found is None else f"the answer does not match the schema: {found}"
 
+    def verdict(self, answer: str, finish_reason: str) -> str | None:
+        """None when a reply that ended with ``finish_reason`` ("stop", "length", "aborted")
+        holds an answer of this shape; else why not, in one line (a reply cut in the middle is
+        incomplete, whatever it holds)."""
+        what = "the JSON" if self.is_json else "what the grammar asks for"
+        if finish_reason == "length":
+            return (f"the answer is incomplete: the reply reached its token limit before {what} "
+                    "was complete")
+        if finish_reason == "aborted":
+            return f"the answer is incomplete: the reply was stopped before {what} was complete"
+        return self.problem(answer)
+
     def response_format(self) -> dict[str, Any]:
         """The OpenAI ``response_format`` that asks a remote model for this shape (a grammar
         has none: such a turn stays local)."""
