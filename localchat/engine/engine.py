@@ -321,6 +321,10 @@ class Engine:
         return self._require_runtime().n_ctx
 
     @property
+    def n_vocab(self) -> int:
+        return self._require_runtime().n_vocab
+
+    @property
     def memory_kind(self) -> str:
         """kv | swa | recurrent | hybrid: how the model's context memory behaves."""
         return self._require_runtime().memory_kind
