@@ -21,7 +21,6 @@ and validates, the median ratio is at least 0.9, and no schema takes over 50 ms 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import statistics
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from localchat.bench.decode import raw_decode_at_depth
+from localchat.bench.script import read_rows
 from localchat.bench.targets import target
 from localchat.engine.engine import Engine
 from localchat.engine.options import Sampling, shaped
@@ -48,24 +48,8 @@ def shipped_set() -> Path:
 
 def read_set(path: Path) -> list[tuple[str, str, dict]]:
     """(name, prompt, schema) per line of a schema set; a bad file is a one-line UserError."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read the schema set: {exc.strerror or exc}") from None
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            name, prompt, schema = row["name"], row["prompt"], row["schema"]
-        except (ValueError, KeyError, TypeError):
-            raise UserError(f"{path}:{number}: expected {{\"name\": ..., \"prompt\": ..., "
-                            "\"schema\": {...}}") from None
-        rows.append((str(name), str(prompt), schema))
-    if not rows:
-        raise UserError(f"{path} holds no schemas")
-    return rows
+    return [(str(row["name"]), str(row["prompt"]), row["schema"])
+            for _, row in read_rows(path, "schema set", ("name", "prompt", "schema"))]
 
 
 def measure_schemas(model_path: Path, model_name: str, path: Path, *, n_ctx: int, max_tokens: int,
