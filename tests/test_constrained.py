@@ -189,6 +189,20 @@ def test_drafts_the_grammar_rejects_end_the_draft_and_the_reply_is_unchanged(exa
     assert timings.draft_n_accepted > 0 and timings.draft_n > timings.draft_n_accepted
 
 
+def test_a_token_the_grammar_redrew_carries_no_confidence_numbers(test_model_path):
+    """Its probability under the model's own distribution (the model wanted another token) must
+    not tell the escalation monitor that the model is unsure."""
+    with loaded_engine(test_model_path, 512, "confidence", track_confidence=True,
+                       speculative="off") as tracked:
+        events = list(tracked.submit([{"role": "user", "content": "Give me a famous movie as JSON."}],
+                                     constrained(MOVIE, max_tokens=24)))
+    tokens = [e for e in events if isinstance(e, Token)]
+    redrawn = events[-1].timings.redrawn_n
+    unscored = [t for t in tokens if t.prob is None]
+    assert redrawn > 0 and 0 < len(unscored) <= redrawn
+    assert len(tokens) - len(unscored) > 0
+
+
 def whole_vocabulary_only(monkeypatch) -> None:
     """Every redraw checks the whole vocabulary (llama.cpp's common sampler's way)."""
     monkeypatch.setattr(constrain, "WINDOWS", ())

@@ -167,6 +167,10 @@ class TurnConstraint:
         self.grammar = Grammar(runtime.vocab, constraint.grammar, constraint.root)
         self.gate = AnswerGate(inside_reasoning, tuple(patterns), constraint.trigger_tokens)
         self.counts = ConstraintCounts()
+        # The last token chosen was not the one the model drew: its probability under the
+        # model's own distribution says nothing about how sure it is (the escalation monitor
+        # is not given it).
+        self.redrew_last = False
         # How many allowed tokens settle a redraw from a window: the best one, or the chain's
         # top-k (without top-k, only the NEGLIGIBLE rule settles it).
         self._needed = 1 if greedy else top_k if top_k > 0 else runtime.n_vocab + 1
@@ -180,6 +184,7 @@ class TurnConstraint:
         sorted)`` draws among candidates (a TOKEN_DATA array, by descending logit if
         ``sorted``), as the turn's sampling would."""
         runtime = self._runtime
+        self.redrew_last = False
         verdict = self.gate.judge(_text(runtime.piece(token)))
         for _ in range(64):
             if verdict is not Verdict.REFUSED:
@@ -193,6 +198,7 @@ class TurnConstraint:
             self.counts.judged += 1
             if not self.grammar.allows(token):
                 self.counts.redrawn += 1
+                self.redrew_last = True
                 token = self._redraw(logits, pick)
             if not runtime.is_end_of_generation(token):
                 self.grammar.accept(token)

@@ -248,8 +248,9 @@ class ConversationCache:
                 if runtime.is_end_of_generation(token):
                     finish = "stop"
                     break
-                stats = (token_stats(steps.logits(), token)
-                         if len(sampled) < confidence_tokens else None)
+                judged = len(sampled) < confidence_tokens and not (
+                    constraint is not None and constraint.redrew_last)
+                stats = token_stats(steps.logits(), token) if judged else None
                 piece = runtime.piece(token)
                 sampled.append(piece)
                 text = decoder.decode(piece)
