@@ -301,3 +301,26 @@ def test_every_bad_input_is_a_format_error_with_exit_status_2():
     assert info.value.exit_code == 2
     with pytest.raises(FormatError):
         grammar_format("  \n", "empty.gbnf")
+
+
+def test_hostile_sizes_never_unroll_into_huge_grammars_or_crash(probe):
+    for schema in ({"type": "string", "minLength": 10**9},
+                   {"type": "array", "minItems": 10**9, "items": {"type": "integer"}},
+                   {"type": "array", "maxItems": 10**9},
+                   {"type": "integer", "minimum": -10**40, "maximum": 10**40},
+                   {"type": "integer", "minimum": 5, "maximum": 10**40}):
+        started = time.perf_counter()
+        grammar = schema_format(schema).grammar
+        assert time.perf_counter() - started < 0.05 and len(grammar) < 5000, schema
+    assert probe.accepts(schema_grammar({"type": "string", "minLength": 150}), json.dumps("x" * 100))
+    assert not probe.accepts(schema_grammar({"type": "string", "minLength": 150}), json.dumps("x" * 99))
+    assert "shorter than 150" in schema_problem("x" * 100, {"type": "string", "minLength": 150})
+    deep = "{" + '"a": {' * 5000 + "}" * 5001
+    with pytest.raises(FormatError, match="nests too deeply"):
+        read_schema(deep)
+    nested: dict = {}
+    for _ in range(3000):
+        nested = {"type": "object", "properties": {"a": nested}}
+    with pytest.raises(FormatError, match="nests too deeply"):
+        schema_format(nested)
+    assert json_format().problem("[" * 5000 + "]" * 5000) is not None  # no crash

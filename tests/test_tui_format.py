@@ -142,3 +142,4 @@ def test_json_replies_are_fenced_and_prose_is_not():
     ticks = '{"code": "```py"}'
     assert as_markdown(ticks).startswith("````json") and is_json_reply(ticks)
     assert not is_json_reply('"just a string"') and not is_json_reply("")
+    assert not is_json_reply("[" * 5000 + "]" * 5000)  # too deep to parse: shown as text

@@ -51,11 +51,13 @@ class AnswerFormat:
             return None
         try:
             value = json.loads(answer)
+            if self.schema is None:
+                return None if isinstance(value, dict) else "the answer is not a JSON object"
+            found = schema_problem(value, self.schema)
         except ValueError as exc:
             return f"the answer is not JSON ({exc})"
-        if self.schema is None:
-            return None if isinstance(value, dict) else "the answer is not a JSON object"
-        found = schema_problem(value, self.schema)
+        except RecursionError:
+            return "the answer nests too deeply to be checked"
         return None if found is None else f"the answer does not match the schema: {found}"
 
     def verdict(self, answer: str, finish_reason: str) -> str | None:
@@ -141,6 +143,8 @@ def _parse_json(text: str, what: str) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise FormatError(f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise FormatError(f"{what} nests too deeply") from None
 
 
 def describe(schema: Any, depth: int = 0) -> str:

@@ -16,7 +16,8 @@ schema. Choices, as llama.cpp's own converter makes them:
 - ``$ref`` points inside the schema (``#``, ``#/$defs/name``, any JSON pointer); recursion is
   fine as long as a value is written before the schema refers to itself again.
 - Repetitions are bounded in the grammar up to REPEAT_LIMIT (longer ``maxItems`` and
-  ``maxLength`` are checked afterwards), because llama.cpp unrolls ``x{m,n}`` into n rules.
+  ``maxLength``, and what a larger minimum asks beyond it, are checked afterwards), because
+  llama.cpp unrolls ``x{m,n}`` into n rules; so are integer bounds beyond 16 digits.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from localchat.errors import FormatError
-from localchat.formats.gbnf import Rules, alternatives, literal, repeat
+from localchat.formats.gbnf import MAX_DIGITS, Rules, alternatives, literal, repeat
 from localchat.formats.keywords import (
     ANNOTATIONS,
     FORMATS,
@@ -49,7 +50,10 @@ def schema_grammar(schema: Any) -> str:
     FormatError for what cannot be enforced or contradicts itself."""
     if not isinstance(schema, dict):
         raise FormatError("the schema must be a JSON object, such as {\"type\": \"object\", ...}")
-    return _Converter(schema).grammar()
+    try:
+        return _Converter(schema).grammar()
+    except RecursionError:
+        raise FormatError("the schema nests too deeply to be turned into a grammar") from None
 
 
 class _Converter:
@@ -191,16 +195,20 @@ class _Converter:
             return self.rules.add(f"{hint}-{form}", f'"\\"" {self.rules.primitive(form)} "\\""')
         if low == 0 and high is None:
             return self.rules.primitive("string")
-        chars = repeat(self.rules.primitive("char"), low, high if high is None or high <= REPEAT_LIMIT
-                       else None)
+        low, high = _grammar_counts(low, high)
+        chars = repeat(self.rules.primitive("char"), low, high)
         return self.rules.add(f"{hint}-string", f'"\\"" {chars} "\\""')
 
     def integer(self, schema: dict, hint: str, path: str) -> str:
         low, high = _numeric_bounds(schema, path, integers=True)
         if low is None and high is None:
             return self.rules.primitive("integer")
-        body = integer_range(None if low is None else int(low), None if high is None else int(high))
-        return self.rules.add(f"{hint}-integer", body)
+        # Bounds longer than an integer's digits in the grammar are checked afterwards.
+        low = None if low is None or abs(low) >= 10**MAX_DIGITS else int(low)
+        high = None if high is None or abs(high) >= 10**MAX_DIGITS else int(high)
+        if low is None and high is None:
+            return self.rules.primitive("integer")
+        return self.rules.add(f"{hint}-integer", integer_range(low, high))
 
     def object(self, schema: dict, hint: str, path: str) -> str:
         keys = ("properties", "required", "additionalProperties")
@@ -285,8 +293,8 @@ class _Converter:
         body = f' "," {ws} '.join(elements)
         if items is not False:
             item = f"{self.term(items, f'{hint}-item', f'{path}/items', frozenset())} {ws}"
-            more_low = max(0, low - len(prefix))
-            more_high = None if high is None or high - len(prefix) > REPEAT_LIMIT else high - len(prefix)
+            more_low, more_high = _grammar_counts(
+                max(0, low - len(prefix)), None if high is None else high - len(prefix))
             more = f'( "," {ws} {item} )'
             if elements:
                 body += " " + repeat(more, more_low, more_high)
@@ -335,6 +343,13 @@ def _numeric_bounds(schema: dict, path: str, integers: bool = False) -> tuple[fl
         kind = "integer" if integers else "number"
         raise _error(path, f"allows no {kind}: the lowest allowed, {low}, is above the highest, {high}")
     return low, high
+
+
+def _grammar_counts(low: int, high: int | None) -> tuple[int, int | None]:
+    """The repetition counts the grammar enforces: llama.cpp unrolls ``x{m,n}`` into n rules,
+    so counts above REPEAT_LIMIT are left to the check afterwards (a minimum is enforced up to
+    the limit, a maximum above it not at all)."""
+    return min(low, REPEAT_LIMIT), None if high is None or high > REPEAT_LIMIT else high
 
 
 def _length_bounds(schema: dict, low_key: str, high_key: str, path: str) -> tuple[int, int | None]:

@@ -18,7 +18,7 @@ def is_json_reply(answer: str) -> bool:
         return False
     try:
         json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # a reply nested thousands deep is not drawn as JSON
         return False
     return True
 
