@@ -324,3 +324,15 @@ def test_hostile_sizes_never_unroll_into_huge_grammars_or_crash(probe):
     with pytest.raises(FormatError, match="nests too deeply"):
         schema_format(nested)
     assert json_format().problem("[" * 5000 + "]" * 5000) is not None  # no crash
+
+
+def test_names_and_values_with_quotes_controls_and_any_script_are_written_escaped(probe):
+    name = 'say "hi"\\ \n ü 中 🙂'
+    schema = {"type": "object", "properties": {name: {"enum": ["tab\there", "\u0001", "é"]}},
+              "required": [name]}
+    grammar = schema_grammar(schema)
+    for value in ("tab\there", "\u0001", "é"):
+        text = json.dumps({name: value}, ensure_ascii=False)
+        assert probe.accepts(grammar, text), text
+        assert schema_problem(json.loads(text), schema) is None
+    assert not probe.accepts(grammar, json.dumps({name: "other"}, ensure_ascii=False))
