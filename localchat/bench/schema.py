@@ -12,7 +12,9 @@ date). Every prompt is answered, greedily and ``rounds`` times, four ways:
   the engine's own, a few percent);
 - llama-cpp-python's ``Llama.create_chat_completion`` with ``response_format={"type":
   "json_object", "schema": ...}`` (its grammar over the whole vocabulary every token), its reply
-  parsed and validated, and the same call without ``response_format``: its own ratio.
+  parsed and validated, and the same call without ``response_format``: its own ratio (generated
+  tokens over the call's time after the prompt; a free reply is another reply, so its own
+  length and depth: the ratio compares per-token cost).
 
 Also: how long each schema takes to become a grammar. The targets: every localchat reply parses
 and validates, the median ratio is at least 0.9, and no schema takes over 50 ms to convert.
@@ -154,18 +156,23 @@ def _llama_cpp_python_run(llm: Any, prompt: str, answer_format: AnswerFormat,
 
 
 def _stream(llm: Any, prompt: str, greedy: Sampling, response_format: dict | None) -> tuple[str, float | None]:
-    """The reply's text and its decode speed: streamed chunks (one token each) per second
-    after the first."""
-    arrivals, text = [], []
-    for chunk in llm.create_chat_completion(
-            [{"role": "user", "content": prompt}], temperature=0.0, max_tokens=greedy.max_tokens,
-            repeat_penalty=greedy.repeat_penalty, response_format=response_format, stream=True):
-        content = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
-        if content:
-            arrivals.append(time.perf_counter())
-            text.append(content)
-    speed = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]) if len(arrivals) > 2 else None
-    return "".join(text), speed
+    """The reply's text and its decode speed: generated tokens per second of the call after
+    its prompt was evaluated (llama.cpp's own count of that time). Counting streamed chunks would
+    miss tokens without text, which a random-weight model samples most of the time."""
+    import llama_cpp
+
+    ctx = llm._ctx.ctx
+    llama_cpp.llama_perf_context_reset(ctx)
+    started = time.perf_counter()
+    answer = llm.create_chat_completion(
+        [{"role": "user", "content": prompt}], temperature=0.0, max_tokens=greedy.max_tokens,
+        repeat_penalty=greedy.repeat_penalty, response_format=response_format)
+    elapsed = time.perf_counter() - started
+    prompt_s = llama_cpp.llama_perf_context(ctx).t_p_eval_ms / 1000
+    tokens = answer["usage"]["completion_tokens"]
+    decode_s = elapsed - prompt_s
+    speed = tokens / decode_s if tokens > 1 and decode_s > 0 else None
+    return answer["choices"][0]["message"]["content"] or "", speed
 
 
 def _summed(runs: list[dict], speeds: tuple[str, ...]) -> dict[str, Any]:
