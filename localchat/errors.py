@@ -24,3 +24,11 @@ class DownloadError(UserError):
 
 class EngineError(UserError):
     """The engine could not load a model or run a turn (message says what to change)."""
+
+
+class FormatError(UserError):
+    """An answer format that cannot be used: a JSON Schema that is not JSON, asks for what cannot
+    be enforced or contradicts itself, a grammar that does not parse, an empty short form. Like
+    a bad flag, it exits with status 2, before any model loads."""
+
+    exit_code = 2

@@ -65,6 +65,12 @@ class Timings:
     # model sampled too (kept without a decode of their own).
     draft_n: int = 0
     draft_n_accepted: int = 0
+    # Constrained sampling (a JSON Schema, a grammar): tokens the grammar judged, those of them
+    # drawn again because it rejected the first draw, and the redraws that had to check the
+    # whole vocabulary (engine/constrain.py).
+    constrained_n: int = 0
+    redrawn_n: int = 0
+    vocab_passes: int = 0
     route: str = "local"  # "local" or "remote"
     route_reason: str = ""
     fell_back: bool = False  # the remote was asked and failed: this local reply stands

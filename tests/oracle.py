@@ -50,17 +50,22 @@ def reply_tokens(handle) -> tuple[list[int], Done]:
     return tokens, final
 
 
-def fresh_reply(oracle: Engine, messages: list[dict], n_tokens: int = N_COMPARED) -> list[int]:
+def fresh_reply(oracle: Engine, messages: list[dict], n_tokens: int = N_COMPARED,
+                sampling: Sampling = GREEDY) -> list[int]:
+    """The first ``n_tokens`` of the greedy reply to ``messages`` on an empty cache
+    (``sampling``: greedy with other settings, a constraint say)."""
     oracle.reset()
-    tokens, _ = reply_tokens(oracle.submit(messages, replace(GREEDY, max_tokens=max(N_COMPARED, n_tokens))))
+    wanted = replace(sampling, max_tokens=max(N_COMPARED, n_tokens))
+    tokens, _ = reply_tokens(oracle.submit(messages, wanted))
     oracle.reset()
     return tokens[:n_tokens]
 
 
-def assert_matches_fresh(cached: list[int], oracle: Engine, messages: list[dict]) -> None:
+def assert_matches_fresh(cached: list[int], oracle: Engine, messages: list[dict],
+                         sampling: Sampling = GREEDY) -> None:
     """``cached`` (a greedy reply's first tokens) is what a fresh prefill of ``messages`` gives,
     up to a near-tie flipped by batch-shape rounding."""
-    fresh = fresh_reply(oracle, messages, len(cached))
+    fresh = fresh_reply(oracle, messages, len(cached), sampling)
     if fresh == cached:
         return
     i = next((k for k, (a, b) in enumerate(zip(cached, fresh)) if a != b), min(len(cached), len(fresh)))

@@ -48,13 +48,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="answer a prompt set (default: the shipped edit-style and prose "
                       "prompts) with speculative decoding off and on, interleaved: tokens/s "
                       "ratio, acceptance, exactness")
+    mode.add_argument("--schema", nargs="?", const="", metavar="SET.jsonl",
+                      help="answer a schema set (default: the shipped one) in its JSON shapes: "
+                      "validity, tok/s against the same reply unconstrained, side by side with "
+                      "llama-cpp-python's own response_format path on the same model")
+    p.add_argument("--no-compare", action="store_true",
+                   help="with --schema: skip llama-cpp-python's side")
     p.add_argument("--spec-mode", choices=("auto", "ngram", "draft"),
                    help="with --speculative: what drafts (default: [engine] speculative, or auto)")
     p.add_argument("--draft-model", help="with --speculative: the draft model (registry name, "
                    "hf: reference or .gguf path)")
     p.add_argument("--rounds", type=int, default=2,
-                   help="with --speculative: answers per prompt each way; with --tui --pty: "
-                   "alternating ask and app replies (default 2)")
+                   help="with --speculative: answers per prompt each way; with --schema: answers "
+                   "per schema each way; with --tui --pty: alternating ask and app replies "
+                   "(default 2)")
     p.add_argument("--no-exact", action="store_true",
                    help="with --speculative: skip answering the set again with bit-exact kernels "
                    "(flash attention on one CPU thread)")
@@ -83,6 +90,11 @@ def run(args: argparse.Namespace) -> int:
     if args.speculative is not None:
         report.show(_speculative(args), args.json, text=_print_speculative)
         return 0
+    if args.schema is not None:
+        report.show(_schema(args), args.json, text=_print_schema)
+        return 0
+    if args.no_compare:
+        raise UserError("--no-compare goes with --schema")
     if args.spec_mode or args.draft_model or args.no_exact:
         raise UserError("--spec-mode, --draft-model and --no-exact go with --speculative")
     if args.pty and args.tui is None:
@@ -132,6 +144,30 @@ def _speculative(args: argparse.Namespace) -> dict:
                                max_tokens=args.max_tokens or 160, rounds=args.rounds,
                                say=report.progress(enabled=not args.json),
                                exact_pass=not args.no_exact)
+
+
+def _schema(args: argparse.Namespace) -> dict:
+    from localchat.bench import report
+    from localchat.bench.schema import measure_schemas, shipped_set
+    from localchat.models.registry import require_local, resolve_model
+    from localchat.settings import load_config
+
+    if args.rounds < 1:
+        raise UserError(f"--rounds must be at least 1, not {args.rounds}")
+    config = load_config()
+    spec = resolve_model(args.model or config.default_model)
+    path = Path(args.schema) if args.schema else shipped_set()
+    return measure_schemas(require_local(spec), spec.name, path, n_ctx=args.n_ctx,
+                           max_tokens=args.max_tokens or 400,
+                           repeat_penalty=config.sampling.repeat_penalty, rounds=args.rounds,
+                           say=report.progress(enabled=not args.json),
+                           compare=not args.no_compare)
+
+
+def _print_schema(result: dict) -> None:
+    from localchat.bench.schema import print_schemas
+
+    print_schemas(result)
 
 
 def _print_speculative(result: dict) -> None:

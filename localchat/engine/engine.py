@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from localchat import logs
+from localchat.engine.constrain import TurnConstraint
 from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, plan_layout
 from localchat.engine.options import EngineOptions, Sampling
@@ -35,7 +36,7 @@ from localchat.engine.templates import (
     with_thinking,
 )
 from localchat.engine.turn import ReplyEvents, TurnClock, TurnHandle
-from localchat.errors import EngineError, UserError
+from localchat.errors import EngineError, FormatError, UserError
 from localchat.events import Done, Failed, Loaded, Notice, PrefillProgress, Timings
 from localchat.reasoning import prompt_opens_thinking
 
@@ -211,6 +212,13 @@ class Engine:
         if not self._background_jobs:
             self._idle.set()
 
+    def check_grammar(self, grammar: str, root: str = "root") -> None:
+        """FormatError unless llama.cpp parses ``grammar`` over this model's vocabulary (a token
+        named by its text must be one of the model's)."""
+        from localchat.engine.grammar import check_grammar
+
+        self.call(lambda: check_grammar(grammar, root, self._require_runtime().vocab))
+
     def reset(self) -> None:
         """Empty the KV cache (the next turn prefills everything, as a stateless server would)."""
         self.call(lambda: self._require_kv().forget())
@@ -315,6 +323,10 @@ class Engine:
     @property
     def n_ctx(self) -> int:
         return self._require_runtime().n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self._require_runtime().n_vocab
 
     @property
     def memory_kind(self) -> str:
@@ -524,23 +536,45 @@ class Engine:
             layout = plan_layout(kv.records, messages, render, runtime.tokenize,
                                  allow_shift=runtime.can_shift)
         self._check_fits(len(layout.tokens))
-        clock.prefill_start()
-        finished = self._fill(handle, layout, timings)
-        clock.prefill_end()
-        if not finished:
-            handle.emit(Done("", "aborted", self._timings(clock.fill(timings))))
+        inside = prompt_opens_thinking(layout.messages[-1].text)
+        try:  # before anything is prefilled: a grammar llama.cpp refuses ends the turn at once
+            constraint = self._new_constraint(sampling, inside)
+        except FormatError as exc:
+            handle.emit(Failed(str(exc)))
             return
+        try:
+            clock.prefill_start()
+            finished = self._fill(handle, layout, timings)
+            clock.prefill_end()
+            if not finished:
+                handle.emit(Done("", "aborted", self._timings(clock.fill(timings))))
+                return
 
-        # Reasoning streams as Thinking events, the answer as Tokens; the reply keeps both.
-        stream = ReplyEvents(handle, clock, inside=prompt_opens_thinking(layout.messages[-1].text))
-        confidence_tokens = self.options.confidence_tokens if self.options.track_confidence else 0
-        drafts = self._require_speculator().for_turn(sampling)
-        reply, finish = kv.generate(sampling, confidence_tokens,
-                                    lambda: handle.stop_requested, stream.token, drafts)
+            # Reasoning streams as Thinking events, the answer as Tokens; the reply keeps both.
+            stream = ReplyEvents(handle, clock, inside=inside)
+            confidence_tokens = self.options.confidence_tokens if self.options.track_confidence else 0
+            drafts = self._require_speculator().for_turn(sampling)
+            reply, finish = kv.generate(sampling, confidence_tokens, lambda: handle.stop_requested,
+                                        stream.token, drafts, constraint)
+        finally:
+            if constraint is not None:
+                constraint.close()
         if drafts is not None:
             timings.draft_n, timings.draft_n_accepted = drafts.draft_n, drafts.draft_n_accepted
+        if constraint is not None:
+            counts = constraint.counts
+            timings.constrained_n, timings.redrawn_n = counts.judged, counts.redrawn
+            timings.vocab_passes = counts.vocab_passes
         thinking = stream.finish()
         handle.emit(Done(reply, finish, self._timings(clock.fill(timings)), thinking))
+
+    def _new_constraint(self, sampling: Sampling, inside_reasoning: bool) -> TurnConstraint | None:
+        """The turn's TurnConstraint, None without one; FormatError when llama.cpp refuses its
+        grammar over this model's vocabulary."""
+        if sampling.constraint is None:
+            return None
+        return TurnConstraint(self._require_runtime(), sampling.constraint, inside_reasoning,
+                              sampling.top_k, sampling.greedy)
 
     def _check_fits(self, n_tokens: int) -> None:
         n_ctx = self._require_runtime().n_ctx

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from localchat.engine.constrain import TurnConstraint
 from localchat.engine.layout import CachedMessage, Shift, without_partial
 from localchat.engine.options import Sampling
 from localchat.engine.runtime import DecodeAborted, LlamaRuntime, TokenStats, token_stats
@@ -219,11 +220,14 @@ class ConversationCache:
 
     def generate(self, sampling: Sampling, confidence_tokens: int, should_stop: Callable[[], bool],
                  on_token: Callable[[str, int, TokenStats | None], None],
-                 drafts: TurnDrafts | None = None) -> tuple[str, FinishReason]:
+                 drafts: TurnDrafts | None = None,
+                 constraint: TurnConstraint | None = None) -> tuple[str, FinishReason]:
         """Sample the reply into the open record; (reply text, finish reason). A token is only
         evaluated when the next one is needed, so the last sampled token is not in the cache.
         The first ``confidence_tokens`` tokens carry their TokenStats. With ``drafts``, drafted
-        tokens are checked in one decode each time (``verify``): the same reply, sooner."""
+        tokens are checked in one decode each time (``verify``): the same reply, sooner; a
+        drafted token the ``constraint`` rejects is never what the turn samples, so it ends
+        the draft."""
         runtime = self.runtime
         reply_record = self.records[-1]
         position = self.n_tokens
@@ -234,7 +238,7 @@ class ConversationCache:
         shown: list[str] = []
         sampled: list[bytes] = []
         evaluated_bytes = 0
-        sampler = runtime.new_sampler(sampling)
+        sampler = runtime.new_sampler(sampling, constraint)
         steps = ReplySteps(runtime, sampler, position, drafts, self.tokens, should_stop)
         finish: FinishReason = "length"
         token: int | None = None
@@ -244,8 +248,9 @@ class ConversationCache:
                 if runtime.is_end_of_generation(token):
                     finish = "stop"
                     break
-                stats = (token_stats(steps.logits(), token)
-                         if len(sampled) < confidence_tokens else None)
+                judged = len(sampled) < confidence_tokens and not (
+                    constraint is not None and constraint.redrew_last)
+                stats = token_stats(steps.logits(), token) if judged else None
                 piece = runtime.piece(token)
                 sampled.append(piece)
                 text = decoder.decode(piece)
