@@ -24,3 +24,16 @@ class DownloadError(UserError):
 
 class EngineError(UserError):
     """The engine could not load a model or run a turn (message says what to change)."""
+
+
+class ContextOverflow(EngineError):
+    """The messages of a turn need more tokens than the context holds (``code`` travels in the
+    turn's ``Failed`` event, so a server can answer OpenAI's ``context_length_exceeded``)."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, needed: int, n_ctx: int) -> None:
+        super().__init__(f"the conversation needs {needed} tokens but the context holds {n_ctx}; "
+                         "start a new chat or raise n_ctx")
+        self.needed = needed
+        self.n_ctx = n_ctx

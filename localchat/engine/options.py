@@ -24,6 +24,10 @@ class Sampling:
     seed: int = SamplingSection.seed  # -1 (or any negative) = random
     max_tokens: int = SamplingSection.max_tokens
     thinking: str = SamplingSection.thinking  # one of THINKING_MODES (the TUI sets it from /think)
+    # OpenAI's penalties (``localchat serve``): subtracted from the logit of each token among the
+    # last 64 sampled, per occurrence and once, as llama.cpp's penalties sampler does.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     @property
     def greedy(self) -> bool:
