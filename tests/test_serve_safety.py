@@ -186,3 +186,17 @@ def test_unknown_routes_and_methods(server):
     status, headers, _ = raw(server, get(CHAT))
     assert status == 405 and headers["allow"] == "POST"
     assert raw(server, b"GARBAGE\r\n\r\n")[0] == 400
+
+
+def test_bound_beyond_loopback_the_host_check_admits_addresses_and_with_a_key_any_name():
+    from localchat.serve.http import Request
+    from localchat.serve.safety import Gate
+
+    def refused(gate: Gate, host: str) -> bool:
+        return gate.refuse(Request("GET", "/v1/models", "HTTP/1.1", {
+            "host": host, "authorization": "Bearer k"})) is not None
+
+    open_gate, keyed = Gate("0.0.0.0", None, []), Gate("0.0.0.0", "k", [])
+    assert not refused(open_gate, "192.168.1.20:8642") and refused(open_gate, "evil.example")
+    assert not refused(keyed, "host.docker.internal:8642")
+    assert refused(Gate("127.0.0.1", "k", []), "host.docker.internal:8642")

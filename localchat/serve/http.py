@@ -219,6 +219,11 @@ class Connection:
         else:
             self._on_gone.append(callback)
 
+    def forget(self, callback: Callable[[], None]) -> None:
+        """No longer call ``callback`` (its request is answered; the connection may serve more)."""
+        if callback in self._on_gone:
+            self._on_gone.remove(callback)
+
     def _went(self) -> None:
         if self.gone.is_set():
             return

@@ -86,44 +86,47 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
         job.events.put_nowait(GONE)  # type: ignore[arg-type]
 
     connection.when_gone(gone)
-    stops = StopMatcher(job.request.stop)
-    content: list[str] = []
-    thinking: list[str] = []
-    stopped = False
-    started = Started("", 0.0)
-    sent_any = False
-    while True:
-        event = await job.events.get()
-        if event is GONE:
-            raise ConnectionResetError("the client has gone")
-        if isinstance(event, Started):
-            started = event
-        elif isinstance(event, Thinking) and event.text:
-            thinking.append(event.text)
-            sent_any = True
-            yield Piece("thinking", event.text)
-        elif isinstance(event, Token) and not stopped:
-            text, stopped = stops.feed(event.text)
-            if stopped:
-                job.stop_reply()
-            if text:
-                content.append(text)
+    try:
+        stops = StopMatcher(job.request.stop)
+        content: list[str] = []
+        thinking: list[str] = []
+        stopped = False
+        started = Started("", 0.0)
+        sent_any = False
+        while True:
+            event = await job.events.get()
+            if event is GONE:
+                raise ConnectionResetError("the client has gone")
+            if isinstance(event, Started):
+                started = event
+            elif isinstance(event, Thinking) and event.text:
+                thinking.append(event.text)
                 sent_any = True
-                yield Piece("content", text)
-        elif isinstance(event, Failed):
-            if not sent_any:
-                raise failure(event)
-            yield _ending(event, Timings(), content, thinking, started, failure(event))
-            return
-        elif isinstance(event, Done):
-            if not stopped and (rest := stops.flush()):
-                content.append(rest)
-                yield Piece("content", rest)
-            error = None
-            if event.finish_reason == "aborted" and not stopped and job.shutting_down:
-                error = ApiError(503, SHUTTING_DOWN, code="shutting_down", kind="server_error")
-            yield _ending(event, event.timings, content, thinking, started, error, stopped)
-            return
+                yield Piece("thinking", event.text)
+            elif isinstance(event, Token) and not stopped:
+                text, stopped = stops.feed(event.text)
+                if stopped:
+                    job.stop_reply()
+                if text:
+                    content.append(text)
+                    sent_any = True
+                    yield Piece("content", text)
+            elif isinstance(event, Failed):
+                if not sent_any:
+                    raise failure(event)
+                yield _ending(event, Timings(), content, thinking, started, failure(event))
+                return
+            elif isinstance(event, Done):
+                if not stopped and (rest := stops.flush()):
+                    content.append(rest)
+                    yield Piece("content", rest)
+                error = None
+                if event.finish_reason == "aborted" and not stopped and job.shutting_down:
+                    error = ApiError(503, SHUTTING_DOWN, code="shutting_down", kind="server_error")
+                yield _ending(event, event.timings, content, thinking, started, error, stopped)
+                return
+    finally:
+        connection.forget(gone)
 
 
 def _ending(event: Done | Failed, timings: Timings, content: list[str], thinking: list[str],

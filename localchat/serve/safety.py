@@ -5,7 +5,9 @@ servers reached after their CVEs.
   to resolve to 127.0.0.1 reaches a loopback server with ``Host: evil.example``. While serve is
   bound to a loopback address the Host header must name ``localhost`` (or a ``*.localhost``
   name) or a loopback address, any port; otherwise 403. Bound to another address (the user chose
-  to be reachable), any IP address, this machine's name and the address given also pass.
+  to be reachable), any IP address, this machine's name and the address given also pass, and
+  with a key any name does (a rebinding page cannot know the key; a client in a container calls
+  the host by names such as ``host.docker.internal``).
 - **Origin**: a browser page may only call serve when ``--cors-origin`` names its origin; then
   (and only then) the answers carry CORS headers for it, and its preflight ``OPTIONS`` is
   answered. A request whose Origin is not named gets 403 before anything runs.
@@ -98,7 +100,7 @@ class Gate:
             return True
         if self._loopback_only:
             return False
-        return _is_ip(host) or host in self._own_names
+        return self._key is not None or _is_ip(host) or host in self._own_names
 
     def origin_allowed(self, origin: str) -> bool:
         origin = origin.rstrip("/")
