@@ -4,10 +4,8 @@ and raw-socket requests for what no client library sends (a foreign Host header,
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -37,18 +35,8 @@ def running(host: ModelHost, **overrides) -> Iterator[ServeApp]:
     limits = overrides.pop("limits", Limits(max_body_bytes=64 * 1024, request_timeout_s=2.0,
                                             idle_timeout_s=5.0))
     options = replace(ServeOptions("127.0.0.1", 0, None, [], 64, limits), **overrides)
-    app = ServeApp(host, options)
-    ready = threading.Event()
-    thread = threading.Thread(target=lambda: asyncio.run(app.run(lambda _: ready.set())),
-                              name="test-serve", daemon=True)
-    thread.start()
-    assert ready.wait(10), "the server did not start"
-    try:
+    with ServeApp(host, options).in_thread() as app:
         yield app
-    finally:
-        app.stop()
-        thread.join(30)
-        assert not thread.is_alive(), "the server did not stop"
 
 
 def raw(app: ServeApp, data: bytes, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:

@@ -82,8 +82,7 @@ def measure_serve(model: str | None, config: Settings, *, conversations: int, tu
             report["concurrent"] = {name: concurrent(url, names[name], clients)
                                     for name, url in servers.items()}
             say(f"{clients} concurrent streams sent to each server")
-        report["http_overhead"] = http_overhead(reference, config, serve_url, spec.name, n_ctx,
-                                                rounds, say)
+    report["http_overhead"] = http_overhead(reference, config, n_ctx, rounds, say)
     report["targets"] = serve_targets(report)
     return report
 
@@ -207,43 +206,67 @@ def concurrent(url: str, model: str, clients: int) -> dict[str, Any]:
 _FINISHED = re.compile(rb'"finish_reason":\s*"(stop|length)"')
 
 
-def http_overhead(model: str, config: Settings, serve_url: str, served: str, n_ctx: int,
-                  rounds: int, say: Callable[[str], None]) -> dict[str, Any]:
-    """The same fresh prompts through an in-process engine (as ``ask``) and through serve."""
+def http_overhead(model: str, config: Settings, n_ctx: int, rounds: int,
+                  say: Callable[[str], None]) -> dict[str, Any]:
+    """The same fresh prompts answered by one engine in this process, alternately read directly
+    (as ``ask`` reads a turn) and through serve's HTTP API over that same engine (a ServeApp on
+    a thread here): what HTTP, the queue and the state pool add, with the engine, its threads
+    and the machine's load the same for both."""
     from localchat.engine.factory import open_engine
+    from localchat.models.registry import resolve_model
+    from localchat.serve.app import ServeApp, ServeOptions
+    from localchat.serve.http import Limits
+    from localchat.serve.models import ModelHost
+
+    engine = open_engine(model, config, n_ctx=n_ctx)
+    engine.load()
+    host = ModelHost(config, resolve_model(model), n_ctx=n_ctx,
+                     cache_bytes=config.serve.cache_ram_mib * 1024**2,
+                     engine_factory=lambda _: engine)
+    served = host.default().name
+    options = ServeOptions("127.0.0.1", 0, None, [], 4, Limits())
+    ttft_gap, ratios = [], []
+    try:
+        with ServeApp(host, options).in_thread() as app, httpx.Client(timeout=600) as client:
+            for i in range(rounds):
+                # Two new conversations a round, of the same length, each after the other's:
+                # both reuse the system prompt's cells and prefill the rest.
+                direct, through_http = (
+                    [{"role": "system", "content": DEFAULT_SYSTEM},
+                     {"role": "user", "content": f"(Round {i + 1}{side}) {DEFAULT_QUESTIONS[i % 10]}"}]
+                    for side in "ab")
+                # Which goes first alternates: on a shared machine, a run's neighbour in time
+                # matters more than anything measured here.
+                if i % 2:
+                    served_answer = stream_chat(client, app.base_url, _body(served, through_http, 64))
+                    ttft, tps = _direct(engine, direct)
+                else:
+                    ttft, tps = _direct(engine, direct)
+                    served_answer = stream_chat(client, app.base_url, _body(served, through_http, 64))
+                if served_answer.ttft_ms is not None:
+                    ttft_gap.append(served_answer.ttft_ms - ttft)
+                if tps and served_answer.decode_tps:
+                    ratios.append(served_answer.decode_tps / tps)
+        say(f"{rounds} prompts answered directly and through serve's API on one engine")
+    finally:
+        host.unload()
+    return {"rounds": rounds, "ttft_minus_in_process_ms": _median(ttft_gap),
+            "decode_ratio": _round(statistics.median(ratios), 3) if ratios else None}
+
+
+def _direct(engine: Any, messages: list[dict]) -> tuple[float, float | None]:
+    """(TTFT ms, decode tokens/s) of a turn read from the engine as ``ask`` reads it."""
     from localchat.engine.options import Sampling
     from localchat.errors import UserError
     from localchat.events import Failed, Token
 
-    engine = open_engine(model, config, n_ctx=n_ctx)
-    engine.load()
-    ttft_gap, ratios = [], []
-    try:
-        with httpx.Client(timeout=600) as client:
-            for i in range(rounds):
-                messages = [{"role": "system", "content": DEFAULT_SYSTEM},
-                            {"role": "user", "content": f"(Round {i + 1}) {DEFAULT_QUESTIONS[i % 10]}"}]
-                time.sleep(SETTLE_S)
-                started = time.perf_counter()
-                handle = engine.submit(messages, Sampling(temperature=0, repeat_penalty=1.0,
-                                                          max_tokens=64))
-                times = []
-                for event in handle:
-                    if isinstance(event, Token) and event.text:
-                        times.append(time.perf_counter())
-                if isinstance(handle.result, Failed):
-                    raise UserError(f"the in-process engine failed: {handle.result.message}")
-                time.sleep(SETTLE_S)
-                served_answer = stream_chat(client, serve_url, _body(served, messages, 64))
-                if times and served_answer.ttft_ms is not None:
-                    ttft_gap.append(served_answer.ttft_ms - (times[0] - started) * 1000.0)
-                if len(times) > 1 and served_answer.decode_tps:
-                    ratios.append(served_answer.decode_tps * (times[-1] - times[0]) / (len(times) - 1))
-        say(f"{rounds} prompts answered in process and through serve")
-    finally:
-        engine.close()
-    return {"rounds": rounds, "ttft_minus_in_process_ms": _median(ttft_gap),
-            "decode_ratio": _round(statistics.median(ratios), 3) if ratios else None}
+    started = time.perf_counter()
+    handle = engine.submit(messages, Sampling(temperature=0, repeat_penalty=1.0, max_tokens=64))
+    times = [time.perf_counter() for event in handle if isinstance(event, Token) and event.text]
+    if isinstance(handle.result, Failed) or not times:
+        raise UserError(f"the engine gave no reply: {handle.result}")
+    tps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else None
+    return (times[0] - started) * 1000.0, tps
 
 
 def serve_targets(report: dict[str, Any]) -> list[dict[str, Any]]:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,6 +190,22 @@ class ServeApp:
                 await asyncio.wait(list(self._connections), timeout=5)
             for task in list(self._connections):
                 task.cancel()
+
+    @contextlib.contextmanager
+    def in_thread(self) -> Iterator[ServeApp]:
+        """Listen on a thread of this process until the block ends (benches, tests); the port is
+        known (``base_url``) when the block starts."""
+        ready = threading.Event()
+        thread = threading.Thread(target=lambda: asyncio.run(self.run(lambda _: ready.set())),
+                                  name="localchat-serve", daemon=True)
+        thread.start()
+        if not ready.wait(30):
+            raise RuntimeError("the server did not start")
+        try:
+            yield self
+        finally:
+            self.stop()
+            thread.join(30)
 
     def stop(self) -> None:
         """Begin shutting down (from any thread or a signal handler)."""
