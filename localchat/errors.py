@@ -32,3 +32,16 @@ class FormatError(UserError):
     a bad flag, it exits with status 2, before any model loads."""
 
     exit_code = 2
+
+
+class ContextOverflow(EngineError):
+    """The messages of a turn need more tokens than the context holds (``code`` travels in the
+    turn's ``Failed`` event, so a server can answer OpenAI's ``context_length_exceeded``)."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, needed: int, n_ctx: int) -> None:
+        super().__init__(f"the conversation needs {needed} tokens but the context holds {n_ctx}; "
+                         "start a new chat or raise n_ctx")
+        self.needed = needed
+        self.n_ctx = n_ctx

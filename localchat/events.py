@@ -166,6 +166,9 @@ class Done:
 @dataclass(frozen=True)
 class Failed:
     message: str  # one line, written for the user
+    # What kind of failure, for a front end that answers in a protocol's terms ("" when none):
+    # "context_length_exceeded" (errors.ContextOverflow).
+    code: str = ""
 
 
 @dataclass(frozen=True)

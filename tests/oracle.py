@@ -84,3 +84,28 @@ def take_back_last_exchange(chat: ChatContext) -> str:
     text = chat.history[last].content
     chat.rewind(last)
     return text
+
+
+def assert_text_matches_fresh(text: str, oracle: Engine, messages: list[dict],
+                              sampling: Sampling = GREEDY) -> None:
+    """``text`` (a greedy reply read through an API, which gives text, not token ids) is what a
+    fresh prefill of ``messages`` gives, up to a near-tie: where the texts part, the fresh
+    engine's top-2 margin at that token must be under NEAR_TIE."""
+    oracle.reset()
+    tokens, pieces = [], []
+    for event in oracle.submit(messages, sampling):
+        if isinstance(event, Token):
+            tokens.append(event.token_id)
+            pieces.append(event.text)
+    oracle.reset()
+    if "".join(pieces) == text:
+        return
+    shown, i = "", 0
+    while i < len(pieces) and text.startswith(shown + pieces[i]):
+        shown += pieces[i]
+        i += 1
+    logits = oracle.fresh_logits(messages, tokens[:i])
+    best, second = sorted(float(x) for x in logits[logits.argsort()[-2:]])[::-1]
+    assert best - second < NEAR_TIE, (
+        f"reply differs from a fresh prefill after {shown!r}: the fresh engine's choice there "
+        f"leads by {best - second:.3f} logits (served {text!r}, fresh {''.join(pieces)!r})")

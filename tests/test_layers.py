@@ -45,6 +45,8 @@ LAYERS: list[tuple[str, set[str], str]] = [
     ("chat", {"chat"},
      "one stored conversation wired together: context, engine, remote escalation and store"),
     ("tui", {"tui"}, "the Textual app over the chat layer"),
+    ("serve", {"serve"},
+     "the OpenAI and Ollama APIs over the engine: a front end like the app and ``ask``"),
     ("bench", {"bench"}, "measurements, some of them driving the app itself"),
     ("commands", {"commands"}, "the CLI's subcommands, one module each (``bench`` among them)"),
     ("cli", {"cli", "__main__"}, "argument parsing: the entry point over everything"),

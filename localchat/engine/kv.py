@@ -323,8 +323,12 @@ class ConversationCache:
 
     # -- saving and restoring ------------------------------------------------------------------
 
-    def export(self) -> KVSnapshot:
-        return KVSnapshot(self.copy_records(), self.runtime.export_sequence(), self.exact_n)
+    def export(self, with_checkpoints: bool = False) -> KVSnapshot:
+        """The cells and their record; ``with_checkpoints``: the rollback states too (a snapshot
+        kept in RAM, restored later to serve a prefix of it)."""
+        checkpoints = [(c.n_tokens, c.data) for c in self.checkpoints] if with_checkpoints else []
+        return KVSnapshot(self.copy_records(), self.runtime.export_sequence(), self.exact_n,
+                          checkpoints)
 
     def restore(self, snapshot: KVSnapshot) -> float:
         """Load a snapshot; ms it took. EngineError (and an empty cache) if it does not fit."""
@@ -333,7 +337,8 @@ class ConversationCache:
             self.forget()
             raise EngineError("the saved context does not match this model; it will be rebuilt")
         self._set_records([replace(m, tokens=list(m.tokens)) for m in snapshot.records])
-        self.checkpoints = []
+        self.checkpoints = [Checkpoint(n, data) for n, data in snapshot.checkpoints
+                            if n <= snapshot.n_tokens] if self.uses_checkpoints else []
         self.checkpoint()
         self.exact_n = min(snapshot.exact_n, snapshot.n_tokens)
         return (time.perf_counter() - started) * 1000.0

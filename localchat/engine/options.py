@@ -49,6 +49,10 @@ class Sampling:
     # The same shape as the remote is asked for it (OpenAI's response_format); None: a turn
     # that has no shape, or one only the local model can give (a grammar: it stays local).
     response_format: dict[str, Any] | None = None
+    # OpenAI's penalties (``localchat serve``): subtracted from the logit of each token among the
+    # last 64 sampled, per occurrence and once, as llama.cpp's penalties sampler does.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     @property
     def greedy(self) -> bool:

@@ -434,19 +434,27 @@ def _readable(data: bytes | memoryview) -> tuple[Any, np.ndarray]:
 PENALTY_WINDOW = 64
 
 
-def apply_repeat_penalty(logits: Any, recent: Iterable[int], penalty: float) -> None:
-    """llama.cpp's repeat penalty, in place: the logits of the ``recent`` tokens are divided by
-    ``penalty`` (multiplied where negative), each token once however often it recurs.
-    ``logits``: a numpy array or llama.cpp's float pointer.
+def apply_repeat_penalty(logits: Any, recent: Iterable[int], penalty: float,
+                         frequency: float = 0.0, presence: float = 0.0) -> None:
+    """llama.cpp's penalties sampler, in place: the logits of the ``recent`` tokens are divided
+    by ``penalty`` (multiplied where negative), each token once however often it recurs; then
+    ``frequency`` times its count in ``recent`` and ``presence`` are subtracted (OpenAI's
+    frequency and presence penalties, over llama.cpp's window). ``logits``: a numpy array or
+    llama.cpp's float pointer.
 
     A Python loop over at most PENALTY_WINDOW tokens: right after a decode (cold CPU caches)
     it takes ~10 us a token here, where numpy's gather, where and scatter took ~150 us. The
     arithmetic is llama.cpp's float32: the penalty rounded to a float32, then one double
     operation on two float32 values rounds to the same float32 as float32 arithmetic."""
     factor = float(np.float32(penalty))
-    for token in set(recent):
+    counts = collections.Counter(recent)
+    for token, count in counts.items():
         value = logits[token]
-        logits[token] = value * factor if value <= 0 else value / factor
+        if penalty != 1.0:
+            value = value * factor if value <= 0 else value / factor
+        if frequency or presence:
+            value -= count * frequency + presence
+        logits[token] = value
 
 
 class Sampler:
@@ -464,6 +472,10 @@ class Sampler:
         self._logits = logits
         self._constraint = constraint
         self._penalty = sampling.repeat_penalty
+        self._frequency = sampling.frequency_penalty
+        self._presence = sampling.presence_penalty
+        self._penalized = (self._penalty != 1.0 or self._frequency != 0.0
+                           or self._presence != 0.0)
         self._recent: collections.deque[int] = collections.deque(maxlen=PENALTY_WINDOW)
         self._chain = None
         if not sampling.greedy:
@@ -481,9 +493,9 @@ class Sampler:
         last output; the repeat penalty edits them in place). A speculative check calls it once
         per position, in order, so the penalty window and the random draws are those of
         one-by-one decoding."""
-        if self._penalty != 1.0 and self._recent:
+        if self._penalized and self._recent:
             apply_repeat_penalty(self._lib.llama_get_logits_ith(self._ctx, index), self._recent,
-                                 self._penalty)
+                                 self._penalty, self._frequency, self._presence)
         token = self._draw(index)
         if self._constraint is not None:
             token = self._constraint.choose(token, self._logits(index),

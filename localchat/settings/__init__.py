@@ -125,6 +125,27 @@ class SnapshotsSection:
     max_bytes: int = 2 * 1024**3  # disk cap; least recently used go first
 
 
+# localchat serve's port: none of Ollama (11434), LM Studio (1234), llama-server and Open WebUI
+# (8080), llama-cpp-python's server and vLLM (8000), Open WebUI's dev port (3000), Jan (1337),
+# KoboldCpp (5001), text-generation-webui (5000, 7860), GPT4All (4891) or Jupyter (8888) uses it,
+# so serve runs beside any of them.
+SERVE_PORT = 8642
+
+
+@dataclass(frozen=True)
+class ServeSection:
+    """``[serve]``: ``localchat serve``, the OpenAI and Ollama APIs (flags override each)."""
+
+    host: str = "127.0.0.1"  # loopback only; another address warns unless a key is set
+    port: int = SERVE_PORT
+    cache_ram_mib: int = 2048  # saved conversation states in RAM (0: only the live context)
+    cors_origins: list[str] = field(default_factory=list)  # browser origins allowed (CORS)
+    max_queue: int = 64  # requests waiting beyond the running one; more get 503 + Retry-After
+    max_body_bytes: int = 8 * 1024**2  # a larger request body gets 413
+    request_timeout_s: float = 10.0  # a request's head and body must arrive within this
+    idle_timeout_s: float = 60.0  # an idle keep-alive connection is closed after this
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything ``config.toml`` can set, with the defaults filled in. Immutable."""
@@ -135,6 +156,7 @@ class Settings:
     context: ContextSection = field(default_factory=ContextSection)
     remote: RemoteSettings = field(default_factory=RemoteSettings)
     snapshots: SnapshotsSection = field(default_factory=SnapshotsSection)
+    serve: ServeSection = field(default_factory=ServeSection)
 
 
 def load_config(path: Path | None = None) -> Settings:
@@ -232,6 +254,13 @@ _LIMITS: dict[str, Callable[[Any], str | None]] = {
     "context.summary_max_tokens": Limit(low=0),
     "context.summarize_threshold": Limit(low=0, high=1, low_open=True),
     "snapshots.max_bytes": Limit(low=0),
+    "serve.host": lambda host: None if host.strip() else "must be a host name or address",
+    "serve.port": Limit(low=0, high=65535, note="0 picks a free one"),
+    "serve.cache_ram_mib": Limit(low=0, note="0 keeps only the live context"),
+    "serve.max_queue": Limit(low=0),
+    "serve.max_body_bytes": Limit(low=1024),
+    "serve.request_timeout_s": _POSITIVE,
+    "serve.idle_timeout_s": _POSITIVE,
     "remote.base_url": lambda url: url_problem(url) if url else None,
     "remote.timeout_s": _POSITIVE,
     "remote.max_context_tokens": Limit(low=256),
@@ -362,6 +391,10 @@ def _accepts(kind: Any, value: Any) -> bool:
         if get_origin(alternative) is Literal:
             if isinstance(value, str) and value in get_args(alternative):
                 return True
+        elif get_origin(alternative) is list:
+            (item,) = get_args(alternative)
+            if isinstance(value, list) and all(_accepts(item, v) for v in value):
+                return True
         elif alternative is float:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 return True
@@ -385,6 +418,8 @@ def _describe(kind: Any) -> str:
     for alternative in _alternatives(kind):
         if get_origin(alternative) is Literal:
             words.extend(f'"{choice}"' for choice in get_args(alternative))
+        elif get_origin(alternative) is list:
+            words.append(f"a list of {_describe(get_args(alternative)[0]).removeprefix('a ')}s")
         else:
             words.append(_TYPE_NAMES.get(alternative, getattr(alternative, "__name__", "?")))
     return " or ".join(words)
