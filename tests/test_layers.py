@@ -24,10 +24,12 @@ ROOT = Path(__file__).resolve().parent.parent / "localchat"
 # Bottom first. Each layer with the reason it sits where it does.
 LAYERS: list[tuple[str, set[str], str]] = [
     ("base", {"__init__", "errors", "paths", "events", "reasoning", "names", "terminal", "atomic",
-              "logs", "percentiles", "attachments", "settings"},
+              "logs", "percentiles", "attachments", "settings", "toolcalls", "toolcall_patterns",
+              "toolcall_stream", "lenient_json"},
      "words every layer shares: the user's errors, where files live, the event vocabulary, "
-     "safe names and terminal output, and the settings' schema with each value's type, default "
-     "and range (the engine, the context and the remote read their settings, never the reverse)"),
+     "safe names and terminal output, the settings' schema with each value's type, default "
+     "and range (the engine, the context and the remote read their settings, never the reverse), "
+     "and tool calls as words and as text in a reply (the engine renders them, tools/ runs them)"),
     ("models", {"models"},
      "the model files on disk: the registry, the GGUF reader, pull; knows no engine"),
     ("engine", {"engine"},
