@@ -29,6 +29,7 @@ which llama.cpp renders as nothing by default). The streaming parser is ``toolca
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
@@ -48,6 +49,15 @@ _ID = re.compile(r"[A-Za-z0-9]{9}")
 def new_call_id() -> str:
     """A fresh call id: 9 letters and digits (what Mistral's templates require, fine for all)."""
     return "".join(secrets.choice(_ID_ALPHABET) for _ in range(9))
+
+
+def nine_character_id(call_id: str) -> str:
+    """``call_id`` itself if it is 9 letters and digits, else 9 derived from it, always the same
+    (a remote model's ``call_abc...`` ids, rendered for a Mistral template)."""
+    if _ID.fullmatch(call_id):
+        return call_id
+    digest = hashlib.sha256(call_id.encode("utf-8")).digest()
+    return "".join(_ID_ALPHABET[b % len(_ID_ALPHABET)] for b in digest[:9])
 
 
 @dataclass(frozen=True)
@@ -80,8 +90,14 @@ class ToolCall:
 
     @classmethod
     def from_openai(cls, entry: dict[str, Any]) -> ToolCall:
-        """A call from an OpenAI ``tool_calls`` entry (a remote model's, or one stored)."""
-        return call_from_object(entry, default_id=str(entry.get("id") or ""))
+        """A call from an OpenAI ``tool_calls`` entry (a remote model's, or one stored), keeping
+        its id whatever its form."""
+        call = call_from_object(entry)
+        given = entry.get("id")
+        if isinstance(given, str) and given:
+            call = ToolCall(given, call.name, call.arguments, call.problem, call.incomplete,
+                            call.raw)
+        return call
 
     def __repr__(self) -> str:
         extra = f" problem={self.problem!r}" if self.problem else ""
