@@ -10,13 +10,15 @@ A missing file means all defaults. The file only needs the keys a user wants to 
 
 The frozen dataclasses below are the schema, one per section: a field is a key the section
 accepts, its annotation the type a value must have (a ``Literal`` lists the words allowed) and
-its default the value used when the file is silent. ``[remote]`` (with ``[remote.router]`` and
+its default the value used when the file is silent (``tuple[str, ...]`` is a TOML array of
+strings, ``dict[str, tuple[str, ...]]`` a table of them). ``[tools]`` is
+:class:`~localchat.settings.tools.ToolsSettings`. ``[remote]`` (with ``[remote.router]`` and
 ``[remote.confidence]``) is :class:`~localchat.settings.remote.RemoteSettings`, which the remote
 package takes as it is; the engine and the session take their own runtime objects, built from
 these sections by ``engine.factory`` and ``session.factory``.
 
-This package is the bottom layer: it imports nothing from the rest of localchat but ``paths``
-and ``errors``. The words a setting allows (``KvType``, ``Thinking``, ``GpuLayers``,
+This package is the bottom layer: it imports nothing from the rest of localchat but ``paths``,
+``errors`` and (to save a choice in config.toml) ``atomic``. The words a setting allows (``KvType``, ``Thinking``, ``GpuLayers``,
 ``OverlongPolicy``) are defined here and read by the engine and the session, so each setting's
 type, default and range has one home.
 
@@ -45,6 +47,7 @@ from localchat import paths
 from localchat.errors import ConfigError, UserError
 from localchat.settings.remote import RemoteSettings
 from localchat.settings.toml import find_line, read_toml_file
+from localchat.settings.tools import ToolsSettings, builtins_problem
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -135,6 +138,7 @@ class Settings:
     context: ContextSection = field(default_factory=ContextSection)
     remote: RemoteSettings = field(default_factory=RemoteSettings)
     snapshots: SnapshotsSection = field(default_factory=SnapshotsSection)
+    tools: ToolsSettings = field(default_factory=ToolsSettings)
 
 
 def load_config(path: Path | None = None) -> Settings:
@@ -243,6 +247,11 @@ _LIMITS: dict[str, Callable[[Any], str | None]] = {
     "remote.confidence.min_margin": _FRACTION,
     "remote.confidence.quantile": Limit(low=0, high=1, low_open=True, high_open=True),
     "remote.confidence.low_prob": _FRACTION,
+    "tools.builtins": builtins_problem,
+    "tools.max_rounds": Limit(low=1),
+    "tools.timeout_s": _POSITIVE,
+    "tools.max_result_chars": Limit(low=0, note="0 sizes it to the model's context"),
+    "tools.start_timeout_s": _POSITIVE,
 }
 
 
@@ -343,6 +352,7 @@ def _checked(dotted: str, value: Any, kind: Any, table: str, key: str, source: _
         raise source.error(table, key, f"{dotted} must be {_describe(kind)}, not {value!r}")
     if isinstance(value, int) and not isinstance(value, bool) and not _accepts_int(kind):
         value = float(value)
+    value = _frozen(value)
     problem = check_setting(dotted, value)
     if problem:
         shown = f", not {value!r}" if problem.startswith("must") else ""
@@ -357,9 +367,26 @@ def _alternatives(kind: Any) -> tuple[Any, ...]:
     return (kind,)
 
 
+def _frozen(value: Any) -> Any:
+    """TOML arrays as tuples (settings are immutable), inside tables too."""
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(value, dict):
+        return {key: _frozen(item) for key, item in value.items()}
+    return value
+
+
 def _accepts(kind: Any, value: Any) -> bool:
     for alternative in _alternatives(kind):
-        if get_origin(alternative) is Literal:
+        origin = get_origin(alternative)
+        if origin is tuple:  # tuple[str, ...]: an array of strings
+            if isinstance(value, list) and all(isinstance(item, str) for item in value):
+                return True
+        elif origin is dict:  # dict[str, tuple[str, ...]]: a table of such arrays
+            if isinstance(value, dict) and all(_accepts(get_args(alternative)[1], item)
+                                               for item in value.values()):
+                return True
+        elif origin is Literal:
             if isinstance(value, str) and value in get_args(alternative):
                 return True
         elif alternative is float:
@@ -383,7 +410,11 @@ _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "tru
 def _describe(kind: Any) -> str:
     words: list[str] = []
     for alternative in _alternatives(kind):
-        if get_origin(alternative) is Literal:
+        if get_origin(alternative) is tuple:
+            words.append("a list of strings")
+        elif get_origin(alternative) is dict:
+            words.append("a table of lists of strings")
+        elif get_origin(alternative) is Literal:
             words.extend(f'"{choice}"' for choice in get_args(alternative))
         else:
             words.append(_TYPE_NAMES.get(alternative, getattr(alternative, "__name__", "?")))
