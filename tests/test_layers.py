@@ -42,6 +42,9 @@ LAYERS: list[tuple[str, set[str], str]] = [
      "emits the engine's events"),
     ("store", {"store"},
      "SQLite: stored conversations and their numbers; nothing below reads the database"),
+    ("tools", {"tools"},
+     "MCP servers and built-in tools, and the approval policy: they know nothing of the model, "
+     "the context or the app (the words they share are the base layer's toolcalls)"),
     ("chat", {"chat"},
      "one stored conversation wired together: context, engine, remote escalation and store"),
     ("tui", {"tui"}, "the Textual app over the chat layer"),
