@@ -30,3 +30,8 @@ How phase 2 wires it in (the chat loop, with constrained sampling):
 4. Results go back as ``ToolResult.to_message()`` after ``toolcalls.assistant_message(text,
    calls)``; at most ``settings.tools.max_rounds`` rounds; ``registry.close()`` at exit.
 """
+
+from localchat.tools.mcp_server import ServerStatus, ToolInfo
+from localchat.tools.registry import ToolRegistry
+
+__all__ = ["ServerStatus", "ToolInfo", "ToolRegistry"]
