@@ -31,7 +31,9 @@ How phase 2 wires it in (the chat loop, with constrained sampling):
    calls)``; at most ``settings.tools.max_rounds`` rounds; ``registry.close()`` at exit.
 """
 
+from localchat.tools.approval import ApprovalPolicy, ApprovalRequest, Decision
 from localchat.tools.mcp_server import ServerStatus, ToolInfo
 from localchat.tools.registry import ToolRegistry
 
-__all__ = ["ServerStatus", "ToolInfo", "ToolRegistry"]
+__all__ = ["ApprovalPolicy", "ApprovalRequest", "Decision", "ServerStatus", "ToolInfo",
+           "ToolRegistry"]
