@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "localchat.commands.doctor",
     "localchat.commands.sessions",
     "localchat.commands.stats",
+    "localchat.commands.tools",
 ]
 
 

@@ -119,7 +119,7 @@ def test_each_server_is_running_failed_or_disabled_and_a_missing_program_is_a_pr
     assert states == {"builtin": "disabled", "tools": "running", "crashy": "running",
                       "noisy": "running", "broken": "failed", "web": "running",
                       "off": "disabled"}
-    assert _status(registry, "broken").error.endswith("boom: no API key set")
+    assert _status(registry, "broken").error == "the server exited while starting: boom: no API key set"
     [problem] = registry.problems
     assert "mcp.json: server 'missing': the program 'no-such-mcp-server-program' was not found" \
         in problem

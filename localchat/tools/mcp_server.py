@@ -185,8 +185,11 @@ class McpServer:
                 self._set("stopped")
             raise
         except Exception as exc:  # whatever a transport raises: the reason, in one line
-            if isinstance(_leaf(exc), TimeoutError):
+            leaf = _leaf(exc)
+            if isinstance(leaf, TimeoutError):
                 self._fail(f"did not answer within {self._start_timeout:g} s")
+            elif _connection_closed(leaf) and self.config.transport == "stdio":
+                self._fail("the server exited while starting")
             else:
                 self._fail(_describe(exc))
         if self._closing.is_set() and self._state in ("starting", "running"):
@@ -288,7 +291,6 @@ class McpServer:
     async def call(self, tool: str, arguments: dict[str, Any]) -> tuple[str, bool]:
         """(text, is_error) of one call; ToolFailure when it could not be made or finish."""
         from mcp import MCPError
-        from mcp.types import CONNECTION_CLOSED
 
         session = self._session
         if session is None or self._state != "running":
@@ -296,7 +298,7 @@ class McpServer:
         try:
             result = await session.call_tool(tool, arguments)
         except MCPError as exc:
-            if exc.code != CONNECTION_CLOSED:
+            if not _connection_closed(exc):
                 raise ToolFailure(f"{self.name} refused the call: {exc.message}") from None
             if self._lost is not None:
                 with contextlib.suppress(TimeoutError):
@@ -329,6 +331,13 @@ class McpServer:
             await asyncio.wait_for(asyncio.shield(task), STOP_S)
         except (TimeoutError, asyncio.CancelledError, Exception):
             task.cancel()
+
+
+def _connection_closed(exc: BaseException) -> bool:
+    from mcp import MCPError
+    from mcp.types import CONNECTION_CLOSED
+
+    return isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED
 
 
 def _leaf(exc: BaseException) -> BaseException:
