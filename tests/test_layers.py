@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent / "localchat"
 LAYERS: list[tuple[str, set[str], str]] = [
     ("base", {"__init__", "errors", "paths", "events", "reasoning", "names", "terminal", "atomic",
               "logs", "percentiles", "attachments", "settings", "toolcalls", "toolcall_patterns",
-              "toolcall_stream", "lenient_json"},
+              "toolcall_stream", "toolcall_readers", "lenient_json"},
      "words every layer shares: the user's errors, where files live, the event vocabulary, "
      "safe names and terminal output, the settings' schema with each value's type, default "
      "and range (the engine, the context and the remote read their settings, never the reverse), "
