@@ -21,10 +21,12 @@ by :func:`detect_format` the way llama.cpp's ``common/chat.cpp`` chooses its han
   tools in the system prompt and asks for the hermes form, which is what this format reads (and,
   at the start of a reply, a bare call object or llama.cpp's ``{"tool_call": ...}`` envelope).
 
-``triggers`` are the words from which a call begins (where the constrained sampling of phase 2
-switches its lazy grammar on) and ``preserved_tokens`` the special tokens that must be detokenized
-as text for the parser to see them (``<|python_tag|>`` and ``[TOOL_CALLS]`` are special tokens,
-which llama.cpp renders as nothing by default). The streaming parser is ``toolcall_stream``.
+``triggers`` are the words from which a call begins anywhere in a reply, and
+:func:`start_trigger` the pattern of a call object that opens the reply without a marker: where
+constrained sampling switches its lazy grammar on (llama.cpp's trigger words and full-match
+patterns). ``preserved_tokens`` are the special tokens that must be detokenized as text for the
+parser to see them (``<|python_tag|>`` and ``[TOOL_CALLS]`` are special tokens, which llama.cpp
+renders as nothing by default). The streaming parser is ``toolcall_stream``.
 """
 
 from __future__ import annotations
@@ -151,11 +153,24 @@ class ToolFormat:
 
 
 HERMES = ToolFormat("hermes", triggers=("<tool_call>", "<function="), bare_start=True)
-LLAMA3 = ToolFormat("llama3", triggers=("<|python_tag|>", "{"), preserved_tokens=("<|python_tag|>",),
+LLAMA3 = ToolFormat("llama3", triggers=("<|python_tag|>",), preserved_tokens=("<|python_tag|>",),
                     bare_start=True)
 MISTRAL = ToolFormat("mistral", triggers=("[TOOL_CALLS]",), preserved_tokens=("[TOOL_CALLS]",))
 GENERIC = ToolFormat("generic", triggers=("<tool_call>",), bare_start=True)
 FORMATS: dict[str, ToolFormat] = {f.name: f for f in (HERMES, LLAMA3, MISTRAL, GENERIC)}
+
+
+def start_trigger(fmt: ToolFormat, tool_names: tuple[str, ...]) -> str | None:
+    """A regex that matches a reply opening with a call object, ``{"name": "<a tool>"`` after
+    whitespace (and Llama's optional ``"type": "function",``), for a lazy grammar's full-match
+    trigger; any name for Llama 3, whose small models invent names (as llama.cpp does), the
+    tools' names otherwise. None for families whose calls always start with a marker."""
+    if not fmt.bare_start:
+        return None
+    names = ".*?" if fmt.name == "llama3" or not tool_names else \
+        "(?:" + "|".join(re.escape(name) for name in tool_names) + ")"
+    return (r'\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*"' + names
+            + r'"[\s\S]*')
 
 
 def detect_format(template: str) -> ToolFormat:

@@ -233,3 +233,16 @@ def test_with_the_tools_known_a_json_answer_about_a_name_stays_an_answer():
         call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
         out = [p for ch in call for p in splitter.feed(ch)] + splitter.flush()
         assert _pieces(out) == [WEATHER]
+
+
+def test_the_start_trigger_matches_what_the_splitter_reads_as_a_bare_call():
+    import re
+
+    from localchat.toolcalls import FORMATS, start_trigger
+
+    hermes = re.compile(start_trigger(FORMATS["hermes"], ("get_weather",)))
+    assert hermes.fullmatch('\n{"name": "get_weather", "arguments": {}}')
+    assert not hermes.fullmatch('{"name": "Alice", "age": 31}')
+    llama = re.compile(start_trigger(FORMATS["llama3"], ("get_weather",)))
+    assert llama.fullmatch('{"type": "function", "name": "made_up", "parameters": {}}')
+    assert start_trigger(FORMATS["mistral"], ("get_weather",)) is None

@@ -18,17 +18,25 @@ The words shared with the rest of localchat are ``localchat.toolcalls`` (``ToolC
 How phase 2 wires it in (the chat loop, with constrained sampling):
 
 1. At app start: ``registry = ToolRegistry.from_config(settings); registry.start()`` (returns at
-   once), print ``registry.problems``; ``policy = ApprovalPolicy(settings.tools, rules)``.
-2. For a turn: ``specs = registry.specs()`` are the tools. The engine renders them with
-   ``engine.tool_templates.with_tools(render, tool_rendering(template, render), specs)`` and
-   constrains a call from the family's ``ToolFormat.triggers`` on; the reply's answer (after
-   ``ReasoningSplitter``) goes through ``ToolCallSplitter(format, tool_names)``.
-3. For each ``ToolCall``: ``request = policy.check(call, registry.find(call.name))``; None means
-   it may run; otherwise the front end answers ``request`` (``ApprovalRequest.answer``) and the
-   loop waits on ``request.future``; a denial gives ``denied_result``. Then
-   ``registry.call(call, cancel=esc_event, max_chars=settings.tools.result_chars(n_ctx))``.
-4. Results go back as ``ToolResult.to_message()`` after ``toolcalls.assistant_message(text,
-   calls)``; at most ``settings.tools.max_rounds`` rounds; ``registry.close()`` at exit.
+   once) and show ``registry.problems``; ``policy = ApprovalPolicy(settings.tools,
+   AllowRules(args.allow_tool))``; ``registry.add_listener`` to show servers coming up or failing.
+2. For a turn: ``specs = registry.specs()``. The engine renders them with
+   ``engine.tool_templates.with_tools(render, tool_rendering(template, render), specs)``
+   (probe once per model), detokenizes the format's ``preserved_tokens`` as text, and
+   constrains a call from ``ToolFormat.triggers`` / ``toolcalls.start_trigger(format, names)``
+   on. The answer (after ``ReasoningSplitter``) goes through ``ToolCallSplitter(format, names)``;
+   ``in_call`` tells when a call has begun.
+3. For each ``ToolCall``: one with a ``problem`` never runs, the model gets
+   ``failed_call_result(call)``; else ``tool = registry.find(call.name)`` and
+   ``request = policy.check(call, tool)``: None means it may run; otherwise the front end shows
+   ``request.line`` and calls ``request.answer(Decision...)`` (its return is a notice), the loop
+   waits on ``request.future``, and ``DENY`` gives ``results.denied_result(call, tool.label)``.
+   Then ``registry.call(call, cancel=esc_event, max_chars=settings.tools.result_chars(n_ctx))``
+   returns a ``ToolResult`` whatever happens; its ``notice`` is the user's line.
+4. The history gains ``toolcalls.assistant_message(text, calls)`` and each
+   ``ToolResult.to_message()``; at most ``settings.tools.max_rounds`` rounds; a remote model's
+   OpenAI ``tool_calls`` become calls through ``ToolCall.from_openai``; ``registry.close()`` at
+   exit ends every server.
 """
 
 from localchat.tools.approval import ApprovalPolicy, ApprovalRequest, Decision

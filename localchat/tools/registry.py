@@ -191,7 +191,10 @@ class ToolRegistry:
     def call(self, call: ToolCall, timeout: float | None = None,
              cancel: threading.Event | None = None, max_chars: int | None = None) -> ToolResult:
         """Run ``call`` and wait for its result; setting ``cancel`` (Esc) stops it within
-        ``CANCEL_POLL_S`` and returns a cancelled result."""
+        ``CANCEL_POLL_S`` and returns a cancelled result. Not from the tool loop's own thread
+        (a listener): it would wait on itself."""
+        if self._loop.in_loop():
+            raise RuntimeError("ToolRegistry.call() from the tool loop would wait on itself")
         future = self.submit(call, timeout, max_chars)
         while True:
             try:
@@ -206,9 +209,10 @@ class ToolRegistry:
     async def _call(self, call: ToolCall, timeout: float, max_chars: int) -> ToolResult:
         if not call.runnable:
             return failed_call_result(call)
+        deadline = asyncio.get_running_loop().time() + timeout
         tool = self.find(call.name)
         if tool is None and any(s.state == "starting" for s in self._servers):
-            try:  # its server may be the one still starting
+            try:  # its server may be the one still starting: the wait counts in the call's time
                 await asyncio.wait_for(self._settled(), timeout)
             except TimeoutError:
                 pass
@@ -219,8 +223,9 @@ class ToolRegistry:
         if problem:
             return error_result(call, tool.label, f"the arguments do not fit the input schema "
                                                   f"of {tool.exposed}: {problem}")
+        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
         try:
-            text, is_error = await asyncio.wait_for(self._invoke(tool, call.arguments), timeout)
+            text, is_error = await asyncio.wait_for(self._invoke(tool, call.arguments), remaining)
         except TimeoutError:
             return error_result(call, tool.label,
                                 f"no answer within {timeout:g} s; the call was stopped")
