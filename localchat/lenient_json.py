@@ -51,11 +51,15 @@ def parse(text: str) -> tuple[Any, bool]:
             return json.loads(stripped, strict=False), True
         except json.JSONDecodeError as exc:
             raise ValueError(f"not JSON: {exc.msg}") from None
+        except RecursionError:
+            raise ValueError("nested too deeply") from None
     found = scan(stripped)
     try:
         value = json.loads(found.text, strict=False)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc.msg} at character {exc.pos}") from None
+    except RecursionError:  # json's own limit on nesting (about a thousand levels)
+        raise ValueError("nested too deeply") from None
     return value, found.end is not None
 
 

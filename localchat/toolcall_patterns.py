@@ -39,6 +39,7 @@ class _Alt:
 
 
 WS, BODY = _Ws(), _Body()
+MAX_NAME = 128  # a captured name longer than any tool's (MCP allows 128) ends the match
 Element = str | _Ws | _Body | _Name | _Alt
 Seq = tuple[Element, ...]
 
@@ -135,8 +136,11 @@ def _walk(seq: Seq, text: str, pos: int, body: int,
         yield from _walk(rest, text, pos, pos, captured)
     elif isinstance(element, _Name):
         end = pos
-        while end < len(text) and text[end] not in element.stop and not text[end].isspace():
+        limit = min(len(text), pos + MAX_NAME)
+        while end < limit and text[end] not in element.stop and not text[end].isspace():
             end += 1
+        if end == limit == pos + MAX_NAME:
+            return  # no tool has a name this long: not an opening (and nothing to hold back)
         if end == len(text):
             yield None
         elif end > pos:

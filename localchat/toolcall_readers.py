@@ -152,10 +152,15 @@ class _PythonReader:
     def __init__(self, start: int) -> None:
         self.start = start
         self._json: _JsonReader | None = None
+        self._seen = start  # a builtin call is looked at again only when a ")" arrives
 
     def step(self, text: str, final: bool) -> tuple[list[ToolCall], int] | None:
         if self._json is not None:
             return self._json.step(text, final)
+        if not final and self._seen > self.start and ")" not in text[self._seen:]:
+            self._seen = len(text)
+            return None
+        self._seen = len(text)
         p = _skip_space(text, self.start)
         if p == len(text):
             return ([], len(text)) if final else None

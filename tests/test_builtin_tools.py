@@ -58,9 +58,10 @@ def test_read_file_failures_are_errors_the_model_reads(registry, tmp_path, make,
 
 
 def test_list_directory_marks_folders_and_sizes(registry, tmp_path):
-    (tmp_path / "sub").mkdir()
-    (tmp_path / "a.txt").write_text("hello")
-    assert run(registry, "list_directory", path=str(tmp_path)).content == "a.txt  5 bytes\nsub/"
+    folder = tmp_path / "listed"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.txt").write_text("hello")
+    assert run(registry, "list_directory", path=str(folder)).content == "a.txt  5 bytes\nsub/"
 
 
 def test_run_command_returns_output_and_exit_status(registry):

@@ -278,3 +278,13 @@ def test_closing_the_registry_ends_every_server_process(tmp_path):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_an_input_schema_the_checker_cannot_use_leaves_the_judgement_to_the_tool():
+    from localchat.tools.schema import arguments_problem
+
+    assert arguments_problem({"$ref": "#/definitions/missing"}, {"a": 1}) is None
+    assert arguments_problem({"type": "no-such-type"}, {"a": 1}) is None
+    long = arguments_problem({"type": "object", "properties": {"a": {"type": "integer"}}},
+                             {"a": "x" * 100_000})
+    assert long is not None and len(long) < 400

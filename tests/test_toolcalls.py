@@ -246,3 +246,20 @@ def test_the_start_trigger_matches_what_the_splitter_reads_as_a_bare_call():
     llama = re.compile(start_trigger(FORMATS["llama3"], ("get_weather",)))
     assert llama.fullmatch('{"type": "function", "name": "made_up", "parameters": {}}')
     assert start_trigger(FORMATS["mistral"], ("get_weather",)) is None
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("hermes", "<tool_call>" + "[" * 5000),  # deeper than json itself will read
+    ("hermes", "<function=" + "a" * 5000 + ">{}</function>"),  # no tool has such a name
+    ("mistral", "[TOOL_CALLS]" + "b" * 5000 + "[ARGS]{}"),
+])
+def test_hostile_replies_end_as_text_or_a_call_with_a_problem_never_an_exception(fmt, text):
+    for step in (1, 7, len(text)):
+        out = _split(fmt, text, range(step, len(text), step))
+        assert all(isinstance(p, str) or not p.runnable for p in out)
+
+
+def test_a_long_builtin_call_streamed_in_small_pieces_is_read_once():
+    text = '<|python_tag|>search.call(query="' + "x" * 20_000 + '", count=2)'
+    [call] = _split("llama3", text, range(4, len(text), 4))
+    assert call.name == "search" and call.arguments == {"query": "x" * 20_000, "count": 2}

@@ -88,6 +88,8 @@ def load_mcp_config(path: Path | None = None, secrets: frozenset[str] = frozense
         return [], [f"{where}: cannot read: {exc.strerror or exc}; no MCP server was started"]
     except json.JSONDecodeError as exc:
         return [], [f"{where}:{exc.lineno}: not valid JSON ({exc.msg}); no MCP server was started"]
+    except RecursionError:
+        return [], [f"{where}: nested too deeply; no MCP server was started"]
     entries = _entries(data)
     if entries is None:
         return [], [f'{where}: expected {{"mcpServers": {{...}}}}; no MCP server was started']

@@ -90,12 +90,12 @@ class ToolRegistry:
     def start(self) -> None:
         """Start every server in the background; returns at once."""
         with self._lock:
-            if self._started or not any(not s.config.disabled for s in self._servers):
-                self._started = True
+            if self._started:
                 return
             self._started = True
-        logs.route(*SDK_LOGGERS)
-        self._loop.call_soon(self._start_all)
+        logs.route(*SDK_LOGGERS)  # and localchat's own: a warning never reaches the screen
+        if any(not server.config.disabled for server in self._servers):
+            self._loop.call_soon(self._start_all)
 
     def _start_all(self) -> None:
         for server in self._servers:
