@@ -18,9 +18,9 @@ package takes as it is; the engine and the session take their own runtime object
 these sections by ``engine.factory`` and ``session.factory``.
 
 This package is the bottom layer: it imports nothing from the rest of localchat but ``paths``,
-``errors`` and (to save a choice in config.toml) ``atomic``. The words a setting allows (``KvType``, ``Thinking``, ``GpuLayers``,
-``OverlongPolicy``) are defined here and read by the engine and the session, so each setting's
-type, default and range has one home.
+``errors`` and (to save a choice in config.toml) ``atomic``. The words a setting allows
+(``KvType``, ``Thinking``, ``GpuLayers``, ``OverlongPolicy``) are defined here and read by the
+engine and the session, so each setting's type, default and range has one home.
 
 :func:`load_config` reads the file once into a :class:`Settings` and is the only place values
 are checked: a malformed file, a value of the wrong type or out of range, and an unknown section

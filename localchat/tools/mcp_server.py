@@ -104,8 +104,12 @@ class StderrTail:
             self.writer.close()
             self.writer = None
 
-    def last_line(self, wait: float = 0.0) -> str:
-        self._thread.join(wait)
+    async def last_line(self, wait: float = 0.5) -> str:
+        """The last line written, once the pipe has ended or ``wait`` has passed (a child that
+        just exited may still have its last words in the pipe); never blocks the loop."""
+        deadline = asyncio.get_running_loop().time() + wait
+        while self._thread.is_alive() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
         return self._lines[-1] if self._lines else ""
 
 
@@ -178,7 +182,7 @@ class McpServer:
                 await self._until_closed_or_lost()
                 self._session = None
                 if not self._closing.is_set():
-                    self._set("failed", self._exit_reason())
+                    self._set("failed", await self._exit_reason())
         except asyncio.CancelledError:
             self._session = None
             if self._state in ("starting", "running"):
@@ -187,17 +191,17 @@ class McpServer:
         except Exception as exc:  # whatever a transport raises: the reason, in one line
             leaf = _leaf(exc)
             if isinstance(leaf, TimeoutError):
-                self._fail(f"did not answer within {self._start_timeout:g} s")
+                await self._fail(f"did not answer within {self._start_timeout:g} s")
             elif _connection_closed(leaf) and self.config.transport == "stdio":
-                self._fail("the server exited while starting")
+                await self._fail("the server exited while starting")
             else:
-                self._fail(_describe(exc))
+                await self._fail(_describe(exc))
         if self._closing.is_set() and self._state in ("starting", "running"):
             self._set("stopped")
 
-    def _fail(self, reason: str) -> None:
+    async def _fail(self, reason: str) -> None:
         self._session = None
-        last = self._stderr.last_line(wait=0.5) if self._stderr else ""
+        last = await self._stderr.last_line() if self._stderr else ""
         self._set("failed", f"{reason}: {last}" if last and last not in reason else reason)
 
     async def _open(self, stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
@@ -282,10 +286,10 @@ class McpServer:
             for wait in waits:
                 wait.cancel()
 
-    def _exit_reason(self) -> str:
+    async def _exit_reason(self) -> str:
         if self.config.transport != "stdio":
             return "the connection to the server was closed"
-        last = self._stderr.last_line(wait=0.5) if self._stderr else ""
+        last = await self._stderr.last_line() if self._stderr else ""
         return f"the server exited: {last}" if last else "the server exited (nothing on stderr)"
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> tuple[str, bool]:
@@ -303,7 +307,7 @@ class McpServer:
             if self._lost is not None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._lost.wait(), 1.0)
-            raise ToolFailure(f"{self._exit_reason()} (during the call)") from None
+            raise ToolFailure(f"{await self._exit_reason()} (during the call)") from None
         except Exception as exc:  # an answer that does not fit MCP's shapes
             raise ToolFailure(f"{self.name}'s answer could not be read: {_describe(exc)}") from None
         return mcp_text(result.content, result.structured_content), bool(result.is_error)
