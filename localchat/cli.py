@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "localchat.commands.sessions",
     "localchat.commands.stats",
     "localchat.commands.serve",
+    "localchat.commands.tools",
 ]
 
 

@@ -10,15 +10,17 @@ A missing file means all defaults. The file only needs the keys a user wants to 
 
 The frozen dataclasses below are the schema, one per section: a field is a key the section
 accepts, its annotation the type a value must have (a ``Literal`` lists the words allowed) and
-its default the value used when the file is silent. ``[remote]`` (with ``[remote.router]`` and
+its default the value used when the file is silent (``tuple[str, ...]`` is a TOML array of
+strings, ``dict[str, tuple[str, ...]]`` a table of them). ``[tools]`` is
+:class:`~localchat.settings.tools.ToolsSettings`. ``[remote]`` (with ``[remote.router]`` and
 ``[remote.confidence]``) is :class:`~localchat.settings.remote.RemoteSettings`, which the remote
 package takes as it is; the engine and the session take their own runtime objects, built from
 these sections by ``engine.factory`` and ``session.factory``.
 
-This package is the bottom layer: it imports nothing from the rest of localchat but ``paths``
-and ``errors``. The words a setting allows (``KvType``, ``Thinking``, ``GpuLayers``,
-``OverlongPolicy``) are defined here and read by the engine and the session, so each setting's
-type, default and range has one home.
+This package is the bottom layer: it imports nothing from the rest of localchat but ``paths``,
+``errors`` and (to save a choice in config.toml) ``atomic``. The words a setting allows
+(``KvType``, ``Thinking``, ``GpuLayers``, ``OverlongPolicy``) are defined here and read by the
+engine and the session, so each setting's type, default and range has one home.
 
 :func:`load_config` reads the file once into a :class:`Settings` and is the only place values
 are checked: a malformed file, a value of the wrong type or out of range, and an unknown section
@@ -45,6 +47,7 @@ from localchat import paths
 from localchat.errors import ConfigError, UserError
 from localchat.settings.remote import RemoteSettings
 from localchat.settings.toml import find_line, read_toml_file, settings_file_present
+from localchat.settings.tools import ToolsSettings, builtins_problem
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -139,7 +142,7 @@ class ServeSection:
     host: str = "127.0.0.1"  # loopback only; another address warns unless a key is set
     port: int = SERVE_PORT
     cache_ram_mib: int = 2048  # saved conversation states in RAM (0: only the live context)
-    cors_origins: list[str] = field(default_factory=list)  # browser origins allowed (CORS)
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed (CORS)
     max_queue: int = 64  # requests waiting beyond the running one; more get 503 + Retry-After
     max_body_bytes: int = 8 * 1024**2  # a larger request body gets 413
     request_timeout_s: float = 10.0  # a request's head and body must arrive within this
@@ -157,6 +160,7 @@ class Settings:
     remote: RemoteSettings = field(default_factory=RemoteSettings)
     snapshots: SnapshotsSection = field(default_factory=SnapshotsSection)
     serve: ServeSection = field(default_factory=ServeSection)
+    tools: ToolsSettings = field(default_factory=ToolsSettings)
 
 
 def load_config(path: Path | None = None) -> Settings:
@@ -272,6 +276,11 @@ _LIMITS: dict[str, Callable[[Any], str | None]] = {
     "remote.confidence.min_margin": _FRACTION,
     "remote.confidence.quantile": Limit(low=0, high=1, low_open=True, high_open=True),
     "remote.confidence.low_prob": _FRACTION,
+    "tools.builtins": builtins_problem,
+    "tools.max_rounds": Limit(low=1),
+    "tools.timeout_s": _POSITIVE,
+    "tools.max_result_chars": Limit(low=0, note="0 sizes it to the model's context"),
+    "tools.start_timeout_s": _POSITIVE,
 }
 
 
@@ -372,6 +381,7 @@ def _checked(dotted: str, value: Any, kind: Any, table: str, key: str, source: _
         raise source.error(table, key, f"{dotted} must be {_describe(kind)}, not {value!r}")
     if isinstance(value, int) and not isinstance(value, bool) and not _accepts_int(kind):
         value = float(value)
+    value = _frozen(value)
     problem = check_setting(dotted, value)
     if problem:
         shown = f", not {value!r}" if problem.startswith("must") else ""
@@ -386,14 +396,27 @@ def _alternatives(kind: Any) -> tuple[Any, ...]:
     return (kind,)
 
 
+def _frozen(value: Any) -> Any:
+    """TOML arrays as tuples (settings are immutable), inside tables too."""
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(value, dict):
+        return {key: _frozen(item) for key, item in value.items()}
+    return value
+
+
 def _accepts(kind: Any, value: Any) -> bool:
     for alternative in _alternatives(kind):
-        if get_origin(alternative) is Literal:
-            if isinstance(value, str) and value in get_args(alternative):
+        origin = get_origin(alternative)
+        if origin is tuple:  # tuple[str, ...]: an array of strings
+            if isinstance(value, list) and all(isinstance(item, str) for item in value):
                 return True
-        elif get_origin(alternative) is list:
-            (item,) = get_args(alternative)
-            if isinstance(value, list) and all(_accepts(item, v) for v in value):
+        elif origin is dict:  # dict[str, tuple[str, ...]]: a table of such arrays
+            if isinstance(value, dict) and all(_accepts(get_args(alternative)[1], item)
+                                               for item in value.values()):
+                return True
+        elif origin is Literal:
+            if isinstance(value, str) and value in get_args(alternative):
                 return True
         elif alternative is float:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -416,10 +439,12 @@ _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "tru
 def _describe(kind: Any) -> str:
     words: list[str] = []
     for alternative in _alternatives(kind):
-        if get_origin(alternative) is Literal:
+        if get_origin(alternative) is tuple:
+            words.append("a list of strings")
+        elif get_origin(alternative) is dict:
+            words.append("a table of lists of strings")
+        elif get_origin(alternative) is Literal:
             words.extend(f'"{choice}"' for choice in get_args(alternative))
-        elif get_origin(alternative) is list:
-            words.append(f"a list of {_describe(get_args(alternative)[0]).removeprefix('a ')}s")
         else:
             words.append(_TYPE_NAMES.get(alternative, getattr(alternative, "__name__", "?")))
     return " or ".join(words)
