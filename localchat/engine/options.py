@@ -53,6 +53,11 @@ class Sampling:
     # last 64 sampled, per occurrence and once, as llama.cpp's penalties sampler does.
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    # Tools the model may call this turn, as OpenAI's ``tools`` entries ({"type": "function",
+    # "function": {"name", "description", "parameters"}}), rendered with the model's template;
+    # ``tool_choice``: "auto", "none", "required" or a tool's name (OpenAI's meaning).
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str = "auto"
 
     @property
     def greedy(self) -> bool:
