@@ -24,6 +24,8 @@ COMMAND_MODULES = [
     "localchat.commands.doctor",
     "localchat.commands.sessions",
     "localchat.commands.stats",
+    "localchat.commands.serve",
+    "localchat.commands.tools",
 ]
 
 

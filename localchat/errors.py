@@ -24,3 +24,24 @@ class DownloadError(UserError):
 
 class EngineError(UserError):
     """The engine could not load a model or run a turn (message says what to change)."""
+
+
+class FormatError(UserError):
+    """An answer format that cannot be used: a JSON Schema that is not JSON, asks for what cannot
+    be enforced or contradicts itself, a grammar that does not parse, an empty short form. Like
+    a bad flag, it exits with status 2, before any model loads."""
+
+    exit_code = 2
+
+
+class ContextOverflow(EngineError):
+    """The messages of a turn need more tokens than the context holds (``code`` travels in the
+    turn's ``Failed`` event, so a server can answer OpenAI's ``context_length_exceeded``)."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, needed: int, n_ctx: int) -> None:
+        super().__init__(f"the conversation needs {needed} tokens but the context holds {n_ctx}; "
+                         "start a new chat or raise n_ctx")
+        self.needed = needed
+        self.n_ctx = n_ctx

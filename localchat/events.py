@@ -4,7 +4,13 @@
 A turn produces, in order: zero or more ``PrefillProgress``, zero or more ``Thinking`` (a reasoning
 model's chain of thought) and ``Token`` (the answer), and exactly one final ``Done`` (finish_reason
 "stop", "length" or "aborted") or ``Failed``. ``Notice`` may appear anywhere; ``RouteChanged``
-where the reply changes hands between the local and the remote model. Model loading produces
+where the reply changes hands between the local and the remote model.
+
+A reply that calls tools ends with a ``Done`` whose ``tool_calls`` are the calls it asked for
+(their markers and JSON never streamed as ``Token`` text). The chat's tool loop then emits, per
+call, ``ToolCalled``, ``ToolApproval`` when the user must decide (the front end answers the
+request it carries), and ``ToolReturned`` with the result; the model's next reply follows, as
+events of the same turn, until a reply calls nothing or a limit is hit. Model loading produces
 ``LoadProgress`` then ``Loaded`` or ``Failed``.
 
 Every producer of a turn (the local engine's ``TurnHandle``, the remote client's ``RemoteTurn``,
@@ -23,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal, Protocol
 
 from localchat.reasoning import split_reply
+from localchat.toolcalls import ToolCall, ToolResult
 
 FinishReason = Literal["stop", "length", "aborted"]
 
@@ -65,6 +72,12 @@ class Timings:
     # model sampled too (kept without a decode of their own).
     draft_n: int = 0
     draft_n_accepted: int = 0
+    # Constrained sampling (a JSON Schema, a grammar): tokens the grammar judged, those of them
+    # drawn again because it rejected the first draw, and the redraws that had to check the
+    # whole vocabulary (engine/constrain.py).
+    constrained_n: int = 0
+    redrawn_n: int = 0
+    vocab_passes: int = 0
     route: str = "local"  # "local" or "remote"
     route_reason: str = ""
     fell_back: bool = False  # the remote was asked and failed: this local reply stands
@@ -146,6 +159,9 @@ class Done:
     finish_reason: FinishReason
     timings: Timings = field(default_factory=Timings)
     thinking: str = ""  # the reasoning part of ``reply``, as streamed in Thinking events
+    # The tool calls the reply asked for, in order (``ToolCall.raw`` is each as written, markers
+    # included, and is part of ``reply``; ``answer`` is the text without them).
+    tool_calls: tuple[ToolCall, ...] = ()
 
     @property
     def answer(self) -> str:
@@ -160,6 +176,9 @@ class Done:
 @dataclass(frozen=True)
 class Failed:
     message: str  # one line, written for the user
+    # What kind of failure, for a front end that answers in a protocol's terms ("" when none):
+    # "context_length_exceeded" (errors.ContextOverflow).
+    code: str = ""
 
 
 @dataclass(frozen=True)
@@ -182,7 +201,36 @@ class RouteChanged:
     message: str
 
 
-Event = LoadProgress | Loaded | PrefillProgress | Thinking | Token | Done | Failed | Notice | RouteChanged
+@dataclass(frozen=True)
+class ToolCalled:
+    """The model asked for ``call``; ``label`` is how the user sees it (``server.tool``). A call
+    with a ``problem`` never runs: its ``ToolReturned`` (an error result) follows at once."""
+
+    call: ToolCall
+    label: str
+
+
+@dataclass(frozen=True)
+class ToolApproval:
+    """The user must decide whether ``call`` runs. ``request`` is the
+    ``localchat.tools.ApprovalRequest`` to answer (from any thread); the loop waits on it."""
+
+    call: ToolCall
+    request: object
+
+
+@dataclass(frozen=True)
+class ToolReturned:
+    """``call`` ended (ran, failed, was denied or cancelled): ``result`` goes back to the model
+    as a ``tool`` message, and ``result.notice`` (when not empty) is a line for the user."""
+
+    call: ToolCall
+    result: ToolResult
+    elapsed_ms: float = 0.0
+
+
+Event = (LoadProgress | Loaded | PrefillProgress | Thinking | Token | Done | Failed | Notice
+         | RouteChanged | ToolCalled | ToolApproval | ToolReturned)
 
 
 Final = Done | Failed

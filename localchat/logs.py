@@ -11,6 +11,11 @@ record is appended, and the file rotated when full, under an inter-process lock,
 rotation races another (logging's own RotatingFileHandler did, and printed "--- Logging error
 ---" with a traceback in a third of such rounds). A record that cannot be written is dropped:
 a log never prints to the user's terminal, nor stops what was logging.
+
+:func:`route` sends other libraries' loggers to the same file (the MCP SDK logs a server's bad
+output with tracebacks, which must never reach the screen), and :func:`server_log` is the logger
+a tool server's stderr is written to, one INFO record per line: the only INFO records the file
+takes (every other localchat logger stays at WARNING).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ LOCK_WAIT_S = 2.0  # past this, the record is written without rotating rather th
 
 _lock = threading.Lock()
 _handler: SharedLogFile | None = None
+_routed: set[str] = set()  # other loggers sent to the same file
+SERVER_LOGGER = "localchat.tools.server"
 
 
 def attach() -> Path | None:
@@ -39,18 +46,20 @@ def attach() -> Path | None:
         path = paths.log_file()
     except UserError:  # a read-only home: the one-line message still reaches the user
         return None
-    logger = logging.getLogger("localchat")
     with _lock:
         if _handler is not None and _handler.path == path:
             return path
         handler = SharedLogFile(path, MAX_BYTES, BACKUPS)
-        handler.setLevel(logging.WARNING)
+        # INFO passes only for loggers set to it (server_log's); the rest stay at WARNING.
+        handler.setLevel(logging.INFO)
         handler.setFormatter(logging.Formatter(
             "%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"))
+        for name in ("localchat", *_routed):
+            if _handler is not None:
+                logging.getLogger(name).removeHandler(_handler)
+            logging.getLogger(name).addHandler(handler)
         if _handler is not None:
-            logger.removeHandler(_handler)
             _handler.close()
-        logger.addHandler(handler)
         _handler = handler
     return path
 
@@ -106,3 +115,25 @@ class SharedLogFile(logging.Handler):
 
     def __repr__(self) -> str:
         return f"<SharedLogFile {self.path} max {self.max_bytes} bytes, {self.backups} backups>"
+
+
+def route(*names: str) -> None:
+    """Send the loggers ``names`` (and their children) to the log file too, not to the screen:
+    a logger with no handler of its own ends up on stderr through logging's last resort."""
+    attach()
+    with _lock:
+        for name in names:
+            if name not in _routed:
+                _routed.add(name)
+                logger = logging.getLogger(name)
+                logger.addHandler(logging.NullHandler())  # no file (a read-only home): silence
+                if _handler is not None:
+                    logger.addHandler(_handler)
+                logger.propagate = False  # the file is where they go, and only there
+
+
+def server_log(server: str) -> logging.Logger:
+    """The logger of one tool server's stderr lines (INFO, under ``localchat.tools.server``)."""
+    attach()
+    logging.getLogger(SERVER_LOGGER).setLevel(logging.INFO)
+    return logging.getLogger(f"{SERVER_LOGGER}.{server}")

@@ -2,7 +2,8 @@
 
 One function per directory; each creates its directory on first use. ``LOCALCHAT_HOME=DIR`` puts
 everything under one folder (tests, portable installs): ``DIR/config.toml``, ``DIR/models.toml``,
-``DIR/data``, ``DIR/cache``. Otherwise the platform's user dirs (platformdirs) are used.
+``DIR/mcp.json``, ``DIR/data``, ``DIR/cache``. Otherwise the platform's user dirs (platformdirs)
+are used.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ def config_file() -> Path:
 
 def user_registry_file() -> Path:
     return config_dir() / "models.toml"
+
+
+def mcp_config_file() -> Path:
+    """MCP servers, in the ``mcpServers`` format other apps use (localchat.tools reads it)."""
+    return config_dir() / "mcp.json"
 
 
 def models_dir() -> Path:

@@ -171,3 +171,14 @@ def greedy():
 
 # One real OpenAI-compatible server (llama_cpp.server on loopback) for the whole session.
 from remote_fixtures import llama_server  # noqa: E402,F401
+
+
+@pytest.fixture(scope="session")
+def serve_host(test_model_path):
+    """The model host of the ``localchat serve`` tests: the test model (n_ctx 1024) loaded once
+    for the session, its saved-state pool 64 MiB; each test's server runs over it."""
+    from serve_fixtures import loaded_host
+
+    host = loaded_host(test_model_path)
+    yield host
+    host.unload()

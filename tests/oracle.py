@@ -50,17 +50,22 @@ def reply_tokens(handle) -> tuple[list[int], Done]:
     return tokens, final
 
 
-def fresh_reply(oracle: Engine, messages: list[dict], n_tokens: int = N_COMPARED) -> list[int]:
+def fresh_reply(oracle: Engine, messages: list[dict], n_tokens: int = N_COMPARED,
+                sampling: Sampling = GREEDY) -> list[int]:
+    """The first ``n_tokens`` of the greedy reply to ``messages`` on an empty cache
+    (``sampling``: greedy with other settings, a constraint say)."""
     oracle.reset()
-    tokens, _ = reply_tokens(oracle.submit(messages, replace(GREEDY, max_tokens=max(N_COMPARED, n_tokens))))
+    wanted = replace(sampling, max_tokens=max(N_COMPARED, n_tokens))
+    tokens, _ = reply_tokens(oracle.submit(messages, wanted))
     oracle.reset()
     return tokens[:n_tokens]
 
 
-def assert_matches_fresh(cached: list[int], oracle: Engine, messages: list[dict]) -> None:
+def assert_matches_fresh(cached: list[int], oracle: Engine, messages: list[dict],
+                         sampling: Sampling = GREEDY) -> None:
     """``cached`` (a greedy reply's first tokens) is what a fresh prefill of ``messages`` gives,
     up to a near-tie flipped by batch-shape rounding."""
-    fresh = fresh_reply(oracle, messages, len(cached))
+    fresh = fresh_reply(oracle, messages, len(cached), sampling)
     if fresh == cached:
         return
     i = next((k for k, (a, b) in enumerate(zip(cached, fresh)) if a != b), min(len(cached), len(fresh)))
@@ -79,3 +84,28 @@ def take_back_last_exchange(chat: ChatContext) -> str:
     text = chat.history[last].content
     chat.rewind(last)
     return text
+
+
+def assert_text_matches_fresh(text: str, oracle: Engine, messages: list[dict],
+                              sampling: Sampling = GREEDY) -> None:
+    """``text`` (a greedy reply read through an API, which gives text, not token ids) is what a
+    fresh prefill of ``messages`` gives, up to a near-tie: where the texts part, the fresh
+    engine's top-2 margin at that token must be under NEAR_TIE."""
+    oracle.reset()
+    tokens, pieces = [], []
+    for event in oracle.submit(messages, sampling):
+        if isinstance(event, Token):
+            tokens.append(event.token_id)
+            pieces.append(event.text)
+    oracle.reset()
+    if "".join(pieces) == text:
+        return
+    shown, i = "", 0
+    while i < len(pieces) and text.startswith(shown + pieces[i]):
+        shown += pieces[i]
+        i += 1
+    logits = oracle.fresh_logits(messages, tokens[:i])
+    best, second = sorted(float(x) for x in logits[logits.argsort()[-2:]])[::-1]
+    assert best - second < NEAR_TIE, (
+        f"reply differs from a fresh prefill after {shown!r}: the fresh engine's choice there "
+        f"leads by {best - second:.3f} logits (served {text!r}, fresh {''.join(pieces)!r})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 
 import pytest
@@ -140,3 +141,18 @@ def test_precedence_is_config_then_registry_entry_then_flags():
     assert (sampling.seed, sampling.max_tokens, sampling.temperature) == (7, 64, 0.0)
     assert sampling_options(Settings()).seed == -1  # -1 in the file: random
     assert engine_options(spec, Settings()).n_ctx == 2048  # 0 in the file: the registry's
+
+
+def test_the_serve_section_is_checked_like_every_other(tmp_path):
+    from localchat.settings import SERVE_PORT
+
+    path = tmp_path / "config.toml"
+    assert load_config(path).serve.port == SERVE_PORT not in (11434, 1234, 8080, 8000)
+    path.write_text('[serve]\nport = 9000\ncors_origins = ["http://localhost:3000"]\n')
+    assert load_config(path).serve.cors_origins == ["http://localhost:3000"]
+    for text, says in (('[serve]\nport = 70000\n', "serve.port must be in [0, 65535]"),
+                       ('[serve]\ncors_origins = "x"\n', "must be a list of strings"),
+                       ('[serve]\ncache_ram = 1\n', "did you mean 'cache_ram_mib'?")):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            load_config(path)

@@ -310,3 +310,17 @@ def test_sampling_without_vocabulary_passes_picks_what_llama_cpp_s_chain_picks(e
         plain.close()
         llama_cpp.llama_sampler_free(chain)
         engine.reset()
+
+
+def test_frequency_and_presence_penalties_lower_recent_tokens_by_count_as_llama_cpp_does():
+    import numpy as np
+
+    from localchat.engine.runtime import apply_repeat_penalty
+
+    logits = np.array([2.0, -1.0, 3.0, 1.0], dtype=np.float32)
+    apply_repeat_penalty(logits, [0, 0, 1], 1.0, frequency=0.5, presence=0.25)
+    assert logits.tolist() == [2.0 - 2 * 0.5 - 0.25, -1.0 - 0.5 - 0.25, 3.0, 1.0]
+
+    logits = np.array([2.0, -1.0], dtype=np.float32)
+    apply_repeat_penalty(logits, [0, 1, 1], 2.0, frequency=0.5)  # the repeat penalty comes first
+    assert logits.tolist() == [2.0 / 2 - 0.5, -1.0 * 2 - 1.0]

@@ -124,6 +124,32 @@ def test_an_edit_of_an_earlier_turn_prefills_from_the_nearest_checkpoint(statefu
     assert done.timings.cache_n > 0
 
 
+def test_conversations_interleaved_through_a_state_pool_stay_exact(stateful):
+    """What ``localchat serve`` does: each turn takes the saved state that keeps the most of its
+    messages; for these memories a saved state carries its checkpoints, so an edit inside one
+    rolls back to them instead of prefilling from zero."""
+    from localchat.engine.state_pool import StatePool
+
+    engine, oracle = stateful
+    engine.reset()
+    pool = StatePool(256 * 1024**2)
+    conversations = [[{"role": "system", "content": SYSTEM},
+                      {"role": "user", "content": f"Tell me about {topic}."}]
+                     for topic in ("rivers", "stars")]
+    for turn in range(2):
+        for messages in conversations:
+            tokens, done = reply_tokens(engine.submit(messages, GREEDY, pool=pool))
+            assert_matches_fresh(tokens, oracle, messages)
+            if turn:  # its own state came back: only the new message was prefilled
+                assert done.timings.restore_ms > 0 and done.timings.prompt_n < 40
+            messages += [{"role": "assistant", "content": done.reply},
+                         {"role": "user", "content": "And then?"}]
+    edited = conversations[0][:3] + [{"role": "user", "content": "Something else."}]
+    tokens, done = reply_tokens(engine.submit(edited, GREEDY, pool=pool))
+    assert_matches_fresh(tokens, oracle, edited)
+    assert done.timings.cache_n > 0  # rolled back to a checkpoint of the saved state
+
+
 @pytest.mark.parametrize("shape", ["mamba-tiny", "lfm2-tiny", "gemma3-tiny"])
 def test_a_thirty_turn_chat_at_n_ctx_512_trims_by_rebuilding_and_stays_exact(synthetic_model, shape):
     path = synthetic_model(shape)

@@ -184,3 +184,39 @@ async def test_a_message_mentioning_a_file_is_prefilled_with_it_and_enter_evalua
     assert answer.timings.prompt_n <= 5  # only the reply header: the file was already in the cache
     assert answer.timings.cache_n > 300
     assert_matches_fresh(next(r for r in reversed(replies) if r), fresh, sent)
+
+
+async def test_format_makes_the_real_model_answer_in_the_schema_s_shape(test_model_path):
+    """``/format`` with a short form: the reply is drawn as a JSON block, parses, has the shape,
+    and is stored as it came; the next message, after ``/format off``, is free again (the small
+    model may well copy its JSON again: the grammar judged none of its tokens)."""
+    import json
+
+    from textual.widgets._markdown import MarkdownFence
+
+    from localchat.formats import read_schema
+    from localchat.formats.validate import schema_problem
+
+    with Store.open() as store:
+        app = LocalChatApp(
+            store=store,
+            engine_factory=lambda ref: Engine(test_model_path, EngineOptions(n_ctx=1024), name="smollm2-135m"),
+            sampling_factory=lambda: Sampling(temperature=0.0, max_tokens=120, seed=0),
+            list_models=list,
+        )
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.models.engine is not None, "the model to load", timeout=SLOW)
+            await send(pilot, "/format name, age int, city")
+            await send(pilot, "Describe a person.")
+            await wait_until(pilot, lambda: finished(app), "the answer", timeout=SLOW)
+            reply = app.chat_log.last_reply()
+            assert [f.lexer for f in reply.body.query(MarkdownFence)] == ["json"]
+            await send(pilot, "/format off")
+            await send(pilot, "Thanks!")
+            await wait_until(pilot, lambda: finished(app) and len(app.chat_log.messages()) == 4,
+                             "the second answer", timeout=SLOW)
+        turns = store.turns(store.last_session().id)
+    answer = json.loads(turns[1].content)
+    assert schema_problem(answer, read_schema("name, age int, city")) is None
+    assert turns[1].timings.constrained_n > 0
+    assert turns[3].content and turns[3].timings.constrained_n == 0  # free again

@@ -68,6 +68,30 @@ def load_script(path: Path | None, turns: int | None) -> tuple[str, list[str]]:
     return system, users[:turns] if turns else users
 
 
+def read_rows(path: Path, what: str, fields: tuple[str, ...]) -> list[tuple[int, dict]]:
+    """(line number, object) for each non-empty line of the JSONL file ``path`` (a prompt or
+    schema set: ``what``), each an object with ``fields``; one-line UserErrors otherwise."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or any(field not in row for field in fields):
+                raise ValueError
+        except ValueError:
+            shape = ", ".join(f'"{field}": ...' for field in fields)
+            raise UserError(f"{path}:{number}: expected {{{shape}}}") from None
+        rows.append((number, row))
+    if not rows:
+        raise UserError(f"{path} holds no {what.split()[-1]}s")
+    return rows
+
+
 def _variant(question: str, round_: int) -> str:
     return question if round_ == 0 else f"(Round {round_ + 1}) {question}"
 

@@ -14,7 +14,6 @@ the check costs this engine measured.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
 from dataclasses import replace
@@ -26,7 +25,7 @@ import numpy as np
 
 from localchat.bench.conversation import NEAR_TIE_LOGITS
 from localchat.bench.lookup_ceiling import lookup_ceiling
-from localchat.bench.script import run_turn
+from localchat.bench.script import read_rows, run_turn
 from localchat.bench.targets import speculative_targets
 from localchat.engine.engine import Engine
 from localchat.engine.factory import open_engine
@@ -48,24 +47,12 @@ def shipped_set() -> Path:
 
 def read_set(path: Path) -> list[tuple[str, str]]:
     """(kind, prompt) per line of a prompt set; a bad file is a one-line UserError."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read the prompt set: {exc.strerror or exc}") from None
     prompts = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            kind, prompt = row["kind"], row["prompt"]
-        except (ValueError, KeyError, TypeError):
-            raise UserError(f"{path}:{number}: expected {{\"kind\": ..., \"prompt\": ...}}") from None
+    for number, row in read_rows(path, "prompt set", ("kind", "prompt")):
+        kind, prompt = row["kind"], row["prompt"]
         if kind not in KINDS or not isinstance(prompt, str) or not prompt.strip():
             raise UserError(f"{path}:{number}: kind must be {' or '.join(KINDS)} and prompt a text")
         prompts.append((kind, prompt))
-    if not prompts:
-        raise UserError(f"{path} holds no prompts")
     return prompts
 
 

@@ -11,8 +11,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from localchat.commands import answer_shape
 from localchat.commands.ask_output import JsonEvents, PlainText
 from localchat.ending import ENDING_SIGNALS, Ended, detach_lost_terminal, exit_status, handled
+from localchat.errors import FormatError
 from localchat.events import Done, Failed, Notice, Turn
 
 if TYPE_CHECKING:
@@ -54,6 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--route", choices=("local", "remote", "auto"),
                    help="who answers: the local model, the configured remote, or decide by rules "
                    "and confidence (default: auto when [remote] is on, else local)")
+    answer_shape.add_flags(p)
     p.set_defaults(func=run)
 
 
@@ -70,12 +73,14 @@ def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
     from localchat.chat.escalation import Escalation
     from localchat.context.factory import open_chat
     from localchat.engine.factory import open_engine, sampling_options
+    from localchat.engine.options import shaped
     from localchat.errors import UserError
     from localchat.remote.escalate import Escalator
     from localchat.settings import load_config
 
     try:
         check_flags(args)
+        shape = out.answer_format = answer_shape.answer_format(args)
         prompt, notice = read_prompt(args.prompt)
         if notice:
             out.event(notice)
@@ -90,9 +95,14 @@ def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
         route: Route = args.route or ("auto" if escalator.client is not None else "local")
         overrides = {"n_ctx": args.n_ctx or None, "speculative": args.speculative,
                      "draft_model": args.draft_model}
+        if shape is not None and not shape.is_json and route == "remote":
+            raise FormatError("--grammar is followed by the local model only: it cannot be sent "
+                              "to the remote (--route remote)")
         engine = open_engine(args.model, config, **overrides)
-        sampling = sampling_options(config, **_sampling_flags(args))
+        sampling = shaped(sampling_options(config, **_sampling_flags(args)), shape)
         engine.load()
+        if shape is not None and not shape.is_json:
+            engine.check_grammar(shape.grammar)  # token names (<|im_end|>) need the vocabulary
         prompt = _with_files(prompt, args.file, engine, sampling)
         if args.n_ctx and engine.n_ctx != args.n_ctx:
             out.event(Notice(f"n_ctx {args.n_ctx} was rounded up to {engine.n_ctx} "
@@ -101,7 +111,7 @@ def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
             out.event(Notice(f"{engine.name} has no thinking switch; --think {sampling.thinking} "
                              "is ignored", kind="thinking"))
     except UserError as exc:
-        return out.error(str(exc))
+        return out.error(str(exc), exc.exit_code)
     try:
         with _stored_conversation(args.session, engine, config, args.system, sampling, out,
                                   escalator) as conversation:
@@ -120,7 +130,7 @@ def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
                 for notice in conversation.take_notices():
                     out.event(notice)
     except UserError as exc:
-        return out.error(str(exc))
+        return out.error(str(exc), exc.exit_code)
     finally:
         engine.close()
         escalator.close()
@@ -281,7 +291,7 @@ class Interruptions:
             return 1
         if self.signum is not None and self._out.user_stopped and final.finish_reason == "aborted":
             return exit_status(self.signum)
-        return 0
+        return 1 if self._out.shape_problem is not None else 0
 
     def stream(self, handle: Turn) -> Done | Failed:
         """Write each event of ``handle`` as it arrives; the turn's final event. A signal now

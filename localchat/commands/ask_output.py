@@ -4,8 +4,9 @@ stderr), or JSON Lines events with ``--json``."""
 from __future__ import annotations
 
 import json
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
+from localchat.commands import answer_shape
 from localchat.events import (
     Done,
     Event,
@@ -18,6 +19,9 @@ from localchat.events import (
     Token,
 )
 from localchat.terminal import raw, shows_styles, visible
+
+if TYPE_CHECKING:
+    from localchat.formats import AnswerFormat
 
 
 def _unread(shown: str, whole: str) -> str:
@@ -38,6 +42,10 @@ class PlainText:
         self.hide_thinking = hide_thinking
         self._thinking_open = False  # reasoning was written to stderr and not yet ended
         self.user_stopped = False  # Ctrl+C, SIGTERM or SIGHUP stopped it (ask.Interruptions)
+        # A shaped answer is held back and written whole at the end, on stdout only when it is
+        # complete and of its shape (``answer_shape.verdict``), else on stderr with why not.
+        self.answer_format: AnswerFormat | None = None
+        self.shape_problem: str | None = None
 
     def _write(self, text: str) -> None:
         self.stdout.write(text)
@@ -54,11 +62,14 @@ class PlainText:
             self.stderr.flush()
             self._thinking_open = False
         if isinstance(event, Token) and event.text:
-            self._write(event.text)
-            self._remote_text += event.text
-            self._unshown_reply = False
+            if self.answer_format is None:
+                self._write(event.text)
+                self._remote_text += event.text
+                self._unshown_reply = False
         elif isinstance(event, RouteChanged):
             self._route_changed(event)
+        elif isinstance(event, Done) and self.answer_format is not None:
+            self._shaped_done(event, self.answer_format)
         elif isinstance(event, Done):
             if self._unshown_reply and event.reply:
                 self._write(event.reply)
@@ -74,6 +85,19 @@ class PlainText:
             self.stderr.write(f"localchat: error: {event.message}\n")
         elif isinstance(event, Notice):
             self.stderr.write(f"localchat: {event.message}\n")
+
+    def _shaped_done(self, event: Done, answer_format: AnswerFormat) -> None:
+        self.shape_problem = answer_shape.verdict(answer_format, event)
+        if self.shape_problem is None:
+            self._write(event.answer + "\n")
+        else:
+            self.stderr.write(f"localchat: error: {self.shape_problem}\n")
+            if event.answer:
+                self.stderr.write(event.answer + "\n")
+        if event.finish_reason == "aborted" and self.user_stopped:
+            self.stderr.write("[stopped]\n")
+        self.stderr.write(summary_line(event.timings) + "\n")
+        self.stderr.flush()
 
     def _route_changed(self, event: RouteChanged) -> None:
         """Keep stdout honest when the reply changes hands: a local reply handed over part-way is
@@ -92,9 +116,9 @@ class PlainText:
         self._remote_text = ""
         self._unshown_reply = True
 
-    def error(self, message: str) -> int:
+    def error(self, message: str, code: int = 1) -> int:
         self.stderr.write(f"localchat: error: {message}\n")
-        return 1
+        return code
 
     def _write_thinking(self, text: str) -> None:
         """Reasoning goes to stderr, dimmed on a terminal that shows it, so stdout holds only the
@@ -128,6 +152,8 @@ class JsonEvents:
         self._superseded = ""  # the local partial reply set aside by a mid-reply escalation
         self.hide_thinking = hide_thinking
         self.user_stopped = False  # Ctrl+C, SIGTERM or SIGHUP stopped it (ask.Interruptions)
+        self.answer_format: AnswerFormat | None = None  # the done event says if the answer has it
+        self.shape_problem: str | None = None
 
     def _write(self, obj: dict) -> None:
         self.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
@@ -164,15 +190,21 @@ class JsonEvents:
             unread = _unread(self._remote_text, event.answer) if event.finish_reason == "aborted" else ""
             if unread:
                 self._write({"event": "token", "text": unread, "id": -1})
-            self._write({"event": "done", "finish_reason": event.finish_reason,
-                         "route": event.timings.route, "route_reason": event.timings.route_reason,
-                         "timings": event.timings.to_dict()})
+            done = {"event": "done", "finish_reason": event.finish_reason,
+                    "route": event.timings.route, "route_reason": event.timings.route_reason,
+                    "timings": event.timings.to_dict()}
+            if self.answer_format is not None:
+                self.shape_problem = answer_shape.verdict(self.answer_format, event)
+                done["format"] = {"name": self.answer_format.name,
+                                  "complete": self.shape_problem is None,
+                                  "problem": self.shape_problem}
+            self._write(done)
         elif isinstance(event, Failed):
             self._write({"event": "error", "message": event.message})
 
-    def error(self, message: str) -> int:
+    def error(self, message: str, code: int = 1) -> int:
         self._write({"event": "error", "message": message})
-        return 1
+        return code
 
 
 def summary_line(t: Timings) -> str:

@@ -48,13 +48,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="answer a prompt set (default: the shipped edit-style and prose "
                       "prompts) with speculative decoding off and on, interleaved: tokens/s "
                       "ratio, acceptance, exactness")
+    mode.add_argument("--schema", nargs="?", const="", metavar="SET.jsonl",
+                      help="answer a schema set (default: the shipped one) in its JSON shapes: "
+                      "validity, tok/s against the same reply unconstrained, side by side with "
+                      "llama-cpp-python's own response_format path on the same model")
+    p.add_argument("--no-compare", action="store_true",
+                   help="with --schema: skip llama-cpp-python's side")
+    mode.add_argument("--serve", action="store_true",
+                      help="start `localchat serve` and llama-cpp-python's server on the model and "
+                      "send both (and each --against server) the same interleaved conversations "
+                      "through the OpenAI API: TTFT per turn, cached share, tokens/s; also what "
+                      "HTTP adds over an in-process engine and 16 concurrent streams")
+    p.add_argument("--against", action="append", default=[], metavar="URL",
+                   help="with --serve: another OpenAI-compatible server on the same model "
+                   "(llama-server, Ollama), compared side by side (repeatable)")
+    p.add_argument("--conversations", type=int, default=4,
+                   help="with --serve: conversations interleaved (default 4)")
+    p.add_argument("--clients", type=int, default=16,
+                   help="with --serve: concurrent streaming clients (default 16)")
     p.add_argument("--spec-mode", choices=("auto", "ngram", "draft"),
                    help="with --speculative: what drafts (default: [engine] speculative, or auto)")
     p.add_argument("--draft-model", help="with --speculative: the draft model (registry name, "
                    "hf: reference or .gguf path)")
-    p.add_argument("--rounds", type=int, default=2,
-                   help="with --speculative: answers per prompt each way; with --tui --pty: "
-                   "alternating ask and app replies (default 2)")
+    p.add_argument("--rounds", type=int,
+                   help="with --speculative: answers per prompt each way; with --schema: answers "
+                   "per schema each way; with --tui --pty: alternating ask and app replies "
+                   "(default 2); with --serve: prompts answered in process and through serve "
+                   "(default 8)")
     p.add_argument("--no-exact", action="store_true",
                    help="with --speculative: skip answering the set again with bit-exact kernels "
                    "(flash attention on one CPU thread)")
@@ -80,9 +100,21 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.rules_only:
         raise UserError("--rules-only goes with --router")
+    if args.rounds is not None and args.rounds < 1:
+        raise UserError(f"--rounds must be at least 1, not {args.rounds}")
     if args.speculative is not None:
         report.show(_speculative(args), args.json, text=_print_speculative)
         return 0
+    if args.serve:
+        report.show(_serve(args), args.json, text=_print_serve)
+        return 0
+    if args.against:
+        raise UserError("--against goes with --serve")
+    if args.schema is not None:
+        report.show(_schema(args), args.json, text=_print_schema)
+        return 0
+    if args.no_compare:
+        raise UserError("--no-compare goes with --schema")
     if args.spec_mode or args.draft_model or args.no_exact:
         raise UserError("--spec-mode, --draft-model and --no-exact go with --speculative")
     if args.pty and args.tui is None:
@@ -121,17 +153,58 @@ def _speculative(args: argparse.Namespace) -> dict:
     from localchat.bench.speculative import measure_speculative, shipped_set
     from localchat.settings import load_config
 
-    if args.rounds < 1:
-        raise UserError(f"--rounds must be at least 1, not {args.rounds}")
     config = load_config()
     configured = config.engine.speculative
     mode = args.spec_mode or (configured if configured != "off" else "auto")
     path = Path(args.speculative) if args.speculative else shipped_set()
     return measure_speculative(args.model, config, path, mode=mode, draft_model=args.draft_model,
                                n_ctx=args.n_ctx, gpu_layers=_gpu_layers(args),
-                               max_tokens=args.max_tokens or 160, rounds=args.rounds,
+                               max_tokens=args.max_tokens or 160, rounds=args.rounds or 2,
                                say=report.progress(enabled=not args.json),
                                exact_pass=not args.no_exact)
+
+
+def _schema(args: argparse.Namespace) -> dict:
+    from localchat.bench import report
+    from localchat.bench.schema import measure_schemas, shipped_set
+    from localchat.models.registry import require_local, resolve_model
+    from localchat.settings import load_config
+
+    config = load_config()
+    spec = resolve_model(args.model or config.default_model)
+    path = Path(args.schema) if args.schema else shipped_set()
+    return measure_schemas(require_local(spec), spec.name, path, n_ctx=args.n_ctx,
+                           max_tokens=args.max_tokens or 400,
+                           repeat_penalty=config.sampling.repeat_penalty, rounds=args.rounds or 2,
+                           say=report.progress(enabled=not args.json),
+                           compare=not args.no_compare)
+
+
+def _print_schema(result: dict) -> None:
+    from localchat.bench.schema import print_schemas
+
+    print_schemas(result)
+
+
+def _serve(args: argparse.Namespace) -> dict:
+    from localchat.bench import report
+    from localchat.bench.serve import measure_serve
+    from localchat.settings import load_config
+
+    for flag, value in (("--conversations", args.conversations), ("--clients", args.clients),
+                        ("--turns", args.turns if args.turns is not None else 1)):
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1, not {value}")
+    return measure_serve(args.model, load_config(), conversations=args.conversations,
+                         turns=args.turns or 10, max_tokens=args.max_tokens or 32,
+                         n_ctx=args.n_ctx, against=args.against, rounds=args.rounds or 8,
+                         clients=args.clients, say=report.progress(enabled=not args.json))
+
+
+def _print_serve(result: dict) -> None:
+    from localchat.bench.serve import print_serve
+
+    print_serve(result)
 
 
 def _print_speculative(result: dict) -> None:
@@ -158,9 +231,7 @@ def _with_model_path(args: argparse.Namespace, max_tokens: int) -> dict:
     if args.pty:
         from localchat.bench.pty_app import measure_pty
 
-        if args.rounds < 1:
-            raise UserError(f"--rounds must be at least 1, not {args.rounds}")
-        return measure_pty(path, args.tui or 400, rounds=args.rounds, terminal=args.pty)
+        return measure_pty(path, args.tui or 400, rounds=args.rounds or 2, terminal=args.pty)
     from localchat.bench.app import measure_streaming_overhead
 
     return measure_streaming_overhead(path, args.tui or 1000)

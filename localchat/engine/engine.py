@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from localchat import logs
+from localchat.engine.constrain import TurnConstraint
 from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, plan_layout
 from localchat.engine.options import EngineOptions, Sampling
@@ -28,6 +29,7 @@ from localchat.engine.preflight import Preflight, preflight
 from localchat.engine.reuse import fill_cache
 from localchat.engine.runtime import LlamaRuntime
 from localchat.engine.speculate import Speculator, build_speculator, plan_speculation
+from localchat.engine.state_pool import StatePool, StateView
 from localchat.engine.templates import (
     Render,
     has_thinking_switch,
@@ -35,7 +37,7 @@ from localchat.engine.templates import (
     with_thinking,
 )
 from localchat.engine.turn import ReplyEvents, TurnClock, TurnHandle
-from localchat.errors import EngineError, UserError
+from localchat.errors import ContextOverflow, EngineError, FormatError, UserError
 from localchat.events import Done, Failed, Loaded, Notice, PrefillProgress, Timings
 from localchat.reasoning import prompt_opens_thinking
 
@@ -96,13 +98,19 @@ class Engine:
         return self._preflight
 
     def submit(
-        self, messages: list[dict[str, str]], sampling: Sampling | None = None, *, background: bool = False
+        self, messages: list[dict[str, str]], sampling: Sampling | None = None, *,
+        background: bool = False, pool: StatePool | None = None,
     ) -> TurnHandle:
         """Start a turn for ``messages`` (the whole conversation, newest user message last).
 
         A ``background`` turn (a summary, say) must only append to what the cache holds; when it
         ends, everything it added is removed again, and any later foreground turn stops it at
         once: the user's reply always wins.
+
+        With a ``pool`` (a server answering many conversations) the turn first takes the state
+        that keeps the most of ``messages``, the live one or a saved one (``state_pool``), and
+        saves the live one there if it would lose part of it; the messages are laid out exactly,
+        never by a trim shift (a client's own history is not this engine's to approximate).
         """
         handle = TurnHandle(on_stop=self._stop_handle)
         snapshot = [dict(m) for m in messages]
@@ -115,7 +123,8 @@ class Engine:
         if not background:
             for pending in waiting:  # queued or running: stopped before it costs the user time
                 pending.stop()
-        self._queue_turn(handle, lambda: self._run_turn(handle, snapshot, sampling or Sampling(), background))
+        self._queue_turn(handle, lambda: self._run_turn(handle, snapshot, sampling or Sampling(),
+                                                        background, pool))
         return handle
 
     def prepare(self, messages: list[dict[str, str]]) -> TurnHandle:
@@ -210,6 +219,13 @@ class Engine:
             self._background_jobs.remove(handle)
         if not self._background_jobs:
             self._idle.set()
+
+    def check_grammar(self, grammar: str, root: str = "root") -> None:
+        """FormatError unless llama.cpp parses ``grammar`` over this model's vocabulary (a token
+        named by its text must be one of the model's)."""
+        from localchat.engine.grammar import check_grammar
+
+        self.call(lambda: check_grammar(grammar, root, self._require_runtime().vocab))
 
     def reset(self) -> None:
         """Empty the KV cache (the next turn prefills everything, as a stateless server would)."""
@@ -315,6 +331,10 @@ class Engine:
     @property
     def n_ctx(self) -> int:
         return self._require_runtime().n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self._require_runtime().n_vocab
 
     @property
     def memory_kind(self) -> str:
@@ -438,18 +458,20 @@ class Engine:
                     self._speculator.request_abort()
 
     def _run_turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling,
-                  background: bool = False) -> None:
+                  background: bool = False, pool: StatePool | None = None) -> None:
         if background:
             self._run_job(handle, lambda: self._background_turn(handle, messages, sampling), True)
         else:
-            self._run_job(handle, lambda: self._foreground_turn(handle, messages, sampling), False)
+            self._run_job(handle, lambda: self._foreground_turn(handle, messages, sampling, pool),
+                          False)
 
-    def _foreground_turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling) -> None:
+    def _foreground_turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling,
+                         pool: StatePool | None = None) -> None:
         """A user's turn: first what the load could not set up (one line each), then the turn."""
         notices, self._notices = self._notices, []
         for notice in notices:
             handle.emit(notice)
-        self._turn(handle, messages, sampling)
+        self._turn(handle, messages, sampling, pool=pool)
 
     def _run_job(self, handle: TurnHandle, body: Callable[[], None], background: bool) -> None:
         """Run one turn-like job; it always ends its handle with Done or Failed."""
@@ -465,9 +487,9 @@ class Engine:
                 return
             body()
         except UserError as exc:
-            if not background and self._kv is not None:  # a background job put the cache back
-                self._kv.forget()
-            handle.emit(Failed(str(exc)))
+            if not background and self._kv is not None and not isinstance(exc, ContextOverflow):
+                self._kv.forget()  # a background job put the cache back; an overflow changed nothing
+            handle.emit(Failed(str(exc), code=getattr(exc, "code", "")))
         except Exception as exc:  # an engine bug must still end the turn for the UI
             if not background and self._kv is not None:
                 self._kv.forget()
@@ -514,41 +536,78 @@ class Engine:
             kv.put_back(saved)
 
     def _turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling,
-              layout: Layout | None = None) -> None:
+              layout: Layout | None = None, pool: StatePool | None = None) -> None:
         kv = self._require_kv()
         runtime = kv.runtime
         clock = TurnClock(handle.submitted_at)
         timings = Timings(model=self.name)
         if layout is None:
+            if pool is not None:
+                timings.restore_ms = self._take_best_state(pool, messages)
             render = with_thinking(self._render, sampling.thinking, self.supports_thinking)
             layout = plan_layout(kv.records, messages, render, runtime.tokenize,
-                                 allow_shift=runtime.can_shift)
+                                 allow_shift=runtime.can_shift and pool is None)
         self._check_fits(len(layout.tokens))
-        clock.prefill_start()
-        finished = self._fill(handle, layout, timings)
-        clock.prefill_end()
-        if not finished:
-            handle.emit(Done("", "aborted", self._timings(clock.fill(timings))))
+        inside = prompt_opens_thinking(layout.messages[-1].text)
+        try:  # before anything is prefilled: a grammar llama.cpp refuses ends the turn at once
+            constraint = self._new_constraint(sampling, inside)
+        except FormatError as exc:
+            handle.emit(Failed(str(exc)))
             return
+        try:
+            clock.prefill_start()
+            finished = self._fill(handle, layout, timings)
+            clock.prefill_end()
+            if not finished:
+                handle.emit(Done("", "aborted", self._timings(clock.fill(timings))))
+                return
 
-        # Reasoning streams as Thinking events, the answer as Tokens; the reply keeps both.
-        stream = ReplyEvents(handle, clock, inside=prompt_opens_thinking(layout.messages[-1].text))
-        confidence_tokens = self.options.confidence_tokens if self.options.track_confidence else 0
-        drafts = self._require_speculator().for_turn(sampling)
-        reply, finish = kv.generate(sampling, confidence_tokens,
-                                    lambda: handle.stop_requested, stream.token, drafts)
+            # Reasoning streams as Thinking events, the answer as Tokens; the reply keeps both.
+            stream = ReplyEvents(handle, clock, inside=inside)
+            confidence_tokens = self.options.confidence_tokens if self.options.track_confidence else 0
+            drafts = self._require_speculator().for_turn(sampling)
+            reply, finish = kv.generate(sampling, confidence_tokens, lambda: handle.stop_requested,
+                                        stream.token, drafts, constraint)
+        finally:
+            if constraint is not None:
+                constraint.close()
         if drafts is not None:
             timings.draft_n, timings.draft_n_accepted = drafts.draft_n, drafts.draft_n_accepted
+        if constraint is not None:
+            counts = constraint.counts
+            timings.constrained_n, timings.redrawn_n = counts.judged, counts.redrawn
+            timings.vocab_passes = counts.vocab_passes
         thinking = stream.finish()
         handle.emit(Done(reply, finish, self._timings(clock.fill(timings)), thinking))
+
+    def _new_constraint(self, sampling: Sampling, inside_reasoning: bool) -> TurnConstraint | None:
+        """The turn's TurnConstraint, None without one; FormatError when llama.cpp refuses its
+        grammar over this model's vocabulary."""
+        if sampling.constraint is None:
+            return None
+        return TurnConstraint(self._require_runtime(), sampling.constraint, inside_reasoning,
+                              sampling.top_k, sampling.greedy)
+
+    def _take_best_state(self, pool: StatePool, messages: list[dict]) -> float:
+        """Bring the live context to the state that keeps the most of ``messages`` (the live
+        one, or one from ``pool``, see ``state_pool``); the ms a restore took (0: none)."""
+        kv = self._require_kv()
+        rolls_back = kv.uses_checkpoints
+        live = StateView(kv.records, kv.exact_n,
+                         [c.n_tokens for c in kv.checkpoints] if rolls_back else None)
+        chosen = pool.swap(live, messages, rolls_back, lambda: kv.export(with_checkpoints=True))
+        if chosen is None:
+            return 0.0
+        try:
+            return kv.restore(chosen)
+        except EngineError:  # refused by llama.cpp: the cache is empty, the turn prefills it all
+            log.warning("a saved conversation state could not be restored", exc_info=True)
+            return 0.0
 
     def _check_fits(self, n_tokens: int) -> None:
         n_ctx = self._require_runtime().n_ctx
         if n_tokens >= n_ctx:
-            raise EngineError(
-                f"the conversation needs {n_tokens} tokens but the context holds {n_ctx}; "
-                "start a new chat or raise n_ctx"
-            )
+            raise ContextOverflow(n_tokens, n_ctx)
 
     def _fill(self, handle: TurnHandle, layout: Layout, timings: Timings,
               needs_logits: bool = True) -> bool:

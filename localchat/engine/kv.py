@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from localchat.engine.constrain import TurnConstraint
 from localchat.engine.layout import CachedMessage, Shift, without_partial
 from localchat.engine.options import Sampling
 from localchat.engine.runtime import DecodeAborted, LlamaRuntime, TokenStats, token_stats
@@ -219,11 +220,14 @@ class ConversationCache:
 
     def generate(self, sampling: Sampling, confidence_tokens: int, should_stop: Callable[[], bool],
                  on_token: Callable[[str, int, TokenStats | None], None],
-                 drafts: TurnDrafts | None = None) -> tuple[str, FinishReason]:
+                 drafts: TurnDrafts | None = None,
+                 constraint: TurnConstraint | None = None) -> tuple[str, FinishReason]:
         """Sample the reply into the open record; (reply text, finish reason). A token is only
         evaluated when the next one is needed, so the last sampled token is not in the cache.
         The first ``confidence_tokens`` tokens carry their TokenStats. With ``drafts``, drafted
-        tokens are checked in one decode each time (``verify``): the same reply, sooner."""
+        tokens are checked in one decode each time (``verify``): the same reply, sooner; a
+        drafted token the ``constraint`` rejects is never what the turn samples, so it ends
+        the draft."""
         runtime = self.runtime
         reply_record = self.records[-1]
         position = self.n_tokens
@@ -234,7 +238,7 @@ class ConversationCache:
         shown: list[str] = []
         sampled: list[bytes] = []
         evaluated_bytes = 0
-        sampler = runtime.new_sampler(sampling)
+        sampler = runtime.new_sampler(sampling, constraint)
         steps = ReplySteps(runtime, sampler, position, drafts, self.tokens, should_stop)
         finish: FinishReason = "length"
         token: int | None = None
@@ -244,8 +248,9 @@ class ConversationCache:
                 if runtime.is_end_of_generation(token):
                     finish = "stop"
                     break
-                stats = (token_stats(steps.logits(), token)
-                         if len(sampled) < confidence_tokens else None)
+                judged = len(sampled) < confidence_tokens and not (
+                    constraint is not None and constraint.redrew_last)
+                stats = token_stats(steps.logits(), token) if judged else None
                 piece = runtime.piece(token)
                 sampled.append(piece)
                 text = decoder.decode(piece)
@@ -318,8 +323,12 @@ class ConversationCache:
 
     # -- saving and restoring ------------------------------------------------------------------
 
-    def export(self) -> KVSnapshot:
-        return KVSnapshot(self.copy_records(), self.runtime.export_sequence(), self.exact_n)
+    def export(self, with_checkpoints: bool = False) -> KVSnapshot:
+        """The cells and their record; ``with_checkpoints``: the rollback states too (a snapshot
+        kept in RAM, restored later to serve a prefix of it)."""
+        checkpoints = [(c.n_tokens, c.data) for c in self.checkpoints] if with_checkpoints else []
+        return KVSnapshot(self.copy_records(), self.runtime.export_sequence(), self.exact_n,
+                          checkpoints)
 
     def restore(self, snapshot: KVSnapshot) -> float:
         """Load a snapshot; ms it took. EngineError (and an empty cache) if it does not fit."""
@@ -328,7 +337,8 @@ class ConversationCache:
             self.forget()
             raise EngineError("the saved context does not match this model; it will be rebuilt")
         self._set_records([replace(m, tokens=list(m.tokens)) for m in snapshot.records])
-        self.checkpoints = []
+        self.checkpoints = [Checkpoint(n, data) for n, data in snapshot.checkpoints
+                            if n <= snapshot.n_tokens] if self.uses_checkpoints else []
         self.checkpoint()
         self.exact_n = min(snapshot.exact_n, snapshot.n_tokens)
         return (time.perf_counter() - started) * 1000.0

@@ -9,9 +9,30 @@ schema's 0 means "the model's registry default", which only the factory knows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
+from localchat.formats import AnswerFormat
 from localchat.settings import EngineSection, GpuLayers, KvType, SamplingSection, Speculative
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A grammar the reply's answer must follow while it is sampled (``engine.constrain``).
+
+    ``grammar``: GBNF text, its start rule ``root``. Without triggers it applies from the
+    answer's first token (after any reasoning). With ``trigger_patterns`` (regular expressions
+    searched in the answer so far) or ``trigger_tokens`` (token ids) it is lazy, as llama.cpp's
+    ``llama_sampler_init_grammar_lazy_patterns``: the answer is free until one matches, and the
+    grammar applies from there (from the pattern's first non-empty capture group if it has one),
+    beginning with the matched text; a tool call is ``root ::= "<tool_call>" ...`` with the
+    trigger ``<tool_call>``.
+    """
+
+    grammar: str
+    root: str = "root"
+    trigger_patterns: tuple[str, ...] = ()
+    trigger_tokens: tuple[int, ...] = ()
 
 
 @dataclass
@@ -24,10 +45,31 @@ class Sampling:
     seed: int = SamplingSection.seed  # -1 (or any negative) = random
     max_tokens: int = SamplingSection.max_tokens
     thinking: str = SamplingSection.thinking  # one of THINKING_MODES (the TUI sets it from /think)
+    constraint: Constraint | None = None  # a grammar the answer must follow (per turn)
+    # The same shape as the remote is asked for it (OpenAI's response_format); None: a turn
+    # that has no shape, or one only the local model can give (a grammar: it stays local).
+    response_format: dict[str, Any] | None = None
+    # OpenAI's penalties (``localchat serve``): subtracted from the logit of each token among the
+    # last 64 sampled, per occurrence and once, as llama.cpp's penalties sampler does.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    # Tools the model may call this turn, as OpenAI's ``tools`` entries ({"type": "function",
+    # "function": {"name", "description", "parameters"}}), rendered with the model's template;
+    # ``tool_choice``: "auto", "none", "required" or a tool's name (OpenAI's meaning).
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str = "auto"
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+
+def shaped(sampling: Sampling, answer_format: AnswerFormat | None) -> Sampling:
+    """``sampling`` for answers in ``answer_format`` (None: answers as they come)."""
+    if answer_format is None:
+        return replace(sampling, constraint=None, response_format=None)
+    return replace(sampling, constraint=Constraint(answer_format.grammar),
+                   response_format=answer_format.response_format() if answer_format.is_json else None)
 
 
 @dataclass

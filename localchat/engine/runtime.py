@@ -12,17 +12,21 @@ import contextlib
 import ctypes
 import os
 import re
+import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.threads import ThreadGovernor
 from localchat.errors import EngineError
+
+if TYPE_CHECKING:
+    from localchat.engine.constrain import TurnConstraint
 
 _KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # GGML_TYPE_* values
 # llama.cpp allocates contexts in steps of 256 tokens (n_ctx 40 becomes 256, 300 becomes 512),
@@ -341,8 +345,10 @@ class LlamaRuntime:
             self._logits_address = address
         return self._logits_view
 
-    def new_sampler(self, sampling: Sampling) -> Sampler:
-        return Sampler(self._lib, sampling, self.ctx, self.logits_at)
+    def new_sampler(self, sampling: Sampling, constraint: TurnConstraint | None = None) -> Sampler:
+        """The turn's sampler; with ``constraint``, every token it draws is the grammar's to
+        judge (``engine.constrain``)."""
+        return Sampler(self._lib, sampling, self.ctx, self.logits_at, constraint)
 
     # -- KV cache -----------------------------------------------------------------------------
 
@@ -428,19 +434,27 @@ def _readable(data: bytes | memoryview) -> tuple[Any, np.ndarray]:
 PENALTY_WINDOW = 64
 
 
-def apply_repeat_penalty(logits: Any, recent: Iterable[int], penalty: float) -> None:
-    """llama.cpp's repeat penalty, in place: the logits of the ``recent`` tokens are divided by
-    ``penalty`` (multiplied where negative), each token once however often it recurs.
-    ``logits``: a numpy array or llama.cpp's float pointer.
+def apply_repeat_penalty(logits: Any, recent: Iterable[int], penalty: float,
+                         frequency: float = 0.0, presence: float = 0.0) -> None:
+    """llama.cpp's penalties sampler, in place: the logits of the ``recent`` tokens are divided
+    by ``penalty`` (multiplied where negative), each token once however often it recurs; then
+    ``frequency`` times its count in ``recent`` and ``presence`` are subtracted (OpenAI's
+    frequency and presence penalties, over llama.cpp's window). ``logits``: a numpy array or
+    llama.cpp's float pointer.
 
     A Python loop over at most PENALTY_WINDOW tokens: right after a decode (cold CPU caches)
     it takes ~10 us a token here, where numpy's gather, where and scatter took ~150 us. The
     arithmetic is llama.cpp's float32: the penalty rounded to a float32, then one double
     operation on two float32 values rounds to the same float32 as float32 arithmetic."""
     factor = float(np.float32(penalty))
-    for token in set(recent):
+    counts = collections.Counter(recent)
+    for token, count in counts.items():
         value = logits[token]
-        logits[token] = value * factor if value <= 0 else value / factor
+        if penalty != 1.0:
+            value = value * factor if value <= 0 else value / factor
+        if frequency or presence:
+            value -= count * frequency + presence
+        logits[token] = value
 
 
 class Sampler:
@@ -451,11 +465,17 @@ class Sampler:
     penalty is applied here to the few recently sampled tokens' logits, and greedy decoding is an
     argmax; only sampling with temperature runs llama.cpp's chain (top-k first, in C)."""
 
-    def __init__(self, lib, sampling: Sampling, ctx, logits: Callable[[int], np.ndarray]) -> None:
+    def __init__(self, lib, sampling: Sampling, ctx, logits: Callable[[int], np.ndarray],
+                 constraint: TurnConstraint | None = None) -> None:
         self._lib = lib
         self._ctx = ctx
         self._logits = logits
+        self._constraint = constraint
         self._penalty = sampling.repeat_penalty
+        self._frequency = sampling.frequency_penalty
+        self._presence = sampling.presence_penalty
+        self._penalized = (self._penalty != 1.0 or self._frequency != 0.0
+                           or self._presence != 0.0)
         self._recent: collections.deque[int] = collections.deque(maxlen=PENALTY_WINDOW)
         self._chain = None
         if not sampling.greedy:
@@ -473,15 +493,31 @@ class Sampler:
         last output; the repeat penalty edits them in place). A speculative check calls it once
         per position, in order, so the penalty window and the random draws are those of
         one-by-one decoding."""
-        if self._penalty != 1.0 and self._recent:
+        if self._penalized and self._recent:
             apply_repeat_penalty(self._lib.llama_get_logits_ith(self._ctx, index), self._recent,
-                                 self._penalty)
-        if self._chain is None:
-            token = int(self._logits(index).argmax())
-        else:
-            token = int(self._lib.llama_sampler_sample(self._chain, self._ctx, index))
+                                 self._penalty, self._frequency, self._presence)
+        token = self._draw(index)
+        if self._constraint is not None:
+            token = self._constraint.choose(token, self._logits(index),
+                                            lambda: self._draw(index), self._pick)
         self._recent.append(token)
         return token
+
+    def _draw(self, index: int) -> int:
+        if self._chain is None:
+            return int(self._logits(index).argmax())
+        return int(self._lib.llama_sampler_sample(self._chain, self._ctx, index))
+
+    def _pick(self, candidates: np.ndarray, by_logit: bool) -> int:
+        """The token this sampling draws among ``candidates`` (a TOKEN_DATA array; ``by_logit``:
+        sorted by descending logit): the best one, or the chain's draw."""
+        if self._chain is None:
+            return int(candidates["id"][0 if by_logit else int(candidates["logit"].argmax())])
+        lib = self._lib
+        array = lib.llama_token_data_array(candidates.ctypes.data_as(lib.llama_token_data_p),
+                                           len(candidates), -1, by_logit)
+        lib.llama_sampler_apply(self._chain, ctypes.byref(array))
+        return int(array.data[array.selected].id)
 
     def close(self) -> None:
         if self._chain is not None:
@@ -546,6 +582,32 @@ class _UnusedChatHandler:
             raise RuntimeError("the GGUF's chat template does not compile")
 
         return refuse
+
+
+@contextlib.contextmanager
+def llama_messages() -> Iterator[list[str]]:
+    """What llama.cpp says while the block runs, in the list yielded once the block ends: its
+    log lines and what it prints on stderr (its grammar parser writes there), so that a refusal
+    can be told to the user in its own words instead of reaching the terminal."""
+    _silence_llama_logs()
+    _recent_log.clear()
+    said: list[str] = []
+    with tempfile.TemporaryFile() as printed:
+        try:
+            saved = os.dup(2)
+        except OSError:
+            saved = -1
+        if saved >= 0:
+            os.dup2(printed.fileno(), 2)
+        try:
+            yield said
+        finally:
+            if saved >= 0:
+                os.dup2(saved, 2)
+                os.close(saved)
+            printed.seek(0)
+            said.extend(line.decode("utf-8", errors="replace").strip() for line in _recent_log)
+            said.extend(printed.read().decode("utf-8", errors="replace").splitlines())
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ import json
 import os
 import struct
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,14 @@ class KVSnapshot:
     records: list[CachedMessage]
     state: bytes | memoryview  # llama.cpp's sequence state, as exported or read from disk
     exact_n: int = 0  # leading cells computed in order (see engine.kv.ConversationCache)
+    # The rollback states of a memory that cannot drop cells, as (cells held, data): kept with a
+    # snapshot in RAM (engine.state_pool), never written to a file.
+    checkpoints: list[tuple[int, bytes]] = field(default_factory=list)
+
+    @property
+    def size_bytes(self) -> int:
+        """What the snapshot holds in memory (its llama.cpp state and checkpoints)."""
+        return len(self.state) + sum(len(data) for _, data in self.checkpoints)
 
     @property
     def n_tokens(self) -> int:

@@ -9,6 +9,10 @@ true or unset lets the model reason first, false makes the template write an emp
 so that it answers at once. ``render`` passes it only when asked to, so "auto" is the template's
 own default.
 
+``render`` also takes the tools the model may call (the template's own ``tools`` variable) and any
+other template variables; ``engine.tool_templates`` decides what to pass for a template that
+knows tools and what to write instead for one that does not.
+
 A render has a time limit (``RENDER_LIMIT_S``): a template that loops for ever (it is data from a
 downloaded file) fails with a one-line EngineError instead of hanging the turn or the app's
 model load; ``check_renders`` proves a template finishes on a small conversation at load.
@@ -16,7 +20,8 @@ model load; ``check_renders`` proves a template finishes on a small conversation
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from localchat.engine.deadline import DeadlineExceeded, within
 from localchat.errors import EngineError
@@ -52,7 +57,8 @@ NAMED_FORMATS: dict[str, str] = {
     ),
 }
 
-Render = Callable[..., str]  # (messages, add_generation_prompt, enable_thinking=None) -> prompt
+# (messages, add_generation_prompt, enable_thinking=None, tools=None, variables=None) -> prompt
+Render = Callable[..., str]
 
 
 def choose_template(
@@ -83,8 +89,9 @@ def has_thinking_switch(template: str) -> bool:
 
 
 def make_renderer(template: str, bos_token: str, eos_token: str) -> Render:
-    """``render(messages, add_generation_prompt, enable_thinking=None) -> str`` for one template;
-    ``enable_thinking`` None leaves the variable unset (the template's default)."""
+    """``render(messages, add_generation_prompt, enable_thinking=None, tools=None,
+    variables=None) -> str`` for one template; ``enable_thinking`` None leaves the variable unset
+    (the template's default), ``tools`` are OpenAI function specs, ``variables`` any others."""
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     try:
@@ -94,13 +101,16 @@ def make_renderer(template: str, bos_token: str, eos_token: str) -> Render:
         raise EngineError(f"the chat template does not parse: {exc}") from None
 
     def render(messages: list[dict], add_generation_prompt: bool,
-               enable_thinking: bool | None = None) -> str:
+               enable_thinking: bool | None = None, tools: list[dict] | None = None,
+               variables: Mapping[str, Any] | None = None) -> str:
         formatter = with_prompt if add_generation_prompt else without_prompt
-        extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        extra = dict(variables or {})
+        if enable_thinking is not None:
+            extra["enable_thinking"] = enable_thinking
         try:
             # llama-cpp-python passes extra keywords on to the template as variables.
-            return within(RENDER_LIMIT_S,
-                          lambda: formatter(messages=messages, **extra).prompt)  # type: ignore[arg-type]
+            return within(RENDER_LIMIT_S, lambda: formatter(
+                messages=messages, tools=tools, **extra).prompt)  # type: ignore[arg-type]
         except DeadlineExceeded:
             raise EngineError(f"the chat template did not finish rendering within {RENDER_LIMIT_S:g} s "
                               "(it loops); set a working chat_template or chat_format for this "

@@ -22,6 +22,11 @@ Contract of a :class:`RemoteTurn` (a ``localchat.events.Turn``):
   or an empty reply fail in one line that names what came, and are not retried.
 - A server that goes on past the request's ``max_tokens`` is cut there (``stream_checks``): what
   fits is kept, a ``Notice`` says so, and the turn ends with finish_reason "length".
+- A turn with an answer shape asks for it in the request (``response_format``: OpenAI's
+  ``json_schema``, or ``json_object`` for any JSON). A server that refuses ``json_schema`` by
+  name (llama-cpp-python's answers 500 "Input should be 'text' or 'json_object'") is asked again
+  at once in its older form, ``{"type": "json_object", "schema": ...}``, and so for the rest of
+  the session; that is not the turn's one retry. The answer is checked by whoever asked for it.
 - Every failure is one ``Failed`` line written for the user; it never contains the API key.
 - The circuit breaker learns the outcome of each turn (a stopped turn teaches it nothing).
 """
@@ -93,6 +98,10 @@ class RemoteClient:
             raise RemoteOff('the remote model is off: set [remote] mode = "ask" or "auto" and '
                             "base_url in config.toml")
         self.settings = settings
+        # Set once a server refused OpenAI's "json_schema" response_format and took the older
+        # {"type": "json_object", "schema": ...} (llama-cpp-python's server, Anyscale): the
+        # session's later turns ask in that form at once.
+        self.schema_dialect: str | None = None
         self.breaker = breaker or CircuitBreaker(
             settings.breaker_failures, settings.breaker_cooldown_s, base_url=settings.base_url)
         # No keep-alive: stop() must be able to shut a socket down at any moment, and httpcore
@@ -140,6 +149,9 @@ class RemoteClient:
             body["model"] = self.settings.model
         if sampling.seed >= 0:  # a negative seed is random
             body["seed"] = sampling.seed
+        if sampling.response_format is not None:
+            body["response_format"] = (sampling.response_format if self.schema_dialect is None
+                                       else schema_dialect(sampling.response_format))
         return body
 
     def _post_stream(self, body: dict[str, Any], trace: Callable[[str, dict], None]):
@@ -255,6 +267,13 @@ class RemoteTurn(TurnEnd):
         try:
             with self._client._post_stream(self._body, self._trace) as response:
                 if not response.is_success:
+                    failure = self._status_failure(response)
+                    if not self._asks_in_another_dialect(response.status_code, str(failure)):
+                        raise failure
+                else:
+                    return self._read_stream(response)
+            with self._client._post_stream(self._body, self._trace) as response:
+                if not response.is_success:
                     raise self._status_failure(response)
                 return self._read_stream(response)
         except httpx.TimeoutException as exc:
@@ -268,6 +287,18 @@ class RemoteTurn(TurnEnd):
             raise _AttemptFailed(f"connection to the remote dropped: {failures.reason(exc)}", True) from None
         except httpx.HTTPError as exc:
             raise _AttemptFailed(f"remote request failed: {failures.reason(exc)}", False) from None
+
+    def _asks_in_another_dialect(self, status: int, message: str) -> bool:
+        """After a refusal that names the json_schema response_format: the body now asks for
+        the schema in the older json_object form (True), to be sent at once. Once per turn."""
+        asked = self._body.get("response_format")
+        if (not isinstance(asked, dict) or asked.get("type") != "json_schema" or status < 400
+                or not any(word in message for word in ("response_format", "json_schema"))):
+            return False
+        self._body = {**self._body, "response_format": schema_dialect(asked)}
+        self._client.schema_dialect = "json_object"
+        log.info("the remote refused response_format json_schema; asking with json_object")
+        return True
 
     def _read_stream(self, response: httpx.Response) -> Done:
         where = self._client.where
@@ -394,6 +425,15 @@ class RemoteTurn(TurnEnd):
     def _redact(self, message: str) -> str:
         key = self._client.settings.api_key()
         return message.replace(key, "***") if key else message
+
+
+def schema_dialect(response_format: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's ``{"type": "json_schema", "json_schema": {"schema": S}}`` as the older
+    ``{"type": "json_object", "schema": S}`` that llama-cpp-python's server takes."""
+    schema = (response_format.get("json_schema") or {}).get("schema")
+    if response_format.get("type") != "json_schema" or schema is None:
+        return response_format
+    return {"type": "json_object", "schema": schema}
 
 
 def _shut(sock: socket.socket) -> None:

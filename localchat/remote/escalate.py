@@ -20,6 +20,9 @@ events:
 - Notice kinds: ``breaker`` (remote marked down: automatic escalation skipped), ``offer``
   (mode ``ask`` with no way to ask: the remote could do better), ``retry`` (from the client).
 
+A turn whose answer must follow a GBNF grammar stays local (no remote takes one; a JSON shape
+travels as ``response_format``), and a forced remote one fails in one line.
+
 Rules kept here: with mode ``off`` or no ``base_url`` there is no client at all; a failed
 *automatic* escalation falls back to the local reply with a notice, never to another remote and
 never silently; a *user-forced* remote turn that fails ends in ``Failed`` (one line).
@@ -45,6 +48,8 @@ from localchat.settings.remote import RemoteSettings
 
 Route = Literal["local", "remote", "auto"]
 BREAKER_FILE = "remote_breaker.json"
+GRAMMAR_STAYS_LOCAL = ("this answer follows a grammar, which only the local model can be held to; "
+                       "it cannot be sent to the remote")
 
 
 AskUser = Callable[[str], bool]
@@ -145,9 +150,21 @@ class EscalatedTurn(TurnEnd):
     def _events(self) -> Iterator[Event]:
         if self._route == "local":
             return self._local("user: local", watch=False)
+        if self._local_only_shape():
+            if self._route == "remote":
+                return self._refused(GRAMMAR_STAYS_LOCAL)
+            return self._local("local: a grammar only the local model follows", watch=False)
         if self._route == "remote":
             return self._forced_remote()
         return self._auto()
+
+    def _local_only_shape(self) -> bool:
+        """The answer must follow a grammar no remote can be asked for (a GBNF one)."""
+        return self._sampling.constraint is not None and self._sampling.response_format is None
+
+    def _refused(self, message: str) -> Iterator[Event]:
+        self.outcome = TurnOutcome("remote", "user: remote")
+        yield Failed(message)
 
     def stop(self) -> None:
         """Stop whichever reply is running; no escalation starts after this."""

@@ -10,15 +10,17 @@ A missing file means all defaults. The file only needs the keys a user wants to 
 
 The frozen dataclasses below are the schema, one per section: a field is a key the section
 accepts, its annotation the type a value must have (a ``Literal`` lists the words allowed) and
-its default the value used when the file is silent. ``[remote]`` (with ``[remote.router]`` and
+its default the value used when the file is silent (``tuple[str, ...]`` is a TOML array of
+strings, ``dict[str, tuple[str, ...]]`` a table of them). ``[tools]`` is
+:class:`~localchat.settings.tools.ToolsSettings`. ``[remote]`` (with ``[remote.router]`` and
 ``[remote.confidence]``) is :class:`~localchat.settings.remote.RemoteSettings`, which the remote
 package takes as it is; the engine and the session take their own runtime objects, built from
 these sections by ``engine.factory`` and ``session.factory``.
 
-This package is the bottom layer: it imports nothing from the rest of localchat but ``paths``
-and ``errors``. The words a setting allows (``KvType``, ``Thinking``, ``GpuLayers``,
-``OverlongPolicy``) are defined here and read by the engine and the session, so each setting's
-type, default and range has one home.
+This package is the bottom layer: it imports nothing from the rest of localchat but ``paths``,
+``errors`` and (to save a choice in config.toml) ``atomic``. The words a setting allows
+(``KvType``, ``Thinking``, ``GpuLayers``, ``OverlongPolicy``) are defined here and read by the
+engine and the session, so each setting's type, default and range has one home.
 
 :func:`load_config` reads the file once into a :class:`Settings` and is the only place values
 are checked: a malformed file, a value of the wrong type or out of range, and an unknown section
@@ -45,6 +47,7 @@ from localchat import paths
 from localchat.errors import ConfigError, UserError
 from localchat.settings.remote import RemoteSettings
 from localchat.settings.toml import find_line, read_toml_file, settings_file_present
+from localchat.settings.tools import ToolsSettings, builtins_problem
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -125,6 +128,27 @@ class SnapshotsSection:
     max_bytes: int = 2 * 1024**3  # disk cap; least recently used go first
 
 
+# localchat serve's port: none of Ollama (11434), LM Studio (1234), llama-server and Open WebUI
+# (8080), llama-cpp-python's server and vLLM (8000), Open WebUI's dev port (3000), Jan (1337),
+# KoboldCpp (5001), text-generation-webui (5000, 7860), GPT4All (4891) or Jupyter (8888) uses it,
+# so serve runs beside any of them.
+SERVE_PORT = 8642
+
+
+@dataclass(frozen=True)
+class ServeSection:
+    """``[serve]``: ``localchat serve``, the OpenAI and Ollama APIs (flags override each)."""
+
+    host: str = "127.0.0.1"  # loopback only; another address warns unless a key is set
+    port: int = SERVE_PORT
+    cache_ram_mib: int = 2048  # saved conversation states in RAM (0: only the live context)
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed (CORS)
+    max_queue: int = 64  # requests waiting beyond the running one; more get 503 + Retry-After
+    max_body_bytes: int = 8 * 1024**2  # a larger request body gets 413
+    request_timeout_s: float = 10.0  # a request's head and body must arrive within this
+    idle_timeout_s: float = 60.0  # an idle keep-alive connection is closed after this
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything ``config.toml`` can set, with the defaults filled in. Immutable."""
@@ -135,6 +159,8 @@ class Settings:
     context: ContextSection = field(default_factory=ContextSection)
     remote: RemoteSettings = field(default_factory=RemoteSettings)
     snapshots: SnapshotsSection = field(default_factory=SnapshotsSection)
+    serve: ServeSection = field(default_factory=ServeSection)
+    tools: ToolsSettings = field(default_factory=ToolsSettings)
 
 
 def load_config(path: Path | None = None) -> Settings:
@@ -232,6 +258,13 @@ _LIMITS: dict[str, Callable[[Any], str | None]] = {
     "context.summary_max_tokens": Limit(low=0),
     "context.summarize_threshold": Limit(low=0, high=1, low_open=True),
     "snapshots.max_bytes": Limit(low=0),
+    "serve.host": lambda host: None if host.strip() else "must be a host name or address",
+    "serve.port": Limit(low=0, high=65535, note="0 picks a free one"),
+    "serve.cache_ram_mib": Limit(low=0, note="0 keeps only the live context"),
+    "serve.max_queue": Limit(low=0),
+    "serve.max_body_bytes": Limit(low=1024),
+    "serve.request_timeout_s": _POSITIVE,
+    "serve.idle_timeout_s": _POSITIVE,
     "remote.base_url": lambda url: url_problem(url) if url else None,
     "remote.timeout_s": _POSITIVE,
     "remote.max_context_tokens": Limit(low=256),
@@ -243,6 +276,11 @@ _LIMITS: dict[str, Callable[[Any], str | None]] = {
     "remote.confidence.min_margin": _FRACTION,
     "remote.confidence.quantile": Limit(low=0, high=1, low_open=True, high_open=True),
     "remote.confidence.low_prob": _FRACTION,
+    "tools.builtins": builtins_problem,
+    "tools.max_rounds": Limit(low=1),
+    "tools.timeout_s": _POSITIVE,
+    "tools.max_result_chars": Limit(low=0, note="0 sizes it to the model's context"),
+    "tools.start_timeout_s": _POSITIVE,
 }
 
 
@@ -343,6 +381,7 @@ def _checked(dotted: str, value: Any, kind: Any, table: str, key: str, source: _
         raise source.error(table, key, f"{dotted} must be {_describe(kind)}, not {value!r}")
     if isinstance(value, int) and not isinstance(value, bool) and not _accepts_int(kind):
         value = float(value)
+    value = _frozen(value)
     problem = check_setting(dotted, value)
     if problem:
         shown = f", not {value!r}" if problem.startswith("must") else ""
@@ -357,9 +396,26 @@ def _alternatives(kind: Any) -> tuple[Any, ...]:
     return (kind,)
 
 
+def _frozen(value: Any) -> Any:
+    """TOML arrays as tuples (settings are immutable), inside tables too."""
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(value, dict):
+        return {key: _frozen(item) for key, item in value.items()}
+    return value
+
+
 def _accepts(kind: Any, value: Any) -> bool:
     for alternative in _alternatives(kind):
-        if get_origin(alternative) is Literal:
+        origin = get_origin(alternative)
+        if origin is tuple:  # tuple[str, ...]: an array of strings
+            if isinstance(value, list) and all(isinstance(item, str) for item in value):
+                return True
+        elif origin is dict:  # dict[str, tuple[str, ...]]: a table of such arrays
+            if isinstance(value, dict) and all(_accepts(get_args(alternative)[1], item)
+                                               for item in value.values()):
+                return True
+        elif origin is Literal:
             if isinstance(value, str) and value in get_args(alternative):
                 return True
         elif alternative is float:
@@ -383,7 +439,11 @@ _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "tru
 def _describe(kind: Any) -> str:
     words: list[str] = []
     for alternative in _alternatives(kind):
-        if get_origin(alternative) is Literal:
+        if get_origin(alternative) is tuple:
+            words.append("a list of strings")
+        elif get_origin(alternative) is dict:
+            words.append("a table of lists of strings")
+        elif get_origin(alternative) is Literal:
             words.extend(f'"{choice}"' for choice in get_args(alternative))
         else:
             words.append(_TYPE_NAMES.get(alternative, getattr(alternative, "__name__", "?")))

@@ -21,6 +21,7 @@ from textual.widgets import Static
 from localchat.events import Timings
 from localchat.reasoning import split_reply
 from localchat.store import TurnRecord
+from localchat.tui.json_block import STREAMING_FENCE, as_markdown
 from localchat.tui.laid_out_once import LaidOutOnce
 from localchat.tui.live_markdown import LiveMarkdown
 from localchat.tui.pictures import Picture
@@ -107,9 +108,11 @@ class ReplyView(LaidOutOnce, Vertical):
     def __init__(self, text: str = "", caption: str = "", *, stopped: bool = False, finished: bool = True,
                  thinking: str = "", show_thinking: bool = False) -> None:
         super().__init__(classes="-stopped" if stopped else "")
-        self._initial = text
+        self._initial = as_markdown(text)  # a stored reply that is JSON: a JSON block
         self._caption = caption
         self.text = text  # the answer (reasoning, if any, is in the thinking block)
+        self.json_block = False  # the answer of a /format turn: shown as JSON from its start
+        self._fenced = False  # the streaming body has the JSON block's opening fence
         self.finished = finished  # False while it streams
         self.show_thinking = show_thinking  # keep the reasoning open when the answer starts
         self._thinking = ThinkingBlock(thinking, expanded=show_thinking) if thinking else None
@@ -138,6 +141,9 @@ class ReplyView(LaidOutOnce, Vertical):
     async def append(self, fragment: str) -> None:
         if self._thinking is not None and self._thinking.streaming:
             self._thinking.answer_started(keep_open=self.show_thinking)
+        if self.json_block and not self._fenced:
+            self._fenced = True
+            await self.body.feed(STREAMING_FENCE + "json\n")
         self.text += fragment
         await self.body.feed(fragment)
 
@@ -152,6 +158,7 @@ class ReplyView(LaidOutOnce, Vertical):
         if self.text.strip():
             await self.mount(SupersededReply(self.text, reason), before=self.body)
         self.text = ""
+        self._fenced = False
         await self.body.reset()
 
     async def unsupersede(self) -> None:
@@ -160,6 +167,7 @@ class ReplyView(LaidOutOnce, Vertical):
         copy goes too."""
         await self.query(SupersededReply).remove()
         self.text = ""
+        self._fenced = False
         await self.body.reset()
 
     async def finish(self, reply: str, caption: str, *, stopped: bool, thinking: str = "",
@@ -172,13 +180,14 @@ class ReplyView(LaidOutOnce, Vertical):
         if self._thinking is not None:
             self._thinking.finish(thinking, timings, stopped=stopped, keep_open=self.show_thinking)
         self.text = reply
-        await self.body.finish(reply)
+        await self.body.finish(as_markdown(reply, json_block=self.json_block))
         self.set_class(stopped, "-stopped")
         self.query_one(".caption", Static).update(caption)
         self.finished = True
 
     async def fail(self, message: str) -> None:
-        await self.body.finish(self.text)  # the partial reply stays, drawn whole
+        # The partial reply stays, drawn whole.
+        await self.body.finish(as_markdown(self.text, json_block=self.json_block))
         self.add_class("-failed")
         self.query_one(".caption", Static).update(f"✖ {message}")
         self.finished = True

@@ -185,6 +185,9 @@ class Commands:
     async def _help(self, argument: str) -> None:
         self.show_help()
 
+    async def _format(self, argument: str) -> None:
+        self._app.notify(self._app.models.set_format(argument))
+
     async def _think(self, argument: str) -> None:
         self._app.notify(self._app.models.set_thinking(argument.lower()))
 
@@ -219,6 +222,13 @@ class Commands:
         prompt.focus()
 
 
+def format_words(typed: str, choices: Choices) -> list[Completion]:
+    """``/format``'s argument: its keywords (a schema or a file is typed out)."""
+    words = (("json", "any JSON object"), ("off", "answers as the model writes them"))
+    return [Completion(f"/format {word}", word, about) for word, about in words
+            if word.startswith(typed.strip().lower())]
+
+
 def model_names(typed: str, choices: Choices) -> list[Completion]:
     """``/model``'s argument: the known models starting with ``typed`` (one not downloaded says
     how to get it)."""
@@ -247,6 +257,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("stats", "TTFT and TPOT of this session's replies as sparklines; p50/p95 per model",
             Commands._stats),
     Command("summary", "Show the summary of turns trimmed from the context", Commands._summary),
+    Command("format", "Answers in a shape from the next message: any JSON object, a JSON Schema "
+            "(its text, a .json file, or 'name, age int'), a .gbnf grammar; off; no argument shows "
+            "it", Commands._format, "json|SCHEMA|FILE.gbnf|off", complete=format_words),
     Command("think", "Thinking switch for models that have one: on, off or auto (the model's "
             "default); no argument shows it", Commands._think, "on|off|auto"),
     Command("big", "Send this message to the remote large model ([remote] in config.toml)",

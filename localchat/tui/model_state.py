@@ -20,6 +20,7 @@ from localchat.tui.messages import ModelFailed, ModelLoading, ModelReady
 if TYPE_CHECKING:
     from localchat.engine.options import Sampling
     from localchat.events import Loaded
+    from localchat.formats import AnswerFormat
     from localchat.tui.app import LocalChatApp
 
 
@@ -66,6 +67,7 @@ class ModelState:
         self.engine: AppEngine | None = None
         self.sampling: Sampling | None = None
         self.thinking_mode = ""
+        self.answer_format: AnswerFormat | None = None  # /format: the shape asked of answers
         self.loading: str | None = None
         self.error = ""
 
@@ -144,6 +146,10 @@ class ModelState:
 
             self.sampling = self.sampling or Sampling()
             self.sampling.thinking = self.thinking_mode
+        if self.answer_format is not None:  # and so does /format
+            from localchat.engine.options import Sampling, shaped
+
+            self.sampling = shaped(self.sampling or Sampling(), self.answer_format)
         app.status.info.show_loaded(message.loaded)
         app.set_state("idle")
         if app.conversation is not None:
@@ -172,6 +178,37 @@ class ModelState:
         """At unmount: the loaded model's memory is freed."""
         if self.engine is not None:
             self.engine.close()
+
+    def set_format(self, argument: str) -> str:
+        """``/format json | SCHEMA | FILE.gbnf | off``: the shape of the answers from the next
+        message on (no argument: says which it is); the line to show the user."""
+        from localchat.engine.options import Sampling, shaped
+        from localchat.formats import json_format, read_schema, schema_format
+
+        text = argument.strip()
+        if not text:
+            return (f"Answers: {self.answer_format.name}." if self.answer_format is not None
+                    else "Answers: as the model writes them (/format json | SCHEMA | FILE.gbnf).")
+        if text.lower() == "off":
+            shape = None
+        elif text.lower() == "json":
+            shape = json_format()
+        elif text.endswith(".gbnf"):
+            from localchat.engine.grammar import grammar_file
+
+            shape = grammar_file(text)
+        else:
+            shape = schema_format(read_schema(text))
+        self.answer_format = shape
+        self.sampling = shaped(self.sampling or Sampling(), shape)
+        chat = self._app.conversation.chat if self._app.conversation is not None else None
+        if chat is not None:
+            chat.sampling = shaped(chat.sampling, shape)
+        self._app.status.info.answer_format = shape.name if shape is not None else ""
+        self._app.status.refresh()
+        if shape is None:
+            return "Answers as the model writes them from the next message."
+        return f"Answers in the shape {shape.name} from the next message."
 
     def set_thinking(self, mode: str) -> str:
         """``/think MODE``: set the thinking switch for the next turns; the line to show the user."""

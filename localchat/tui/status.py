@@ -6,6 +6,8 @@ whole, down to the model, the state, TTFT and TPOT at 40 columns)::
     smollm2-135m · CPU │ generating │ ctx 412/4096 ▮▯▯▯▯▯▯▯ 10% │ local
     TTFT 182 ms │ TPOT 11.4 ms │ 87.7 tok/s │ reused 310 · new 24
 
+After ``/format`` the first line ends with the shape asked of answers (``│ schema {name, age}``).
+
 A thinking model's reply also shows when its answer began: ``TTFT 180 ms · answer 4.2 s``.
 While a reply streams, TTFT/TPOT/tok/s are measured here as tokens arrive; when it ends they are
 replaced by the engine's own timings (``Done.timings``), which are the authoritative numbers.
@@ -39,6 +41,7 @@ class StatusInfo:
     n_ctx: int = 0
     route: str = "local"
     draft_acceptance: float | None = None  # share of drafted tokens accepted (speculation)
+    answer_format: str = ""  # /format's shape ("json", "schema {name, age}"); "" = none
 
     def show_loaded(self, loaded: Loaded) -> None:
         self.model, self.backend, self.n_ctx = loaded.model, backend_label(loaded), loaded.n_ctx
@@ -128,8 +131,11 @@ def _first_line(info: StatusInfo, width: int) -> str:
     model = info.model or "no model"
     fields = {"model": f"{model} · {info.backend}" if info.backend else model, "state": info.state,
               "context": context[0], "route": info.route}
-    kept = _fitted(fields, [("context", context[1]), ("model", model), ("route", None),
-                            ("context", context[2]), ("context", None)], width)
+    if info.answer_format:  # the shape asked of answers: kept longest after model and state
+        fields["format"] = info.answer_format
+    kind = info.answer_format.split(" ")[0]  # "schema {name, age}" -> "schema"
+    kept = _fitted(fields, [("context", context[1]), ("format", kind), ("model", model),
+                            ("route", None), ("context", context[2]), ("context", None)], width)
     rest = SEPARATOR + SEPARATOR.join(v for k, v in kept.items() if k != "model")
     return _fit(_fit(kept["model"], max(12, width - len(rest))) + rest, width)
 

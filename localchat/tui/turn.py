@@ -31,6 +31,7 @@ from localchat.tui.status import LiveMeter, StatusInfo
 
 if TYPE_CHECKING:
     from localchat.events import Turn
+    from localchat.formats import AnswerFormat
     from localchat.tui.app import LocalChatApp
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class ActiveTurn:
     meter: LiveMeter
     context_before: int = 0  # tokens in context when the turn started (for the live estimate)
     prefill_total: int = 0
+    shape: AnswerFormat | None = None  # /format's when it was sent: its answer is checked
     handle: Turn | None = None
     stop_requested: bool = False
 
@@ -179,7 +181,7 @@ class Turns:
 
         mailbox = TurnMailbox(wake)
         turn = ActiveTurn(turn_id, conversation, None, mailbox, LiveMeter(),
-                          context_before=app.status.info.n_ctx_used)
+                          context_before=app.status.info.n_ctx_used, shape=app.models.answer_format)
         self.current = turn
         app.set_state("prefilling")
         # The model starts first: mounting the prompt and its empty reply takes tens of ms of UI
@@ -189,6 +191,7 @@ class Turns:
         await asyncio.sleep(0)  # lets the worker's task hand the turn to its thread now
         turn.reply = await app.chat_log.add_prompt(text)
         turn.reply.body.slack_rows = self.pacer.budget.slack_rows
+        turn.reply.json_block = turn.shape is not None and turn.shape.is_json
 
     def _answered_by(self, route: str) -> None:
         """The reply now comes from ``route`` (a send's, or a hand-over's): the frames' budget,
@@ -285,7 +288,10 @@ class Turns:
             model = done.timings.model or app.status.info.model
             await turn.reply.finish(done.answer, reply_caption(model, done.timings, stopped=stopped),
                                     stopped=stopped, thinking=done.thinking, timings=done.timings)
-        if done.finish_reason == "length":
+        problem = turn.shape.verdict(done.answer, done.finish_reason) if turn.shape else None
+        if problem is not None:
+            app.notify(problem[0].upper() + problem[1:] + ".", severity="warning", timeout=10)
+        elif done.finish_reason == "length":
             app.notify("The reply reached the max_tokens limit.", severity="warning")
         if not stopped:
             app.withdraw_notices("turn")  # an earlier failure no longer applies

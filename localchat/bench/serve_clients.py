@@ -1,0 +1,202 @@
+"""What ``bench --serve`` drives: OpenAI-compatible servers (``localchat serve`` and
+llama-cpp-python's server started here, any other at a URL) and one streamed chat request timed
+as a client sees it.
+
+``stream_chat`` sends one ``/v1/chat/completions`` request with ``stream: true`` and
+``include_usage`` and reads the SSE stream: TTFT is the time from sending to the first chunk
+with text (answer or reasoning), decode speed the text chunks after the first over the time
+they took, and the cached tokens come from ``usage.prompt_tokens_details.cached_tokens`` or
+llama-server's ``timings.cache_n`` (None when the server reports neither).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from localchat.errors import UserError
+
+
+@dataclass
+class Answer:
+    """One streamed request as the client saw it."""
+
+    text: str = ""
+    ttft_ms: float | None = None
+    decode_tps: float | None = None  # text chunks per second after the first
+    completion_tokens: int = 0
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reason: str | None = None
+    done: bool = False  # data: [DONE] arrived
+    error: str | None = None
+    ended_at: float = 0.0
+
+    @property
+    def complete(self) -> bool:
+        return self.done and self.finish_reason in ("stop", "length") and self.error is None
+
+
+def stream_chat(client: httpx.Client, base_url: str, body: dict[str, Any]) -> Answer:
+    answer = Answer()
+    times: list[float] = []
+    pieces: list[str] = []
+    started = time.perf_counter()
+    try:
+        with client.stream("POST", base_url.rstrip("/") + "/v1/chat/completions",
+                           json={**body, "stream": True, "stream_options": {"include_usage": True}}
+                           ) as response:
+            if response.status_code != 200:
+                answer.error = f"HTTP {response.status_code}: {response.read()[:200]!r}"
+                return answer
+            for line in response.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    answer.done = True
+                    break
+                _read_chunk(json.loads(payload), answer, times, pieces)
+    except (httpx.HTTPError, ValueError) as exc:
+        answer.error = f"{type(exc).__name__}: {exc}"
+    answer.ended_at = time.perf_counter()
+    answer.text = "".join(pieces)
+    if times:
+        answer.ttft_ms = (times[0] - started) * 1000.0
+        if len(times) > 1 and times[-1] > times[0]:
+            answer.decode_tps = (len(times) - 1) / (times[-1] - times[0])
+    answer.completion_tokens = answer.completion_tokens or len(times)
+    return answer
+
+
+def _read_chunk(chunk: dict[str, Any], answer: Answer, times: list[float], pieces: list[str]) -> None:
+    if "error" in chunk:
+        answer.error = str(chunk["error"])[:200]
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta") or {}
+        content = delta.get("content") or ""
+        if content or delta.get("reasoning_content"):
+            times.append(time.perf_counter())
+            pieces.append(content)
+        if choice.get("finish_reason"):
+            answer.finish_reason = choice["finish_reason"]
+    usage = chunk.get("usage") or {}
+    if usage:
+        answer.completion_tokens = usage.get("completion_tokens") or 0
+        answer.prompt_tokens = usage.get("prompt_tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        if details.get("cached_tokens") is not None:
+            answer.cached_tokens = details["cached_tokens"]
+    timings = chunk.get("timings") or {}
+    if answer.cached_tokens is None and timings.get("cache_n") is not None:
+        answer.cached_tokens = timings["cache_n"]
+
+
+# -- servers -----------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def localchat_serve(model: str, n_ctx: int, cache_mib: int) -> Iterator[str]:
+    """``localchat serve`` in a subprocess on a free port; its base URL."""
+    command = [sys.executable, "-m", "localchat", "serve", "--model", model, "--port", "0",
+               "--n-ctx", str(n_ctx), "--cache-ram", str(cache_mib)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        if not first.startswith("localchat serve: http"):
+            raise UserError(f"localchat serve did not start: {first.strip() or _stderr(process)}")
+        yield first.split(": ", 1)[1].strip()
+    finally:
+        _stop(process)
+
+
+def llama_cpp_server_available() -> str | None:
+    """Why llama-cpp-python's server cannot run here, or None."""
+    import importlib.util
+
+    for module in ("llama_cpp.server", "uvicorn", "fastapi", "sse_starlette", "starlette_context"):
+        try:
+            if importlib.util.find_spec(module) is None:
+                return f"llama-cpp-python's server is not installed ({module} is missing: "
+                "pip install 'llama-cpp-python[server]')"
+        except ModuleNotFoundError:
+            return f"llama-cpp-python's server is not installed ({module} is missing)"
+    return None
+
+
+@contextlib.contextmanager
+def llama_cpp_server(model_path: Path, n_ctx: int, threads: int) -> Iterator[str]:
+    """``python -m llama_cpp.server`` on the same model file, on a free port; its base URL."""
+    port = free_port()
+    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(model_path),
+               "--n_ctx", str(n_ctx), "--host", "127.0.0.1", "--port", str(port),
+               "--n_threads", str(threads), "--n_threads_batch", str(threads)]
+    # Its log goes to a file: llama.cpp's load chatter would fill a pipe nobody reads and block it.
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(url, process, log=log)
+            yield url
+        finally:
+            _stop(process)
+
+
+def wait_ready(url: str, process: subprocess.Popen | None = None, timeout: float = 180.0,
+               log: IO[str] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise UserError(f"the server at {url} exited: {_last_line(log)}")
+        try:
+            if httpx.get(url + "/v1/models", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise UserError(f"the server at {url} did not answer within {timeout:.0f} s")
+
+
+def _last_line(log: IO[str] | None) -> str:
+    if log is None:
+        return "(no log)"
+    log.seek(0)
+    lines = log.read().strip().splitlines()
+    return lines[-1] if lines else "(nothing logged)"
+
+
+def _stderr(process: subprocess.Popen) -> str:
+    if process.poll() is None or process.stderr is None:
+        return "(still running)"
+    lines = process.stderr.read().strip().splitlines()
+    return lines[-1] if lines else f"exit status {process.returncode}"
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

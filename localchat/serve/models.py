@@ -1,0 +1,162 @@
+"""Which models ``localchat serve`` answers with, and the one loaded.
+
+A request names a model by its registry name (``smollm2-135m``), an Ollama-style alias of it
+(``smollm2-135m:latest``, or the tag of its quantization, ``smollm2-135m:q4_1``), or the name of
+the model given with ``--model``. Only downloaded registry models and that one are served: the
+name is looked up in that list, never resolved, so no path or ``hf:`` reference a request sends
+is ever read, loaded or downloaded. Anything else is a 404 that says how to get the model
+(``localchat pull``).
+
+One model is loaded at a time. The scheduler asks for the model of each request in turn
+(``acquire``), so a request for another model switches once the requests before it are done;
+the saved conversation states (``engine.state_pool``) belong to the model they were made with
+and are dropped with it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from localchat.engine.engine import Engine
+from localchat.engine.factory import engine_options, sampling_options
+from localchat.engine.options import Sampling
+from localchat.engine.state_pool import StatePool
+from localchat.errors import UserError
+from localchat.models.registry import (
+    HF_PREFIX,
+    ModelSpec,
+    is_downloaded,
+    load_registry,
+    local_path,
+)
+from localchat.serve.request import ApiError
+from localchat.settings import Settings
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str
+    spec: ModelSpec
+    path: Path
+
+    @property
+    def tag(self) -> str:
+        """Its Ollama-style name (``name:latest``), as ``/api/tags`` lists it."""
+        return f"{self.name}:latest"
+
+    def answers_to(self, asked: str) -> bool:
+        name, _, tag = asked.partition(":")
+        if name.lower() != self.name.lower():
+            return False
+        return not tag or tag.lower() in ("latest", self.spec.quant.lower())
+
+
+EngineFactory = Callable[[ServedModel], Engine]
+
+
+class ModelHost:
+    """The served models and the loaded engine with its state pool."""
+
+    def __init__(self, config: Settings, pinned: ModelSpec | None = None, *,
+                 n_ctx: int | None = None, cache_bytes: int = 0,
+                 engine_factory: EngineFactory | None = None) -> None:
+        self.config = config
+        self.pinned = pinned
+        self.n_ctx = n_ctx
+        self.sampling: Sampling = sampling_options(config)
+        self.pool = StatePool(cache_bytes)
+        self._factory = engine_factory or self._open
+        self._lock = threading.Lock()
+        self._catalogue: list[ServedModel] = []
+        self.loaded: ServedModel | None = None
+        self.engine: Engine | None = None
+        self.refresh()
+
+    # -- which models ---------------------------------------------------------------------------
+
+    def refresh(self) -> list[ServedModel]:
+        """Read the registry again (a model pulled while serve runs appears); the list."""
+        served = []
+        if self.pinned is not None:
+            served.append(ServedModel(self.pinned.name, self.pinned, local_path(self.pinned)))
+        for spec in load_registry().values():
+            if self.pinned is not None and spec.name == self.pinned.name:
+                continue
+            try:
+                if is_downloaded(spec):
+                    served.append(ServedModel(spec.name, spec, local_path(spec)))
+            except UserError:  # an entry whose file name cannot be a path: not servable
+                continue
+        with self._lock:
+            self._catalogue = served
+        return served
+
+    @property
+    def catalogue(self) -> list[ServedModel]:
+        with self._lock:
+            return list(self._catalogue)
+
+    def default(self) -> ServedModel:
+        """The model of a request that names none: the loaded one, else ``--model``, else the
+        configured default model."""
+        if self.loaded is not None:
+            return self.loaded
+        return self.resolve(self.pinned.name if self.pinned else self.config.default_model)
+
+    def resolve(self, asked: str | None) -> ServedModel:
+        """The served model ``asked`` names (None or "": the default); ApiError 404 otherwise."""
+        if not asked:
+            return self.default()
+        for refreshed in (False, True):
+            if refreshed:
+                self.refresh()
+            for model in self.catalogue:
+                if model.answers_to(asked):
+                    return model
+        raise ApiError(404, self._not_found(asked), param="model", code="model_not_found")
+
+    def _not_found(self, asked: str) -> str:
+        if asked.startswith(HF_PREFIX) or "/" in asked or "\\" in asked or asked.endswith(".gguf"):
+            return (f"model {asked!r}: models are named over the API, never given as files or hf: "
+                    "references; `localchat pull REF` downloads one, `localchat models` lists names")
+        name = asked.partition(":")[0]
+        if name in load_registry():
+            return f"model {name!r} is not downloaded; run `localchat pull {name}`"
+        return (f"model {asked!r} is unknown; `localchat models` lists the catalogue and "
+                "`localchat pull NAME` downloads one")
+
+    # -- the loaded one (scheduler thread) ------------------------------------------------------
+
+    def acquire(self, model: ServedModel) -> tuple[Engine, StatePool, float]:
+        """The engine for ``model``, loading it (and closing the one loaded) if needed; with the
+        state pool and how long the load took (0: it was loaded). Raises UserError."""
+        if self.engine is not None and self.loaded == model:
+            return self.engine, self.pool, 0.0
+        started = time.perf_counter()
+        self.unload()
+        engine = self._factory(model)
+        self.engine, self.loaded = engine, model
+        return engine, self.pool, (time.perf_counter() - started) * 1000.0
+
+    def unload(self) -> None:
+        self.pool.clear()
+        engine, self.engine, self.loaded = self.engine, None, None
+        if engine is not None:
+            engine.close()
+
+    def _open(self, model: ServedModel) -> Engine:
+        from localchat.engine.runtime import check_n_ctx_floor
+
+        options = engine_options(model.spec, self.config, n_ctx=self.n_ctx)
+        check_n_ctx_floor(options.n_ctx, zero_is_default=True)
+        engine = Engine(model.path, options, name=model.name)
+        try:
+            engine.load()
+        except BaseException:
+            engine.close()
+            raise
+        return engine

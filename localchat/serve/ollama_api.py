@@ -1,0 +1,209 @@
+"""The Ollama API (``/api/tags``, ``/api/version``, ``/api/show``, ``/api/chat``) in Ollama's
+shapes, so Ollama-only clients (the ``ollama`` Python library, oterm, editor plugins) work
+unchanged.
+
+- ``/api/chat``: ``model, messages, stream`` (true unless false, as Ollama), ``think``,
+  ``options`` (``temperature, top_p, top_k, min_p, seed, num_predict, stop, repeat_penalty,
+  frequency_penalty, presence_penalty``; others, such as ``num_ctx``, are ignored: the context is
+  the server's), ``keep_alive`` (accepted: one model stays loaded until another is asked for).
+  Streamed as NDJSON: ``message{role, content, thinking}`` lines, then one with ``done: true``,
+  ``done_reason`` and the counts and durations (ns) Ollama reports; ``prompt_eval_count`` is
+  what was evaluated, as in Ollama (the cached part is not counted again). ``images``,
+  ``tools``, ``tool_calls`` and ``format`` are refused with a 400 that says so.
+- Errors: ``{"error": "message"}`` with the HTTP status.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from localchat import __version__
+from localchat.serve.http import Connection, Request
+from localchat.serve.reply import Ending, Piece, read_reply
+from localchat.serve.request import (
+    ApiError,
+    ChatRequest,
+    bad,
+    field_of,
+    integer,
+    json_object,
+    message_list,
+    number,
+    refuse_tools,
+    stops,
+    thinking_switch,
+)
+
+if TYPE_CHECKING:
+    from localchat.serve.app import ServeApp
+    from localchat.serve.models import ServedModel
+    from localchat.serve.scheduler import Job
+
+# The Ollama API version these routes follow (clients compare it to enable features such as
+# ``think``); localchat's own version is reported beside it.
+OLLAMA_API_VERSION = "0.12.0"
+
+
+def parse_chat(body: dict[str, Any]) -> ChatRequest:
+    """An ``/api/chat`` body as a ChatRequest (ApiError 400 naming the field)."""
+    refuse_tools(body)
+    if body.get("format"):
+        raise ApiError(400, "format (structured output) is not supported yet by localchat serve",
+                       param="format")
+    options = field_of(body, "options", dict) or {}
+    num_predict = integer(options, "num_predict", -2, "options.")
+    stream = field_of(body, "stream", bool)
+    return ChatRequest(
+        model=field_of(body, "model", str),
+        messages=message_list(body, _content),
+        stream=True if stream is None else stream,
+        max_tokens=num_predict if num_predict is not None and num_predict > 0 else None,
+        temperature=number(options, "temperature", 0, 2, "options."),
+        top_p=number(options, "top_p", 0, 1, "options."),
+        top_k=integer(options, "top_k", 0, "options."),
+        min_p=number(options, "min_p", 0, 1, "options."),
+        repeat_penalty=number(options, "repeat_penalty", 0.01, 10, "options."),
+        frequency_penalty=number(options, "frequency_penalty", -2, 2, "options."),
+        presence_penalty=number(options, "presence_penalty", -2, 2, "options."),
+        seed=integer(options, "seed", -(2**63), "options.", high=2**63 - 1),
+        stop=stops(options, "stop", "options."),
+        thinking=thinking_switch(body.get("think"), "think"),
+    )
+
+
+def _content(message: dict[str, Any], where: str) -> str:
+    if message.get("images"):
+        raise ApiError(400, f"{where}images: images are not supported by localchat serve",
+                       param=where + "images")
+    return field_of(message, "content", str, where) or ""
+
+
+def error_body(error: ApiError) -> dict[str, Any]:
+    return {"error": error.message}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+# -- model listings ----------------------------------------------------------------------------
+
+def tags_body(app: ServeApp) -> dict[str, Any]:
+    return {"models": [_listing(model) for model in app.host.refresh()]}
+
+
+def version_body() -> dict[str, Any]:
+    return {"version": OLLAMA_API_VERSION, "localchat": __version__}
+
+
+def _listing(model: ServedModel) -> dict[str, Any]:
+    try:
+        stat = model.path.stat()
+        size, modified = stat.st_size, datetime.fromtimestamp(stat.st_mtime, UTC)
+    except OSError:
+        size, modified = 0, datetime.fromtimestamp(0, UTC)
+    return {"name": model.tag, "model": model.tag,
+            "modified_at": modified.isoformat().replace("+00:00", "Z"), "size": size,
+            "digest": model.spec.sha256 or "", "details": _details(model)}
+
+
+def _details(model: ServedModel) -> dict[str, Any]:
+    family = model.spec.family or _header(str(model.path)).get("architecture", "")
+    params = _header(str(model.path)).get("n_params", 0)
+    return {"parent_model": "", "format": "gguf", "family": family,
+            "families": [family] if family else None,
+            "parameter_size": _params(params) if params else "",
+            "quantization_level": model.spec.quant}
+
+
+@cache
+def _header(path: str) -> dict[str, Any]:
+    """What /api/show and /api/tags need from a GGUF header (read once per file)."""
+    from localchat.models.gguf import read_gguf
+
+    try:
+        info = read_gguf(path)
+    except Exception:  # a damaged file still gets listed, without these details
+        return {}
+    return {"architecture": info.architecture or "", "n_params": info.n_params,
+            "context_length": info.context_length or 0, "template": info.chat_template or ""}
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def show_body(app: ServeApp, body: dict[str, Any]) -> dict[str, Any]:
+    asked = field_of(body, "model", str) or field_of(body, "name", str)
+    if not asked:
+        raise bad("model", "is missing")
+    model = app.host.resolve(asked)
+    header = _header(str(model.path))
+    arch = header.get("architecture", "")
+    capabilities = ["completion"] + (["thinking"] if model.spec.thinking != "no" else [])
+    info = {"general.architecture": arch, "general.parameter_count": header.get("n_params", 0)}
+    if arch:
+        info[f"{arch}.context_length"] = header.get("context_length", 0)
+    return {"modelfile": "", "parameters": "", "template": header.get("template", ""),
+            "details": _details(model), "model_info": info, "capabilities": capabilities,
+            "license": model.spec.license, "modified_at": _listing(model)["modified_at"]}
+
+
+# -- chat --------------------------------------------------------------------------------------
+
+async def chat(app: ServeApp, request: Request, connection: Connection) -> None:
+    chat_request = parse_chat(json_object(request.body))
+    job = app.start_job(chat_request, connection)
+    if chat_request.stream:
+        await _stream(app, request, connection, job)
+    else:
+        await _whole(app, request, connection, job)
+
+
+def _line(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, ensure_ascii=False).encode("utf-8") + b"\n"
+
+
+def _final(job: Job, ending: Ending, message: dict[str, Any]) -> dict[str, Any]:
+    t = ending.timings
+    total_ms = ending.load_ms + t.prompt_ms + t.predicted_ms
+    return {"model": job.model.tag, "created_at": _now(), "message": message, "done": True,
+            "done_reason": ending.finish_reason, "total_duration": int(total_ms * 1e6),
+            "load_duration": int(ending.load_ms * 1e6), "prompt_eval_count": t.prompt_n,
+            "prompt_eval_duration": int(t.prompt_ms * 1e6), "eval_count": t.predicted_n,
+            "eval_duration": int(t.predicted_ms * 1e6)}
+
+
+async def _stream(app: ServeApp, request: Request, connection: Connection, job: Job) -> None:
+    started = False
+    async for item in read_reply(job, connection):
+        if not started:
+            await app.start_stream(request, connection, "application/x-ndjson")
+            started = True
+        if isinstance(item, Piece):
+            message = {"role": "assistant", "content": item.text if item.kind == "content" else ""}
+            if item.kind == "thinking":
+                message["thinking"] = item.text
+            await connection.write(_line({"model": job.model.tag, "created_at": _now(),
+                                          "message": message, "done": False}))
+            continue
+        if item.error is not None:
+            await connection.write(_line(error_body(item.error)))
+        else:
+            await connection.write(_line(_final(job, item, {"role": "assistant", "content": ""})))
+        await connection.end_stream()
+
+
+async def _whole(app: ServeApp, request: Request, connection: Connection, job: Job) -> None:
+    async for item in read_reply(job, connection):
+        if not isinstance(item, Ending):
+            continue
+        if item.error is not None:
+            raise item.error
+        message = {"role": "assistant", "content": item.content}
+        if item.thinking:
+            message["thinking"] = item.thinking
+        await app.send_json(request, connection, 200, _final(job, item, message))

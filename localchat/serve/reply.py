@@ -1,0 +1,136 @@
+"""One request's reply as both APIs write it: the job's events read on the event loop as text
+pieces (reasoning apart from the answer), stop strings applied, and one ending with the finish
+reason and timings. A failure before any text is an :class:`ApiError`, so it can still be an
+HTTP error status; the API modules only format what they get here.
+
+Stop strings (OpenAI's and Ollama's ``stop``) end the answer where one first appears: the text
+that could be the start of one is held back until it is clear, the stop string itself is never
+sent, and the turn is stopped at once (``Job.stop_reply``). They apply to the answer, not to the
+reasoning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal
+
+from localchat.events import Done, Failed, Thinking, Timings, Token
+from localchat.serve.http import Connection
+from localchat.serve.request import ApiError
+from localchat.serve.scheduler import SHUTTING_DOWN, Job, Started
+
+# Failure codes (events.Failed.code) and the HTTP status each answers with.
+_STATUS = {"context_length_exceeded": 400, "shutting_down": 503, "model_not_loaded": 500}
+
+
+@dataclass(frozen=True)
+class Piece:
+    kind: Literal["content", "thinking"]
+    text: str
+
+
+@dataclass
+class Ending:
+    finish_reason: Literal["stop", "length"]
+    timings: Timings
+    content: str  # the whole answer sent (stop strings applied)
+    thinking: str  # the whole reasoning sent
+    load_ms: float = 0.0
+    model: str = ""
+    error: ApiError | None = None  # the reply was cut (the server shutting down) after text went
+
+
+class StopMatcher:
+    """Finds the first of ``stops`` in streamed text; releases only text that cannot be the
+    start of one."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = stops
+        self._held = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """(text safe to send, whether a stop string has appeared: nothing after it is sent)."""
+        if not self.stops:
+            return text, False
+        buffer = self._held + text
+        found = [i for i in (buffer.find(stop) for stop in self.stops) if i >= 0]
+        if found:
+            self._held = ""
+            return buffer[:min(found)], True
+        keep = max((n for stop in self.stops for n in range(min(len(stop) - 1, len(buffer)), 0, -1)
+                    if buffer.endswith(stop[:n])), default=0)
+        self._held = buffer[len(buffer) - keep:]
+        return buffer[:len(buffer) - keep], False
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+
+def failure(event: Failed) -> ApiError:
+    status = _STATUS.get(event.code, 500)
+    kind = "invalid_request_error" if status == 400 else "server_error"
+    return ApiError(status, event.message, code=event.code or None, kind=kind,
+                    param="messages" if event.code == "context_length_exceeded" else None)
+
+
+GONE = object()  # put on a job's queue when its client has gone
+
+
+async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | Ending]:
+    """The reply's pieces, then its Ending. Raises ApiError for a failure before any piece, and
+    ConnectionResetError when the client has gone (the job is cancelled then)."""
+    def gone() -> None:
+        job.cancel()
+        job.events.put_nowait(GONE)  # type: ignore[arg-type]
+
+    connection.when_gone(gone)
+    try:
+        stops = StopMatcher(job.request.stop)
+        content: list[str] = []
+        thinking: list[str] = []
+        stopped = False
+        started = Started("", 0.0)
+        sent_any = False
+        while True:
+            event = await job.events.get()
+            if event is GONE:
+                raise ConnectionResetError("the client has gone")
+            if isinstance(event, Started):
+                started = event
+            elif isinstance(event, Thinking) and event.text:
+                thinking.append(event.text)
+                sent_any = True
+                yield Piece("thinking", event.text)
+            elif isinstance(event, Token) and not stopped:
+                text, stopped = stops.feed(event.text)
+                if stopped:
+                    job.stop_reply()
+                if text:
+                    content.append(text)
+                    sent_any = True
+                    yield Piece("content", text)
+            elif isinstance(event, Failed):
+                if not sent_any:
+                    raise failure(event)
+                yield _ending(event, Timings(), content, thinking, started, failure(event))
+                return
+            elif isinstance(event, Done):
+                if not stopped and (rest := stops.flush()):
+                    content.append(rest)
+                    yield Piece("content", rest)
+                error = None
+                if event.finish_reason == "aborted" and not stopped and job.shutting_down:
+                    error = ApiError(503, SHUTTING_DOWN, code="shutting_down", kind="server_error")
+                yield _ending(event, event.timings, content, thinking, started, error, stopped)
+                return
+    finally:
+        connection.forget(gone)
+
+
+def _ending(event: Done | Failed, timings: Timings, content: list[str], thinking: list[str],
+            started: Started, error: ApiError | None, stopped: bool = False) -> Ending:
+    length = isinstance(event, Done) and event.finish_reason == "length" and not stopped
+    return Ending("length" if length else "stop", timings, "".join(content), "".join(thinking),
+                  started.load_ms, started.model, error)

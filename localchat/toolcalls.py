@@ -1,0 +1,264 @@
+"""Tool calls: the words every layer shares, and how each model family writes a call.
+
+:class:`ToolCall` is one call the model asked for (an id, the tool's name, its arguments as a JSON
+object) and :class:`ToolResult` what goes back to the model for it; the MCP clients and built-in
+tools (``localchat.tools``), the chat templates (``engine.tool_templates``) and the front ends all
+speak these two. A call that cannot run as written (its JSON unreadable, no name, cut off by
+``max_tokens``) is still a ToolCall, with ``problem`` saying why: the model is told, the
+conversation goes on.
+
+A :class:`ToolFormat` is a family's way of writing calls in its reply, read from the chat template
+by :func:`detect_format` the way llama.cpp's ``common/chat.cpp`` chooses its handler:
+
+- ``hermes`` (Hermes 2/3, Qwen 2.5/3, and most ChatML fine-tunes): ``<tool_call>{"name": ...,
+  "arguments": {...}}</tool_call>``, with the variants llama.cpp accepts (``<function=NAME>{...}
+  </function>``, other wrapper tags and code fences around a ``{"name"`` object);
+- ``llama3`` (Llama 3.1-3.3): the reply is ``{"name": ..., "parameters": {...}}`` (after optional
+  whitespace), or ``<|python_tag|>`` then such an object or a builtin's ``name.call(k=v)``;
+- ``mistral`` (Mistral 7B v0.3, Nemo, Small): ``[TOOL_CALLS][{"name": ..., "arguments": {...},
+  "id": "abcdef123"}]``, or the newer ``[TOOL_CALLS]name[ARGS]{...}``;
+- ``generic``: templates that know nothing of tools. ``engine.tool_templates`` then describes the
+  tools in the system prompt and asks for the hermes form, which is what this format reads (and,
+  at the start of a reply, a bare call object or llama.cpp's ``{"tool_call": ...}`` envelope).
+
+``triggers`` are the words from which a call begins anywhere in a reply, and
+:func:`start_trigger` the pattern of a call object that opens the reply without a marker: where
+constrained sampling switches its lazy grammar on (llama.cpp's trigger words and full-match
+patterns). ``preserved_tokens`` are the special tokens that must be detokenized as text for the
+parser to see them (``<|python_tag|>`` and ``[TOOL_CALLS]`` are special tokens, which llama.cpp
+renders as nothing by default). The streaming parser is ``toolcall_stream``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import string
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from localchat import lenient_json
+
+FormatName = Literal["hermes", "llama3", "mistral", "generic"]
+
+_ID_ALPHABET = string.ascii_letters + string.digits
+# Mistral's templates refuse ids that are not 9 letters and digits; every id here is one.
+_ID = re.compile(r"[A-Za-z0-9]{9}")
+
+
+def new_call_id() -> str:
+    """A fresh call id: 9 letters and digits (what Mistral's templates require, fine for all)."""
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(9))
+
+
+def nine_character_id(call_id: str) -> str:
+    """``call_id`` itself if it is 9 letters and digits, else 9 derived from it, always the same
+    (a remote model's ``call_abc...`` ids, rendered for a Mistral template)."""
+    if _ID.fullmatch(call_id):
+        return call_id
+    digest = hashlib.sha256(call_id.encode("utf-8")).digest()
+    return "".join(_ID_ALPHABET[b % len(_ID_ALPHABET)] for b in digest[:9])
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model asked for.
+
+    ``arguments`` is always a JSON object (a dict). ``problem`` is empty for a call that can be
+    run; otherwise it says, for the model, why this one cannot (``incomplete`` when the reply
+    ended inside it). ``raw`` is the call exactly as the model wrote it, markers included.
+    """
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    problem: str = ""
+    incomplete: bool = False
+    raw: str = ""
+
+    @property
+    def runnable(self) -> bool:
+        return not self.problem
+
+    def arguments_json(self) -> str:
+        return json.dumps(self.arguments, ensure_ascii=False)
+
+    def to_openai(self) -> dict[str, Any]:
+        """The call as OpenAI's ``tool_calls`` entry (arguments as a JSON string)."""
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments_json()}}
+
+    @classmethod
+    def from_openai(cls, entry: dict[str, Any]) -> ToolCall:
+        """A call from an OpenAI ``tool_calls`` entry (a remote model's, or one stored), keeping
+        its id whatever its form."""
+        call = call_from_object(entry)
+        given = entry.get("id")
+        if isinstance(given, str) and given:
+            call = ToolCall(given, call.name, call.arguments, call.problem, call.incomplete,
+                            call.raw)
+        return call
+
+    def __repr__(self) -> str:
+        extra = f" problem={self.problem!r}" if self.problem else ""
+        return f"<ToolCall {self.id} {self.name}({self.arguments_json()[:60]}){extra}>"
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What goes back to the model for one call, and the one-line notice the user sees.
+
+    ``content`` is text the model reads (inert for a terminal, capped in size); ``is_error`` marks
+    a failure the model should know about (a denial, a timeout, a tool that does not exist).
+    ``notice`` is empty when there is nothing to tell the user beyond the result itself.
+    """
+
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
+    notice: str = ""
+
+    def to_message(self) -> dict[str, Any]:
+        """The ``tool`` role message that carries this result into the conversation."""
+        return {"role": "tool", "tool_call_id": self.call_id, "name": self.name,
+                "content": self.content}
+
+
+def failed_call_result(call: ToolCall) -> ToolResult:
+    """The result a call that cannot run gets: its problem, for the model to correct."""
+    return ToolResult(call.id, call.name, f"error: {call.problem}", is_error=True,
+                      notice=f"{call.name or 'a tool call'}: {call.problem}")
+
+
+def assistant_message(content: str, calls: list[ToolCall]) -> dict[str, Any]:
+    """The assistant message of a reply that called tools, as templates and OpenAI expect."""
+    return {"role": "assistant", "content": content, "tool_calls": [c.to_openai() for c in calls]}
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How one family writes calls (see the module docstring)."""
+
+    name: FormatName
+    triggers: tuple[str, ...]
+    preserved_tokens: tuple[str, ...] = ()
+    # A call object may also open the reply without a marker ({"name": ...} after whitespace).
+    bare_start: bool = False
+
+    def __repr__(self) -> str:
+        return f"<ToolFormat {self.name}>"
+
+
+HERMES = ToolFormat("hermes", triggers=("<tool_call>", "<function="), bare_start=True)
+LLAMA3 = ToolFormat("llama3", triggers=("<|python_tag|>",), preserved_tokens=("<|python_tag|>",),
+                    bare_start=True)
+MISTRAL = ToolFormat("mistral", triggers=("[TOOL_CALLS]",), preserved_tokens=("[TOOL_CALLS]",))
+GENERIC = ToolFormat("generic", triggers=("<tool_call>",), bare_start=True)
+FORMATS: dict[str, ToolFormat] = {f.name: f for f in (HERMES, LLAMA3, MISTRAL, GENERIC)}
+
+
+def start_trigger(fmt: ToolFormat, tool_names: tuple[str, ...]) -> str | None:
+    """A regex that matches a reply opening with a call object, ``{"name": "<a tool>"`` after
+    whitespace (and Llama's optional ``"type": "function",``), for a lazy grammar's full-match
+    trigger; any name for Llama 3, whose small models invent names (as llama.cpp does), the
+    tools' names otherwise. None for families whose calls always start with a marker."""
+    if not fmt.bare_start:
+        return None
+    names = ".*?" if fmt.name == "llama3" or not tool_names else \
+        "(?:" + "|".join(re.escape(name) for name in tool_names) + ")"
+    return (r'\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*"' + names
+            + r'"[\s\S]*')
+
+
+def detect_format(template: str) -> ToolFormat:
+    """The family whose calls this chat template describes (llama.cpp's order of tests), or
+    ``generic`` for a template that does not speak of tools."""
+    if "<tool_call>" in template:
+        return HERMES
+    if "<|start_header_id|>ipython<|end_header_id|>" in template or (
+            "<|start_header_id|>" in template and "ipython" in template):
+        return LLAMA3
+    if "[TOOL_CALLS]" in template:
+        return MISTRAL
+    return GENERIC
+
+
+def call_from_object(value: Any, *, default_id: str = "", raw: str = "") -> ToolCall:
+    """A ToolCall from the JSON a model wrote for one call, in any of the shapes families use:
+    ``{"name", "arguments"}``, ``{"name", "parameters"}``, ``{"type": "function", ...}``, OpenAI's
+    ``{"id", "function": {"name", "arguments"}}``, with arguments as an object or a JSON string.
+    A shape that names no tool gives a call with a ``problem``."""
+    call_id = default_id if _ID.fullmatch(default_id or "") else new_call_id()
+    if not isinstance(value, dict):
+        return ToolCall(call_id, "", problem="the tool call is not a JSON object", raw=raw)
+    if isinstance(value.get("id"), str) and _ID.fullmatch(value["id"]):
+        call_id = value["id"]
+    if isinstance(value.get("function"), dict):  # OpenAI's nesting
+        value = {**value["function"], **{k: v for k, v in value.items() if k != "function"}}
+    name = value.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return ToolCall(call_id, "", problem="the tool call does not name a tool", raw=raw)
+    arguments = value.get("arguments", value.get("parameters", {}))
+    return _with_arguments(ToolCall(call_id, name.strip(), raw=raw), arguments)
+
+
+def _with_arguments(call: ToolCall, arguments: Any) -> ToolCall:
+    if arguments is None:
+        arguments = {}
+    if isinstance(arguments, str):  # a JSON string, as OpenAI sends and Mistral models write
+        if not arguments.strip():
+            arguments = {}
+        else:
+            try:
+                arguments, _complete = lenient_json.parse(arguments)
+            except ValueError as exc:
+                return _problem(call, f"the arguments of {call.name} are not JSON ({exc})")
+    if not isinstance(arguments, dict):
+        return _problem(call, f"the arguments of {call.name} must be a JSON object")
+    return ToolCall(call.id, call.name, arguments, raw=call.raw)
+
+
+def _problem(call: ToolCall, problem: str) -> ToolCall:
+    return ToolCall(call.id, call.name, call.arguments, problem=problem, raw=call.raw)
+
+
+def calls_from_json(text: str, *, raw: str = "") -> list[ToolCall]:
+    """The calls in one JSON value a model wrote: an object, an array of them, or llama.cpp's
+    ``{"tool_call": {...}}`` / ``{"tool_calls": [...]}`` envelope. A value cut short (the reply
+    ended) gives calls marked incomplete; unreadable JSON gives one call with a problem."""
+    try:
+        value, complete = lenient_json.parse(text)
+    except ValueError as exc:
+        return [ToolCall(new_call_id(), "", problem=f"the tool call is not valid JSON ({exc})",
+                         raw=raw)]
+    if isinstance(value, dict) and "name" not in value:
+        if isinstance(value.get("tool_calls"), list):
+            value = value["tool_calls"]
+        elif "tool_call" in value:
+            value = value["tool_call"]
+    items = value if isinstance(value, list) else [value]
+    calls = [call_from_object(item, raw=raw if len(items) == 1 else "") for item in items]
+    if not calls:
+        return [ToolCall(new_call_id(), "", problem="the tool call list is empty", raw=raw)]
+    if not complete:
+        calls = [mark_incomplete(call) for call in calls]
+    return calls
+
+
+def mark_incomplete(call: ToolCall) -> ToolCall:
+    """``call`` marked as cut off by the end of the reply (it must not run: its arguments may be
+    missing their end)."""
+    what = f"the call to {call.name}" if call.name else "the tool call"
+    return ToolCall(call.id, call.name, call.arguments, incomplete=True, raw=call.raw,
+                    problem=f"{what} was cut off before it was complete (the reply reached its "
+                            "token limit)")
+
+
+def render_call_text(call: ToolCall) -> str:
+    """A call written in the hermes form (the generic prompt's, and llama.cpp's): what the model
+    is shown of its own earlier calls where its template cannot render them."""
+    body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"

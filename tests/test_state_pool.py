@@ -1,0 +1,108 @@
+"""The saved-state pool's rules (engine/state_pool.py), on records and snapshots alone: which
+state a turn takes, when the live one is saved, containment and the byte cap. The oracle tests
+through the API (test_serve_clients.py) check the same with the real model."""
+
+from __future__ import annotations
+
+from localchat.engine.layout import CachedMessage
+from localchat.engine.snapshot_file import KVSnapshot
+from localchat.engine.state_pool import StatePool, StateView
+
+
+def record(role: str, content: str, n: int, first: int = 0, open_: bool = False) -> CachedMessage:
+    return CachedMessage(role, content, f"<{role}>{content}", list(range(first, first + n)), open=open_)
+
+
+def conversation(topic: str, turns: int, size: int = 10) -> list[CachedMessage]:
+    """A system prompt shared by every conversation, then ``turns`` exchanges about ``topic``."""
+    records = [record("system", "be brief", 5)]
+    for i in range(turns):
+        base = 1000 * (hash(topic) % 97) + 100 * i
+        records += [record("user", f"{topic} {i}", size, base),
+                    record("assistant", f"reply {topic} {i}", size, base + 50, open_=i == turns - 1)]
+    return records
+
+
+def messages_of(records: list[CachedMessage], *new: str) -> list[dict]:
+    return [{"role": r.role, "content": r.content} for r in records] + [
+        {"role": "user", "content": text} for text in new]
+
+
+def snapshot(records: list[CachedMessage], state_bytes: int = 100) -> KVSnapshot:
+    n = sum(len(r.tokens) for r in records)
+    return KVSnapshot(records, b"x" * state_bytes, n)
+
+
+def live_of(records: list[CachedMessage]) -> StateView:
+    return StateView(records, sum(len(r.tokens) for r in records))
+
+
+def test_a_conversation_going_on_keeps_the_live_state_and_saves_nothing():
+    pool = StatePool(10_000)
+    live = conversation("sea", 2)
+
+    chosen = pool.swap(live_of(live), messages_of(live, "more"), False, lambda: snapshot(live))
+
+    assert chosen is None and len(pool) == 0
+
+
+def test_another_conversation_saves_the_live_one_and_takes_its_own_back():
+    pool = StatePool(10_000)
+    sea, hills = conversation("sea", 2), conversation("hills", 3)
+    pool.save(snapshot(hills))
+
+    chosen = pool.swap(live_of(sea), messages_of(hills, "more"), False, lambda: snapshot(sea))
+
+    assert chosen is not None and chosen.records == hills  # taken out of the pool ...
+    assert [s.records for s in pool._entries] == [sea]  # ... and the live one saved in its place
+
+
+def test_a_new_conversation_keeps_the_shared_system_prompt_live_and_saves_the_old_one():
+    pool = StatePool(10_000)
+    sea = conversation("sea", 2)
+
+    chosen = pool.swap(live_of(sea), [{"role": "system", "content": "be brief"},
+                                      {"role": "user", "content": "hello"}],
+                       False, lambda: snapshot(sea))
+
+    assert chosen is None and len(pool) == 1
+
+
+def test_a_state_that_would_keep_under_a_quarter_of_itself_is_not_restored():
+    pool = StatePool(10_000)
+    long = conversation("sea", 8)  # 165 tokens, of which the first exchange is 25
+    pool.save(snapshot(long))
+    asked = messages_of(long[:2], "something else")  # keeps 15 of its 165 tokens
+
+    assert pool.swap(live_of([]), asked, False, lambda: snapshot([])) is None
+    assert len(pool) == 1
+
+
+def test_only_exact_cells_count_and_memories_that_cannot_drop_cells_roll_back_to_a_checkpoint():
+    records = conversation("sea", 3)  # 5 + 3 x 20 tokens
+    asked = messages_of(records[:4], "edited question")  # keeps 5 + 20 + 10 = 35 tokens
+    assert StateView(records, 65).kept(asked) == 35
+    assert StateView(records, 12).kept(asked) == 12  # cells past exact_n were shifted
+    assert StateView(records, 65, checkpoints=[5, 25, 50]).kept(asked) == 25
+    assert StateView(records, 65, checkpoints=[5]).kept(messages_of(records, "more")) == 65
+
+
+def test_saving_skips_what_is_held_and_replaces_what_it_holds():
+    pool = StatePool(10_000)
+    short, longer = conversation("sea", 1), conversation("sea", 2)
+    longer[2] = record("assistant", "reply sea 0", 10, 1000 * (hash("sea") % 97) + 50)
+    assert pool.save(snapshot(short))
+    assert pool.save(snapshot(longer))  # holds the short one whole: that one goes
+    assert [s.records for s in pool._entries] == [longer]
+    assert not pool.save(snapshot(short))  # already held whole by an entry
+
+
+def test_least_recently_saved_states_go_first_beyond_the_cap():
+    pool = StatePool(250)
+    states = [conversation(topic, 1) for topic in ("a", "b", "c")]
+    for records in states:
+        pool.save(snapshot(records))
+
+    assert [s.records for s in pool._entries] == states[1:]
+    assert pool.size_bytes == 200
+    assert not pool.save(snapshot(conversation("d", 1), state_bytes=300))  # larger than the cap
