@@ -149,7 +149,7 @@ def test_the_serve_section_is_checked_like_every_other(tmp_path):
     path = tmp_path / "config.toml"
     assert load_config(path).serve.port == SERVE_PORT not in (11434, 1234, 8080, 8000)
     path.write_text('[serve]\nport = 9000\ncors_origins = ["http://localhost:3000"]\n')
-    assert load_config(path).serve.cors_origins == ["http://localhost:3000"]
+    assert load_config(path).serve.cors_origins == ("http://localhost:3000",)
     for text, says in (('[serve]\nport = 70000\n', "serve.port must be in [0, 65535]"),
                        ('[serve]\ncors_origins = "x"\n', "must be a list of strings"),
                        ('[serve]\ncache_ram = 1\n', "did you mean 'cache_ram_mib'?")):
