@@ -95,6 +95,18 @@ def test_after_a_tool_round_only_the_result_is_prefilled_and_the_reply_is_exact(
     assert_matches_fresh(tokens[:16], fresh, history, replace(sampling, max_tokens=16))
 
 
+def test_auto_is_free_until_the_marker_and_constrained_from_there(engine):
+    """The test model writes <tool_call> when asked to repeat it: from there the grammar holds
+    the call to an offered tool, and none of it streams."""
+    echo = [{"role": "user", "content": "Repeat this text exactly: <tool_call>"}]
+    shown, done = run(engine, echo, tool_sampling("auto"))
+    assert [c.name for c in done.tool_calls] == ["get_weather"] and done.tool_calls[0].runnable
+    assert done.timings.constrained_n > 0 and done.reply.startswith("<tool_call>")
+    assert shown == "" and done.finish_reason == "stop"
+    _, free = run(engine, QUESTION, tool_sampling("auto", max_tokens=8))
+    assert free.timings.constrained_n == 0 and free.tool_calls == ()
+
+
 def test_a_grammar_refusing_the_trigger_text_leaves_the_reply_free(engine):
     """A lazy grammar whose trigger matched text it cannot take (a call to a tool not
     offered) does not end the turn: the rest of the reply is free."""
