@@ -59,6 +59,7 @@ def test_required_forces_a_call_that_streams_no_markers(engine):
     assert isinstance(done.tool_calls[0].arguments["city"], str)
     assert "<tool_call>" in done.reply and done.tool_calls[0].raw in done.reply
     assert "<tool_call" not in shown and "get_weather" not in shown and "{" not in shown
+    assert done.answer == shown.strip()
 
 
 def test_a_named_tool_is_the_one_called_and_an_unknown_name_fails_in_one_line(engine):
