@@ -162,3 +162,18 @@ def test_a_262k_vocabulary_model_writes_a_call_in_the_tools_schema(synthetic_mod
         assert call.name == "get_weather" and call.arguments["city"] in ("Paris", "Rome")
         assert 1 <= call.arguments["days"] <= 7
         assert json.dumps(call.arguments) not in shown and "<tool_call>" not in shown
+
+
+def test_a_familys_marker_token_is_shown_as_text(test_model_path):
+    """``<|python_tag|>`` and ``[TOOL_CALLS]`` are special tokens llama.cpp renders as nothing;
+    the call parser must see them, and the history must render them back to the same token.
+    The test model has neither, so one of its own special tokens stands in."""
+    from localchat.engine.lead_bytes import lead_bytes
+
+    with loaded_engine(test_model_path, 256, "marker", speculative="off") as model:
+        runtime = model._require_runtime()
+        (token,) = runtime.tokenize("<|im_start|>", False)
+        assert runtime.piece(token) == b""
+        runtime.show_as_text(["<|im_start|>", "two words"])  # not one token: left alone
+        assert runtime.piece(token) == b"<|im_start|>" and runtime.text_tokens == [token]
+        assert token in lead_bytes(runtime).end_tokens  # a redraw's candidate whatever its bytes
