@@ -12,7 +12,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from oracle import assert_matches_fresh, loaded_engine
+from oracle import assert_matches_fresh, loaded_engine, reply_tokens
 from tool_templates import LLAMA31, MISTRAL_NEMO, QWEN25
 
 from localchat.engine.options import Sampling
@@ -177,3 +177,27 @@ def test_a_familys_marker_token_is_shown_as_text(test_model_path):
         runtime.show_as_text(["<|im_start|>", "two words"])  # not one token: left alone
         assert runtime.piece(token) == b"<|im_start|>" and runtime.text_tokens == [token]
         assert token in lead_bytes(runtime).end_tokens  # a redraw's candidate whatever its bytes
+
+
+def test_a_tool_round_on_a_sliding_window_model_stays_exact(synthetic_model):
+    """A memory that cannot drop cells (windowed layers, rolled back through checkpoints): the
+    round still reuses everything before the result, and the reply is a fresh prefill's."""
+    city = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
+        "required": ["city"]}}}
+    path = synthetic_model("gemma3-tiny")
+    with loaded_engine(path, 1024, "swa", speculative="off") as model, \
+            loaded_engine(path, 1024, "swa-oracle", speculative="off") as oracle:
+        assert model.memory_kind == "swa"
+        sampling = Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=80, tools=(city,),
+                            tool_choice="required")
+        _, first = run(model, QUESTION, sampling)
+        assert first.finish_reason == "stop"
+        assert first.tool_calls[0].arguments["city"] in ("Paris", "Rome")
+        history = after_round(QUESTION, first, "Sunny.")
+        again = replace(sampling, tool_choice="auto", max_tokens=12)
+        tokens, second = reply_tokens(model.submit(history, again))
+        t = first.timings
+        assert second.timings.cache_n == t.cache_n + t.prompt_n + t.predicted_n
+        assert not second.timings.prefix_fallback
+        assert_matches_fresh(tokens, oracle, history, again)
