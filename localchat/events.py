@@ -165,12 +165,18 @@ class Done:
 
     @property
     def answer(self) -> str:
-        """The reply without its reasoning."""
-        if not self.thinking:
-            return self.reply
-        reasoning, answer = split_reply(self.reply)
-        # No closing tag: the reply stopped while still reasoning inside a block the prompt opened.
-        return answer if reasoning else ""
+        """The reply without its reasoning and its tool calls (as the Tokens showed it)."""
+        answer = self.reply
+        if self.thinking:
+            reasoning, answer = split_reply(self.reply)
+            # No closing tag: the reply stopped while still reasoning inside a block the prompt
+            # opened.
+            answer = answer if reasoning else ""
+        if self.tool_calls:
+            for call in self.tool_calls:
+                answer = answer.replace(call.raw, "\n", 1) if call.raw else answer
+            answer = answer.strip()
+        return answer
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,8 @@ class _JsonReader:
 
 def _consume_closes(text: str, pos: int, closes: tuple[str, ...], final: bool) -> int | None:
     """Just past the closing tags that follow ``pos`` (each optional, whitespace before each);
-    None while the text ends where a closing tag may still come."""
+    None while the text ends where a closing tag may still come. At the end of the reply
+    (``final``) the start of a tag it ended inside is taken too (never shown as answer text)."""
     for close in closes:
         p = _skip_space(text, pos)
         rest = text[p:p + len(close)]
@@ -140,6 +141,8 @@ def _consume_closes(text: str, pos: int, closes: tuple[str, ...], final: bool) -
             pos = p + len(close)
         elif close.startswith(rest) and not final:
             return None  # the text ends inside (or right before) the tag
+        elif rest and close.startswith(rest):
+            return p + len(rest)  # the reply ended inside the tag: its start is the call's too
     return pos
 
 

@@ -136,8 +136,7 @@ def test_a_request_trickled_byte_by_byte_still_times_out(server):
     ({**HELLO, "stop": [1]}, "stop[0]", "must be a string"),
     ({**HELLO, "top_p": 1.5}, "top_p", "between 0 and 1"),
     ({**HELLO, "n": 2}, "n", "must be 1"),
-    ({**HELLO, "tools": [{"type": "function"}]}, "tools", "not supported yet"),
-    ({"messages": [{"role": "tool", "content": "42"}]}, "messages[0].role", "not supported yet"),
+    ({**HELLO, "tools": [{"type": "function"}]}, "tools[0].function", "is missing"),
     ({**HELLO, "stream_options": {"include_usage": 1}}, "stream_options.include_usage", "true or false"),
 ])
 def test_bad_fields_get_a_400_naming_the_field(server, body, param, says):

@@ -147,6 +147,13 @@ def test_a_call_cut_by_max_tokens_is_reported_incomplete_and_cannot_run(fmt, tex
     assert _pieces(_split(fmt, text, range(1, len(text)))) == _pieces([call])
 
 
+def test_a_reply_cut_inside_the_closing_tag_shows_none_of_it():
+    text = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_'
+    [call] = _split("hermes", text)
+    assert isinstance(call, ToolCall) and call.runnable and call.raw == text
+    assert _pieces(_split("hermes", text, range(1, len(text)))) == _pieces([call])
+
+
 @pytest.mark.parametrize("fmt, text", [
     ("hermes", "A plain answer with <b>tags</b>, [links](x) and {braces}, ending in spaces.   "),
     ("hermes", '{"answer": 42, "why": "a JSON answer is not a call"}'),

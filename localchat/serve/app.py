@@ -26,9 +26,11 @@ from typing import Any
 from localchat.serve import ollama_api, openai_api
 from localchat.serve.http import Connection, HttpError, Limits, Request, serve_connection
 from localchat.serve.models import ModelHost
+from localchat.serve.reply import Ending
 from localchat.serve.request import ApiError, json_object
 from localchat.serve.safety import Gate
 from localchat.serve.scheduler import Job, Scheduler
+from localchat.serve.tool_fields import RawCalls
 from localchat.settings import ServeSection
 
 Route = Callable[["ServeApp", Request, Connection], Awaitable[None]]
@@ -99,6 +101,7 @@ class ServeApp:
         self.options = options
         self.gate = Gate(options.host, options.api_key, options.cors_origins)
         self.scheduler = Scheduler(host, options.max_queue)
+        self.raw_calls = RawCalls()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._connections: dict[asyncio.Task, Connection] = {}
@@ -110,10 +113,17 @@ class ServeApp:
         """Queue ``chat`` for the model it names (ApiError 404/503), and watch for its client
         leaving while it waits or streams."""
         assert self._loop is not None
+        chat.messages = self.raw_calls.restore(chat.messages)
         job = Job(chat, self.host.resolve(chat.model), self._loop)
         self.scheduler.submit(job)
         connection.watch()
         return job
+
+    def remember_calls(self, ending: Ending) -> None:
+        """A reply that called tools, kept so that the client's next request renders it as the
+        model wrote it (``tool_fields.RawCalls``)."""
+        if ending.error is None:
+            self.raw_calls.remember(ending.content, ending.tool_calls, ending.reply)
 
     async def send(self, request: Request, connection: Connection, status: int, body: bytes,
                    content_type: str, headers: dict[str, str] | None = None) -> None:

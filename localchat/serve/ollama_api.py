@@ -6,10 +6,13 @@ unchanged.
   ``options`` (``temperature, top_p, top_k, min_p, seed, num_predict, stop, repeat_penalty,
   frequency_penalty, presence_penalty``; others, such as ``num_ctx``, are ignored: the context is
   the server's), ``keep_alive`` (accepted: one model stays loaded until another is asked for).
-  Streamed as NDJSON: ``message{role, content, thinking}`` lines, then one with ``done: true``,
-  ``done_reason`` and the counts and durations (ns) Ollama reports; ``prompt_eval_count`` is
-  what was evaluated, as in Ollama (the cached part is not counted again). ``images``,
-  ``tools``, ``tool_calls`` and ``format`` are refused with a 400 that says so.
+  ``tools`` (the model's calls come back as ``message.tool_calls``, ``{"function": {"name",
+  "arguments": {...}}}``; the server never runs a tool), assistant messages with ``tool_calls``
+  and ``tool`` messages (``tool_name``), ``format`` (``"json"`` or a JSON Schema: the reply is
+  sampled in that shape). Streamed as NDJSON: ``message{role, content, thinking}`` lines (the
+  calls in one of their own before the last), then one with ``done: true``, ``done_reason`` and
+  the counts and durations (ns) Ollama reports; ``prompt_eval_count`` is what was evaluated, as
+  in Ollama (the cached part is not counted again). ``images`` are refused with a 400.
 - Errors: ``{"error": "message"}`` with the HTTP status.
 """
 
@@ -32,10 +35,10 @@ from localchat.serve.request import (
     json_object,
     message_list,
     number,
-    refuse_tools,
     stops,
     thinking_switch,
 )
+from localchat.serve.tool_fields import answer_format, tools_of
 
 if TYPE_CHECKING:
     from localchat.serve.app import ServeApp
@@ -49,10 +52,7 @@ OLLAMA_API_VERSION = "0.12.0"
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
     """An ``/api/chat`` body as a ChatRequest (ApiError 400 naming the field)."""
-    refuse_tools(body)
-    if body.get("format"):
-        raise ApiError(400, "format (structured output) is not supported yet by localchat serve",
-                       param="format")
+    shape = answer_format(body.get("format"), "format")
     options = field_of(body, "options", dict) or {}
     num_predict = integer(options, "num_predict", -2, "options.")
     stream = field_of(body, "stream", bool)
@@ -71,6 +71,8 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         seed=integer(options, "seed", -(2**63), "options.", high=2**63 - 1),
         stop=stops(options, "stop", "options."),
         thinking=thinking_switch(body.get("think"), "think"),
+        tools=tools_of(body),
+        answer_format=shape,
     )
 
 
@@ -171,7 +173,8 @@ def _final(job: Job, ending: Ending, message: dict[str, Any]) -> dict[str, Any]:
     t = ending.timings
     total_ms = ending.load_ms + t.prompt_ms + t.predicted_ms
     return {"model": job.model.tag, "created_at": _now(), "message": message, "done": True,
-            "done_reason": ending.finish_reason, "total_duration": int(total_ms * 1e6),
+            "done_reason": "stop" if ending.finish_reason == "tool_calls" else ending.finish_reason,
+            "total_duration": int(total_ms * 1e6),
             "load_duration": int(ending.load_ms * 1e6), "prompt_eval_count": t.prompt_n,
             "prompt_eval_duration": int(t.prompt_ms * 1e6), "eval_count": t.predicted_n,
             "eval_duration": int(t.predicted_ms * 1e6)}
@@ -190,11 +193,24 @@ async def _stream(app: ServeApp, request: Request, connection: Connection, job: 
             await connection.write(_line({"model": job.model.tag, "created_at": _now(),
                                           "message": message, "done": False}))
             continue
+        app.remember_calls(item)
         if item.error is not None:
             await connection.write(_line(error_body(item.error)))
         else:
+            if item.tool_calls:
+                await connection.write(_line({
+                    "model": job.model.tag, "created_at": _now(), "done": False,
+                    "message": {"role": "assistant", "content": "",
+                                "tool_calls": _calls(item)}}))
             await connection.write(_line(_final(job, item, {"role": "assistant", "content": ""})))
         await connection.end_stream()
+
+
+def _calls(ending: Ending) -> list[dict[str, Any]]:
+    """The calls in Ollama's shape (arguments as an object; the id too, which newer clients
+    read and older ones ignore)."""
+    return [{"id": call.id, "function": {"name": call.name, "arguments": call.arguments}}
+            for call in ending.tool_calls]
 
 
 async def _whole(app: ServeApp, request: Request, connection: Connection, job: Job) -> None:
@@ -203,7 +219,10 @@ async def _whole(app: ServeApp, request: Request, connection: Connection, job: J
             continue
         if item.error is not None:
             raise item.error
-        message = {"role": "assistant", "content": item.content}
+        app.remember_calls(item)
+        message: dict[str, Any] = {"role": "assistant", "content": item.content}
         if item.thinking:
             message["thinking"] = item.thinking
+        if item.tool_calls:
+            message["tool_calls"] = _calls(item)
         await app.send_json(request, connection, 200, _final(job, item, message))

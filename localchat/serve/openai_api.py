@@ -3,14 +3,18 @@ additions where clients read them.
 
 - A request's fields: ``model, messages, stream, stream_options.include_usage, max_tokens |
   max_completion_tokens, temperature, top_p, stop, seed, frequency_penalty, presence_penalty``;
-  llama-server's ``top_k, min_p, repeat_penalty`` and ``chat_template_kwargs.enable_thinking``.
-  Message content is a string or an array of text parts. Unknown fields are ignored, as OpenAI's
-  SDK sends many; what cannot be honoured (``tools``, ``n`` > 1, ``logprobs``, a JSON
-  ``response_format``, image parts) is a 400 that says so.
+  llama-server's ``top_k, min_p, repeat_penalty`` and ``chat_template_kwargs.enable_thinking``;
+  ``tools`` and ``tool_choice``, assistant messages with ``tool_calls`` and ``tool`` messages;
+  ``response_format`` (``text``, ``json_object``, ``json_schema``: the reply is sampled in that
+  shape). Message content is a string or an array of text parts. Unknown fields are ignored, as
+  OpenAI's SDK sends many; what cannot be honoured (``n`` > 1, ``logprobs``, image parts, a
+  schema that cannot be enforced) is a 400 that says so.
 - Streamed: ``chat.completion.chunk`` events (a ``role`` delta first, then ``content`` deltas and
-  a thinking model's ``reasoning_content`` deltas apart), a last chunk with ``finish_reason``
-  (``stop`` | ``length``) and llama-server's ``timings``, with ``include_usage`` one more chunk
-  with ``choices: []`` and the usage, then ``data: [DONE]``.
+  a thinking model's ``reasoning_content`` deltas apart; the model's tool calls as
+  ``tool_calls`` deltas, one per call with its ``index``, ``id``, ``type``, name and the
+  arguments as JSON text), a last chunk with ``finish_reason`` (``stop`` | ``length`` |
+  ``tool_calls``) and llama-server's ``timings``, with ``include_usage`` one more chunk with
+  ``choices: []`` and the usage, then ``data: [DONE]``. The server never runs a tool.
 - ``usage.prompt_tokens_details.cached_tokens``: the prompt tokens the cache served.
 - Errors: ``{"error": {"message", "type", "param", "code"}}`` with the HTTP status.
 """
@@ -34,10 +38,10 @@ from localchat.serve.request import (
     json_object,
     message_list,
     number,
-    refuse_tools,
     stops,
     thinking_switch,
 )
+from localchat.serve.tool_fields import answer_format, tool_choice_of, tools_of
 
 if TYPE_CHECKING:
     from localchat.serve.app import ServeApp
@@ -46,15 +50,12 @@ if TYPE_CHECKING:
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
     """A ``/v1/chat/completions`` body as a ChatRequest (ApiError 400 naming the field)."""
-    refuse_tools(body)
     if body.get("n") not in (None, 1):
         raise bad("n", "must be 1: localchat serve answers with one choice")
     if body.get("logprobs"):
         raise ApiError(400, "logprobs are not supported by localchat serve", param="logprobs")
-    response_format = field_of(body, "response_format", dict)
-    if response_format and response_format.get("type", "text") != "text":
-        raise ApiError(400, f"response_format {response_format.get('type')!r} is not supported "
-                            "yet; only text", param="response_format.type")
+    shape = answer_format(field_of(body, "response_format", dict), "response_format")
+    tools = tools_of(body)
     options = field_of(body, "stream_options", dict) or {}
     template_kwargs = field_of(body, "chat_template_kwargs", dict) or {}
     max_tokens = integer(body, "max_completion_tokens", 1)
@@ -75,6 +76,9 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         thinking=thinking_switch(template_kwargs.get("enable_thinking"),
                                  "chat_template_kwargs.enable_thinking"),
         include_usage=bool(field_of(options, "include_usage", bool, "stream_options.")),
+        tools=tools,
+        tool_choice=tool_choice_of(body, tools),
+        answer_format=shape,
     )
 
 
@@ -172,6 +176,9 @@ async def _stream(app: ServeApp, request: Request, connection: Connection, job: 
             key = "content" if item.kind == "content" else "reasoning_content"
             await connection.write(_chunk(ids, {key: item.text}))
             continue
+        app.remember_calls(item)
+        for index, call in enumerate(item.tool_calls):
+            await connection.write(_chunk(ids, {"tool_calls": [{"index": index, **call.to_openai()}]}))
         await connection.write(_last_chunks(ids, item, job.request.include_usage))
         await connection.end_stream()
 
@@ -194,9 +201,13 @@ async def _whole(app: ServeApp, request: Request, connection: Connection, job: J
             continue
         if item.error is not None:
             raise item.error
-        message: dict[str, Any] = {"role": "assistant", "content": item.content}
+        app.remember_calls(item)
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": item.content or (None if item.tool_calls else "")}
         if item.thinking:
             message["reasoning_content"] = item.thinking
+        if item.tool_calls:
+            message["tool_calls"] = [call.to_openai() for call in item.tool_calls]
         body = {"id": ids[0], "object": "chat.completion", "created": ids[1], "model": ids[2],
                 "system_fingerprint": "localchat",
                 "choices": [{"index": 0, "message": message, "logprobs": None,

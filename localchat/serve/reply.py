@@ -7,6 +7,11 @@ Stop strings (OpenAI's and Ollama's ``stop``) end the answer where one first app
 that could be the start of one is held back until it is clear, the stop string itself is never
 sent, and the turn is stopped at once (``Job.stop_reply``). They apply to the answer, not to the
 reasoning.
+
+A reply that called tools ends with its calls (``Ending.tool_calls``, finish reason
+"tool_calls"); the answer text never holds their markers or JSON (the engine keeps them out of
+the Tokens). A call that cannot run as written (cut off by the token limit, unreadable) is not
+a call for the client: its text, as the model wrote it, ends the content instead.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from localchat.events import Done, Failed, Thinking, Timings, Token
 from localchat.serve.http import Connection
 from localchat.serve.request import ApiError
 from localchat.serve.scheduler import SHUTTING_DOWN, Job, Started
+from localchat.toolcalls import ToolCall
 
 # Failure codes (events.Failed.code) and the HTTP status each answers with.
 _STATUS = {"context_length_exceeded": 400, "shutting_down": 503, "model_not_loaded": 500}
@@ -32,13 +38,15 @@ class Piece:
 
 @dataclass
 class Ending:
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
     timings: Timings
     content: str  # the whole answer sent (stop strings applied)
     thinking: str  # the whole reasoning sent
     load_ms: float = 0.0
     model: str = ""
     error: ApiError | None = None  # the reply was cut (the server shutting down) after text went
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls the client is to run
+    reply: str = ""  # the reply as the model wrote it (markers and calls included)
 
 
 class StopMatcher:
@@ -120,6 +128,10 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
                 if not stopped and (rest := stops.flush()):
                     content.append(rest)
                     yield Piece("content", rest)
+                broken = "".join(c.raw for c in event.tool_calls if not c.runnable)
+                if broken and not stopped:
+                    content.append(broken)
+                    yield Piece("content", broken)
                 error = None
                 if event.finish_reason == "aborted" and not stopped and job.shutting_down:
                     error = ApiError(503, SHUTTING_DOWN, code="shutting_down", kind="server_error")
@@ -131,6 +143,12 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
 
 def _ending(event: Done | Failed, timings: Timings, content: list[str], thinking: list[str],
             started: Started, error: ApiError | None, stopped: bool = False) -> Ending:
-    length = isinstance(event, Done) and event.finish_reason == "length" and not stopped
-    return Ending("length" if length else "stop", timings, "".join(content), "".join(thinking),
-                  started.load_ms, started.model, error)
+    if not isinstance(event, Done):
+        return Ending("stop", timings, "".join(content), "".join(thinking), started.load_ms,
+                      started.model, error)
+    calls = () if stopped else tuple(c for c in event.tool_calls if c.runnable)
+    finish: Literal["stop", "length", "tool_calls"] = (
+        "tool_calls" if calls else "length" if event.finish_reason == "length" and not stopped
+        else "stop")
+    return Ending(finish, timings, "".join(content), "".join(thinking), started.load_ms,
+                  started.model, error, calls, event.reply)

@@ -4,9 +4,9 @@ a client's JSON into one: every problem is an :class:`ApiError` (400) naming the
 
 The OpenAI and Ollama modules read their own shapes with the checkers here (``field``,
 ``number``, ...) and build a :class:`ChatRequest`; the messages become the app's own
-``{"role", "content"}`` dicts, laid out by the engine exactly as the app lays them out.
-Fields for tools (``tools``, ``tool_calls``, the ``tool`` role) are read here too, and refused
-while the engine has no tool calls, so adding them changes this module only.
+``{"role", "content"}`` dicts, laid out by the engine exactly as the app lays them out, and an
+assistant message's ``tool_calls`` and ``tool`` results the chat history's shape
+(``toolcalls.assistant_message``, ``ToolResult.to_message``; read by ``tool_fields``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from localchat.engine.options import Sampling
+from localchat.engine.options import Sampling, shaped
+from localchat.formats import AnswerFormat
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 MAX_STOPS = 16
 
 
@@ -60,12 +61,17 @@ class ChatRequest:
     stop: list[str] = field(default_factory=list)
     thinking: str | None = None  # "on" | "off": the template's thinking switch
     include_usage: bool = False  # OpenAI stream_options.include_usage
+    tools: tuple[dict[str, Any], ...] = ()  # OpenAI function specs the model may call
+    tool_choice: str = "auto"  # "auto" | "none" | "required" | a tool's name
+    answer_format: AnswerFormat | None = None  # response_format / Ollama's format
 
     def sampling(self, defaults: Sampling) -> Sampling:
         given = {name: getattr(self, name) for name in (
             "max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty",
             "frequency_penalty", "presence_penalty", "seed", "thinking")}
-        return replace(defaults, **{k: v for k, v in given.items() if v is not None})
+        sampling = replace(defaults, **{k: v for k, v in given.items() if v is not None})
+        return replace(shaped(sampling, self.answer_format), tools=self.tools,
+                       tool_choice=self.tool_choice)
 
 
 # -- reading JSON ------------------------------------------------------------------------------
@@ -143,13 +149,17 @@ def stops(obj: dict[str, Any], key: str, where: str = "") -> list[str]:
     return [item for item in items if item]
 
 
-def message_list(obj: dict[str, Any], content_of: Any) -> list[dict[str, str]]:
+def message_list(obj: dict[str, Any], content_of: Any) -> list[dict[str, Any]]:
     """``messages``: a non-empty array of ``{"role", "content"}`` with known roles; each
-    message's text is ``content_of(message, "messages[i].")`` (the API's own content shapes)."""
+    message's text is ``content_of(message, "messages[i].")`` (the API's own content shapes);
+    an assistant message may carry ``tool_calls`` and a ``tool`` message answers one."""
+    from localchat.serve.tool_fields import calls_of, tool_result
+
     value = field_of(obj, "messages", list)
     if not value:
         raise bad("messages", "must be a non-empty array of messages")
-    messages = []
+    messages: list[dict[str, Any]] = []
+    unanswered: list[dict[str, Any]] = []  # the last assistant message's calls
     for i, message in enumerate(value):
         where = f"messages[{i}]."
         if not isinstance(message, dict):
@@ -158,21 +168,23 @@ def message_list(obj: dict[str, Any], content_of: Any) -> list[dict[str, str]]:
         if role is None:
             raise bad(where + "role", "is missing")
         role = "system" if role == "developer" else role  # OpenAI's newer name for it
-        if role == "tool" or message.get("tool_calls"):
-            raise ApiError(400, "tools are not supported yet: messages with tool calls or tool "
-                                "results cannot be answered", param=where + ("role" if role == "tool" else "tool_calls"))
         if role not in ROLES:
             raise bad(where + "role", f"must be one of {', '.join(ROLES)} (or developer), "
                                       f"not {_shown(role)}")
-        messages.append({"role": role, "content": content_of(message, where)})
+        content = content_of(message, where)
+        if role == "tool":
+            messages.append(tool_result(message, where, content, unanswered))
+            continue
+        entry: dict[str, Any] = {"role": role, "content": content}
+        if message.get("tool_calls") is not None:
+            if role != "assistant":
+                raise bad(where + "tool_calls", "may only be on an assistant message")
+            calls = calls_of(message, where, i)
+            if calls:
+                entry["tool_calls"] = calls
+            unanswered = list(calls)
+        messages.append(entry)
     return messages
-
-
-def refuse_tools(obj: dict[str, Any]) -> None:
-    """A request that offers the model tools cannot be answered honestly yet."""
-    tools = field_of(obj, "tools", list)
-    if tools:
-        raise ApiError(400, "tools are not supported yet by localchat serve", param="tools")
 
 
 def thinking_switch(value: Any, param: str) -> str | None:
