@@ -52,8 +52,8 @@ def open_tty() -> TextIO | None:
 class Approver:
     """Answers each ``ToolApproval`` of an ``ask`` run (see the module)."""
 
-    def __init__(self, tty_opener: Callable[[], TextIO | None] = open_tty) -> None:
-        self._open = tty_opener
+    def __init__(self, tty_opener: Callable[[], TextIO | None] | None = None) -> None:
+        self._open = tty_opener or (lambda: open_tty())
         self._tty: TextIO | None = None
         self._opened = False
 
