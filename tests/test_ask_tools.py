@@ -110,3 +110,18 @@ def test_a_tool_choice_no_tool_can_meet_is_a_one_line_error(test_model_path, cap
     assert code == 1 and "no tools are available" in err and "Traceback" not in err
     code, _, err = ask(capsys, test_model_path, "--tool-choice", " ")
     assert code != 0 and "--tool-choice" in err
+
+
+def test_the_local_model_forced_to_call_runs_the_tool_and_answers(test_model_path, capsys,
+                                                                  isolated_home):
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    (isolated_home / "config.toml").write_text('[tools]\nbuiltins = ["list_directory"]\n')
+    code = main(["ask", "--model", str(test_model_path), "--temperature", "0", "--max-tokens",
+                 "48", "--tool-choice", "list_directory", "--allow-tool", "*", "--json",
+                 "List the files here."])
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    kinds = [e["event"] for e in events if e["event"] in ("tool_call", "tool_result", "done")]
+    assert code == 0 and kinds == ["tool_call", "tool_result", "done"]
+    assert events[-1]["timings"]["cache_n"] > 0  # the reply after the result reused the cache
+    # No token carries the call's markup.
+    assert "<tool_call>" not in "".join(e["text"] for e in events if e["event"] == "token")
