@@ -22,9 +22,11 @@ def test_targets_hold_for_good_numbers_and_name_each_miss():
     rows = {"none": [{"ttft_ms": 100.0, "prompt_n": 114, "tools_offered": 0}],
             "starting": [{"ttft_ms": 105.0, "prompt_n": 114, "tools_offered": 0}],
             "up": [{"ttft_ms": 400.0, "prompt_n": 863, "tools_offered": 9}],
+            "none_second": [{"ttft_ms": 100.0, "prompt_n": 120, "tools_offered": 0}],
+            "up_second": [{"ttft_ms": 104.0, "prompt_n": 120, "tools_offered": 9}],
             "round": [round_row()]}
     assert all(check["ok"] for check in _targets(_summary(rows)))
-    rows["starting"] = [{"ttft_ms": 150.0, "prompt_n": 114, "tools_offered": 0}]
+    rows["up_second"] = [{"ttft_ms": 150.0, "prompt_n": 120, "tools_offered": 9}]
     rows["round"] = [round_row(reuse=0.5, result_to_prefill_start_ms=40.0)]
     missed = [check["target"] for check in _targets(_summary(rows)) if not check["ok"]]
     assert len(missed) == 3 and any("TTFT" in m for m in missed)
