@@ -12,8 +12,12 @@ The API front ends use (the TUI, ``ask``; ``chat.tool_turn`` runs the loop itsel
 - A turn with tools is a ``chat.tool_turn.ToolTurn``: its events are the reply's, then per call
   ``ToolCalled``, ``ToolApproval`` (answer ``event.request.answer(Decision.X)`` from any thread,
   show the notice it returns; Esc = ``Decision.DENY``), ``ToolReturned``; then the next reply's,
-  in one stream ending with one ``Done``/``Failed``. ``turn.stop()`` (Esc) also cancels a call
-  that is running and denies a question not yet answered.
+  in one stream ending with one ``Done``/``Failed``. The loop runs on the reader's thread: after a
+  ``ToolApproval`` the next event comes once the request is answered, so a reader answers it
+  before asking for the next event, or from another thread (the screen's) while it waits.
+  ``turn.stop()`` (Esc) also cancels a call that is running and denies a question not yet
+  answered. ``Conversation.send`` stores the turn's calls and results with its reply
+  (``record_reply``); ``ask`` passes ``turn.rounds`` to ``record_exchange``.
 - ``ChatTools.empty()`` offers nothing (no config): a turn is then a plain one.
 """
 
