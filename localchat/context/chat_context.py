@@ -11,13 +11,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from localchat.context.budget import draft_may_be_prefilled
 from localchat.context.draft import DraftPrefill
 from localchat.engine.options import Sampling
 from localchat.engine.turn import TurnHandle
 from localchat.events import Done, Failed, Turn
+from localchat.toolcalls import ToolCall, ToolResult, assistant_message
 
 if TYPE_CHECKING:
     from localchat.context.keeper import ContextKeeper
@@ -25,11 +26,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class Message:
-    role: str  # "user" | "assistant"
-    content: str
+    role: str  # "user" | "assistant" | "tool"
+    content: str  # a reply as the model wrote it (calls and markers included); a tool's result
     stopped: bool = False  # a reply the user interrupted (kept, marked)
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls an assistant reply asked for
+    tool_call_id: str = ""  # a tool result: the call it answers
+    name: str = ""  # a tool result: the tool's name
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, Any]:
+        """The message as templates and OpenAI's API take it (``tool_calls``, ``tool`` role)."""
+        if self.role == "tool":
+            return ToolResult(self.tool_call_id, self.name, self.content).to_message()
+        if self.tool_calls:
+            return assistant_message(self.content, list(self.tool_calls))
         return {"role": self.role, "content": self.content}
 
 
@@ -102,6 +111,10 @@ class ChatContext:
         self.last_sent: list[dict[str, str]] = []
         # Cells a context shift moved in the last turn: a draft is then not prefilled (see draft.py).
         self.last_approx_n = 0
+        # The tools the last turn offered: the engine's ``prepare`` renders none, so while a
+        # session offers tools a background prefill (a draft, a new system prompt) would lay
+        # down a prompt the next turn cannot reuse; it is not done.
+        self.offered_tools: tuple[dict[str, Any], ...] = ()
         self.draft = DraftPrefill(self)
 
     # -- what the model sees -------------------------------------------------------------------
@@ -142,17 +155,40 @@ class ChatContext:
                 if refusal is not None and not remote_ready:
                     return refused(refusal)
             self.history.append(Message("user", text))
-            messages = self.model_messages()
-            self.last_sent = messages
-            handle: Turn
-            if router is None:
-                handle = self.engine.submit(messages, sampling)
-            else:
-                handle = router.start(messages, lambda: self.engine.submit(messages, sampling),
-                                      overlong=refusal is not None, sampling=sampling)
-            handle.on_finish(self._record_reply)
-            self._current = handle
+            return self._start(sampling, router, overlong=refusal is not None)
+
+    def resume(self, sampling: Sampling | None = None, *,
+               router: TurnRouter | None = None) -> Turn:
+        """Start the next reply over the history as it stands, with no new user message: the
+        model goes on after the tool results the chat's tool loop appended (``add_results``).
+        The reply is added to the history like ``send``'s."""
+        sampling = sampling or self.sampling
+        self.draft.cancel()
+        with self.state_lock:
+            if self._current is not None and not self._current.finished:
+                raise RuntimeError("a reply is still running; stop it first")
+            return self._start(sampling, router, overlong=False)
+
+    def _start(self, sampling: Sampling, router: TurnRouter | None, *, overlong: bool) -> Turn:
+        """Submit a reply to the history as it stands (under ``state_lock``)."""
+        messages = self.model_messages()
+        self.last_sent = messages
+        self.offered_tools = sampling.tools
+        handle: Turn
+        if router is None:
+            handle = self.engine.submit(messages, sampling)
+        else:
+            handle = router.start(messages, lambda: self.engine.submit(messages, sampling),
+                                  overlong=overlong, sampling=sampling)
+        handle.on_finish(self._record_reply)
+        self._current = handle
         return handle
+
+    def add_results(self, results: list[ToolResult]) -> None:
+        """The results of the last reply's calls, as ``tool`` messages after it."""
+        with self.state_lock:
+            self.history.extend(Message("tool", r.content, tool_call_id=r.call_id, name=r.name)
+                                for r in results)
 
     def _record_reply(self, event: Done | Failed) -> None:
         if isinstance(event, Done) and self.pending_restore_ms is not None:
@@ -161,7 +197,10 @@ class ChatContext:
             self.pending_restore_ms = None
         if isinstance(event, Done):
             self.last_approx_n = event.timings.approx_n
-            self.history.append(Message("assistant", event.reply, stopped=event.finish_reason == "aborted"))
+            stopped = event.finish_reason == "aborted"
+            # A stopped reply's calls never run: it is kept as the text the model wrote.
+            calls = () if stopped else event.tool_calls
+            self.history.append(Message("assistant", event.reply, stopped=stopped, tool_calls=calls))
             if self.keeper is not None:
                 in_context = self.summary and self.summary_in_context
                 event.timings.summary_n = self.keeper.summary_text_tokens if in_context else 0
@@ -183,7 +222,7 @@ class ChatContext:
         to prepare, or None when it must not be done now (see draft.py: a turn or a summary is
         running, or the next turn may trim the context)."""
         with self.state_lock:
-            if self.busy or self.last_approx_n:
+            if self.busy or self.last_approx_n or self.offered_tools:
                 return None
             keeper = self.keeper
             if keeper is not None:
@@ -210,7 +249,8 @@ class ChatContext:
         with self.state_lock:
             changed = text != self.system
             self.system = text
-            messages = self.model_messages() if changed and self.history and not self.busy else None
+            messages = (self.model_messages() if changed and self.history and not self.busy
+                        and not self.offered_tools else None)
         return self.engine.prepare(messages) if messages is not None else None
 
     def clear(self) -> None:
