@@ -1,0 +1,98 @@
+"""The tool servers as the app shows them: started at open without holding anything up, and
+each coming up or failing told in a notice.
+
+The chat layer owns the :class:`~localchat.tools.ToolRegistry` (its servers end when the app
+does); the app starts it when the session opens, which returns at once: the servers come up on
+the registry's own thread while the model loads and the user types, and a message that calls no
+tool never waits for them. mcp.json's problems (one line each, naming the file and the server)
+are shown first; then every change of a server's state arrives on the registry's thread and is
+handed to the UI thread as a :class:`ToolServerChanged` message:
+
+- running: ``⚙ NAME: N tools ready`` (a brief notice);
+- failed: ``⚙ MCP server NAME failed: why`` (the last line of its stderr), an error that stays
+  a while; ``localchat tools`` lists the whole picture;
+- stopped (a server that exited after it was running): a warning.
+
+A server's stderr never reaches the screen (the registry sends it to the log file).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from textual.message import Message
+
+from localchat.settings.tools import BUILTIN_SERVER
+from localchat.terminal import visible
+
+if TYPE_CHECKING:
+    from localchat.tools import ServerStatus, ToolRegistry
+    from localchat.tui.app import LocalChatApp
+
+FAILURE_NOTICE_S = 15
+
+
+@dataclass
+class ToolServerChanged(Message):
+    """A tool server's state changed (posted from the registry's thread)."""
+
+    status: ServerStatus
+
+
+def status_notice(status: ServerStatus) -> tuple[str, str] | None:
+    """(message, severity) for a server's new state; None when there is nothing to tell."""
+    name = visible(status.name, newlines=False)
+    if status.state == "running":
+        count = len(status.tools)
+        return f"⚙ {name}: {count} tool{'s' if count != 1 else ''} ready", "information"
+    if status.state == "failed":
+        why = visible(status.error, newlines=False) or "no reason given"
+        return f"⚙ MCP server {name} failed: {why}", "error"
+    if status.state == "stopped":
+        return f"⚙ MCP server {name} stopped; its tools are gone until localchat restarts", "warning"
+    return None
+
+
+def services_registry(services: object) -> ToolRegistry | None:
+    """The chat services' tool registry (``ChatServices.tools``), where they have one."""
+    return getattr(services, "tools", None)
+
+
+class ToolServers:
+    """The registry's servers, as notices (see the module)."""
+
+    def __init__(self, app: LocalChatApp) -> None:
+        self._app = app
+        self.registry: ToolRegistry | None = None
+        self._shown: dict[str, str] = {}  # server -> the state last told
+
+    def start(self, registry: ToolRegistry | None) -> None:
+        """Start ``registry`` in the background (returns at once) and tell what it reports."""
+        if registry is None or self.registry is registry:
+            return
+        self.registry = registry
+        for problem in registry.problems:
+            self._app.notify(visible(problem, newlines=False), title="mcp.json", severity="error",
+                             timeout=FAILURE_NOTICE_S)
+        registry.add_listener(self._changed)
+        registry.start()
+        for status in registry.statuses():  # a registry started before the app listened
+            if status.name != BUILTIN_SERVER:
+                self.show(status)
+
+    def _changed(self, status: ServerStatus) -> None:
+        """On the registry's thread: hand over to the UI thread (unless the app is gone)."""
+        if not self._app.closed:
+            self._app.post_message(ToolServerChanged(status))
+
+    def show(self, status: ServerStatus) -> None:
+        if self._shown.get(status.name) == status.state:
+            return
+        self._shown[status.name] = status.state
+        told = status_notice(status)
+        if told is None:
+            return
+        message, severity = told
+        timeout = FAILURE_NOTICE_S if severity == "error" else None
+        self._app.notify(message, severity=severity, timeout=timeout)

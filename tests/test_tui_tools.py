@@ -1,0 +1,303 @@
+"""Tool calls in the app (headless, scripted model and tool round: tests/fake_tools.py): the
+approval prompt and its keys, the ⚙ lines with their results folded under them, Esc cancelling
+a running call, hostile arguments and results shown inert."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from fake_engine import (
+    FakeEngine,
+    make_app,
+    notices,
+    ready,
+    reply_finished,
+    screen_lines,
+    send,
+    wait_until,
+)
+from fake_tools import ToolRound, tool
+
+from localchat import paths
+from localchat.chat.services import build_services
+from localchat.settings import Settings
+from localchat.settings.tools import ToolsSettings
+from localchat.toolcalls import ToolCall
+from localchat.tools import ServerStatus, ToolRegistry
+from localchat.tools.approval import ApprovalPolicy
+from localchat.tui.approval import ApprovalScreen
+from localchat.tui.reply_view import ReplyView, RoundText
+from localchat.tui.tool_calls import ToolCallView
+from localchat.tui.tool_servers import status_notice
+
+SIZE = (100, 30)
+READ = tool("read_file", "files", "Read a text file.\nMore detail.")
+RUN = tool("run_command", "builtin", "Run a shell command.")
+
+
+def read(path: str, call_id: str = "call00001") -> tuple[ToolCall, object]:
+    return ToolCall(call_id, "read_file", {"path": path}), READ
+
+
+def app_with(store, round_: ToolRound, reply: str = "Let me look."):
+    return make_app(store, FakeEngine(reply=reply, tools=round_))
+
+
+def views(app) -> list[ToolCallView]:
+    reply = app.chat_log.last_reply()
+    assert isinstance(reply, ReplyView)
+    return list(reply.query(ToolCallView))
+
+
+async def asked(pilot) -> ApprovalScreen:
+    await wait_until(pilot, lambda: isinstance(pilot.app.screen, ApprovalScreen), "the approval prompt")
+    await pilot.pause()
+    return pilot.app.screen
+
+
+async def test_a_call_shows_as_one_line_with_its_result_folded_under_it(store):
+    round_ = ToolRound([read("notes.txt")], then="The notes say hi.",
+                       results={"read_file": "hi there\nsecond line"})
+    app = app_with(store, round_)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "What do my notes say?")
+        await reply_finished(pilot)
+
+        reply = app.chat_log.last_reply()
+        [earlier] = reply.query(RoundText)
+        assert earlier.source == "Let me look."  # the text before the call stays above it
+        [view] = views(app)
+        assert view.state == "done" and view.collapsed
+        assert view.line == '⚙ files.read_file({"path": "notes.txt"})'
+        assert "✓ 2 lines" in str(view.title)
+        assert reply.text == "The notes say hi."  # the next round streamed below the call
+        shown = "\n".join(screen_lines(app))
+        assert '⚙ files.read_file({"path": "notes.txt"})' in shown
+        assert "second line" not in shown  # folded
+
+        view.collapsed = False  # a click on the line, or Enter on it
+        await pilot.pause()
+        assert "second line" in "\n".join(screen_lines(app))
+        assert round_.log == [("call00001", "ran")]
+        order = [type(w).__name__ for w in reply.children]
+        assert order.index("RoundText") < order.index("ToolCallView") < order.index("LiveMarkdown")
+
+
+async def test_y_runs_the_call_once_and_the_next_call_asks_again(store):
+    round_ = ToolRound([read("a.txt", "call00001"), read("b.txt", "call00002")],
+                       policy=ApprovalPolicy())
+    app = app_with(store, round_)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "Read both.")
+        screen = await asked(pilot)
+        shown = "\n".join(screen_lines(app))
+        assert "read_file · server files" in shown and '"path": "a.txt"' in shown
+        assert "Read a text file." in shown and "More detail" not in shown
+        assert "y run once" in shown and "s always (saved in config.toml)" in shown
+        assert views(app)[0].state == "asking"
+        assert app.status.info.state == "waiting for your answer"
+
+        await pilot.press("y")
+        second = await asked(pilot)
+        assert second is not screen and '"path": "b.txt"' in "\n".join(screen_lines(app))
+        await pilot.press("y")
+        await reply_finished(pilot)
+        assert round_.log == [("call00001", "once"), ("call00001", "ran"),
+                              ("call00002", "once"), ("call00002", "ran")]
+        assert [v.state for v in views(app)] == ["done", "done"]
+
+
+async def test_a_allows_the_tool_for_the_session_and_asks_no_more(store):
+    round_ = ToolRound([read("a.txt", "call00001"), read("b.txt", "call00002")],
+                       policy=ApprovalPolicy())
+    app = app_with(store, round_)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "Read both.")
+        await asked(pilot)
+        await pilot.press("a")
+        await reply_finished(pilot)
+        assert round_.log == [("call00001", "session"), ("call00001", "ran"), ("call00002", "ran")]
+        assert any("files.read_file: allowed until localchat exits" in n for n in notices(app))
+
+
+async def test_a_for_run_command_covers_only_that_exact_command_and_cannot_be_saved(store):
+    calls = [(ToolCall("call00001", "run_command", {"command": "ls"}), RUN),
+             (ToolCall("call00002", "run_command", {"command": "ls"}), RUN),
+             (ToolCall("call00003", "run_command", {"command": "rm -rf x"}), RUN)]
+    round_ = ToolRound(calls, policy=ApprovalPolicy())
+    app = app_with(store, round_)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "List, then delete.")
+        await asked(pilot)
+        shown = "\n".join(screen_lines(app))
+        assert "a always this exact command" in shown and "saved in config.toml" not in shown
+        await pilot.press("s")  # not offered: nothing happens
+        await pilot.pause()
+        assert isinstance(app.screen, ApprovalScreen)
+        await pilot.press("a")
+        await asked(pilot)  # rm is a different command: asked again
+        assert '"command": "rm -rf x"' in "\n".join(screen_lines(app))
+        await pilot.press("n")
+        await reply_finished(pilot)
+        assert round_.log == [("call00001", "session"), ("call00001", "ran"), ("call00002", "ran"),
+                              ("call00003", "deny")]
+        assert [v.state for v in views(app)] == ["done", "done", "denied"]
+
+
+async def test_s_saves_always_allow_in_config_toml(store):
+    round_ = ToolRound([read("a.txt")], policy=ApprovalPolicy())
+    app = app_with(store, round_)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "Read it.")
+        await asked(pilot)
+        await pilot.press("s")
+        await reply_finished(pilot)
+        assert round_.log == [("call00001", "save"), ("call00001", "ran")]
+        assert any("always allowed (saved in" in n for n in notices(app))
+    saved = paths.config_file().read_text(encoding="utf-8")
+    assert "always_allow" in saved and "read_file" in saved
+
+
+async def test_n_and_esc_deny_and_the_model_goes_on(store):
+    for key in ("n", "escape"):
+        round_ = ToolRound([read("secret.txt")], then="I could not read it.", policy=ApprovalPolicy())
+        app = app_with(store, round_)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot)
+            await send(pilot, "Read it.")
+            await asked(pilot)
+            await pilot.press(key)
+            await reply_finished(pilot)
+            [view] = views(app)
+            assert view.state == "denied" and view.has_class("-error")
+            assert "✖ denied" in str(view.title)
+            reply = app.chat_log.last_reply()
+            assert reply.text == "I could not read it." and not reply.has_class("-stopped")
+            assert round_.log == [("call00001", "deny")], key
+
+
+async def test_esc_during_a_running_call_cancels_it_and_stops_the_reply(store):
+    round_ = ToolRound([read("huge.txt")], hold_call=True)
+    app = app_with(store, round_)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "Read it.")
+        await wait_until(pilot, round_.running.is_set, "the call to run")
+        await wait_until(pilot, lambda: bool(views(app)) and views(app)[0].state == "running",
+                         "the running call on screen")
+        assert "running…" in str(views(app)[0].title)
+        await pilot.press("escape")
+        await reply_finished(pilot)
+        [view] = views(app)
+        assert view.state == "stopped" and view.has_class("-error") and "✖ stopped" in str(view.title)
+        assert round_.log == [("call00001", "cancelled")]
+        assert app.chat_log.last_reply().has_class("-stopped")
+
+
+async def test_ctrl_c_while_asking_denies_and_stops(store):
+    round_ = ToolRound([read("a.txt")], policy=ApprovalPolicy())
+    app = app_with(store, round_)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "Read it.")
+        await asked(pilot)
+        await pilot.press("ctrl+c")
+        await reply_finished(pilot)
+        assert not isinstance(app.screen, ApprovalScreen)
+        assert round_.log == [("call00001", "deny")]
+        assert app.chat_log.last_reply().has_class("-stopped")
+
+
+async def test_a_reply_that_ends_in_its_own_done_before_the_round_shows_the_same(store):
+    round_ = ToolRound([read("notes.txt")], then="Here it is.", round_done=True)
+    app = app_with(store, round_)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "Read it.")
+        await reply_finished(pilot)
+        reply = app.chat_log.last_reply()
+        assert [t.source for t in reply.query(RoundText)] == ["Let me look."]
+        assert [v.state for v in views(app)] == ["done"]
+        assert reply.text == "Here it is."
+    assert store.turns(store.last_session().id)[-1].content == "Here it is."
+
+
+async def test_failures_are_marked_and_told_and_hostile_text_is_inert(store):
+    hostile = ToolCall("call00001", "read_file", {"path": "[bold red]x[/] \x1b[31mred\x1b[0m"})
+    broken = ToolCall("call00002", "read_file", problem="the arguments are not valid JSON")
+    round_ = ToolRound([(hostile, READ), (broken, READ)],
+                       results={"read_file": RuntimeError("server crashed")})
+    app = app_with(store, round_)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "Read it.")
+        await reply_finished(pilot)
+        first, second = views(app)
+        assert first.has_class("-error") and first.state == "failed"
+        assert "[bold red]x[/]" in first.line and "\x1b" not in first.line and "\\u001b[31m" in first.line
+        assert second.has_class("-error") and "not valid JSON" in second.result.content
+        shown = "\n".join(screen_lines(app))
+        assert "[bold red]x[/]" in shown and "\x1b" not in shown
+        told = notices(app)
+        assert any("server crashed" in n for n in told) and any("not valid JSON" in n for n in told)
+
+
+# --- the tool servers at open ------------------------------------------------------------------
+
+SERVER = str(Path(__file__).with_name("mcp_servers.py"))
+
+
+def registry_for(folder: Path, servers: dict, **tools) -> ToolRegistry:
+    path = folder / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": servers}))
+    return ToolRegistry.from_config(Settings(tools=ToolsSettings(**tools)), path)
+
+
+def services_with(registry: ToolRegistry):
+    def factory(**options):
+        services = build_services(Settings(), **options)
+        services.tools = registry  # type: ignore[attr-defined]
+        return services
+    return factory
+
+
+async def test_servers_start_in_the_background_and_their_progress_shows_as_notices(store, tmp_path):
+    silent = {"command": sys.executable, "args": ["-c", "import time; time.sleep(60)"]}
+    registry = registry_for(tmp_path, {
+        "tools": {"command": sys.executable, "args": [SERVER, "stdio"]},
+        "broken": {"command": sys.executable,
+                   "args": ["-c", "import sys; sys.stderr.write('boom: no API key set\\n'); sys.exit(2)"]},
+        "missing": {"command": "no-such-mcp-server-program"},
+        "silent": silent,
+    }, start_timeout_s=20)
+    with registry:
+        app = make_app(store, FakeEngine(reply="Hi."), services_factory=services_with(registry))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot)
+            # Start-up waited for none of them: a message is answered while one still starts.
+            await send(pilot, "Hello")
+            await reply_finished(pilot)
+            assert any(s.state == "starting" for s in registry.statuses() if s.name == "silent")
+            assert any("server 'missing'" in n and "no-such-mcp-server-program" in n
+                       for n in notices(app))
+            await wait_until(pilot, lambda: any(n.startswith("⚙ tools: ") and "tools ready" in n
+                                                for n in notices(app)), "the server's notice", 60)
+            await wait_until(pilot, lambda: any("⚙ MCP server broken failed: " in n and "boom" in n
+                                                for n in notices(app)), "the failure's notice", 60)
+            assert not any("silent" in n for n in notices(app))  # still starting: nothing to tell
+
+
+def test_each_state_has_its_notice():
+    running = ServerStatus("docs", "stdio", "x", "running", (READ, RUN))
+    assert status_notice(running) == ("⚙ docs: 2 tools ready", "information")
+    failed = ServerStatus("db", "stdio", "x", "failed", error="exited: \x1b[31mno key")
+    assert status_notice(failed) == ("⚙ MCP server db failed: exited: ^[[31mno key", "error")
+    assert status_notice(ServerStatus("db", "stdio", "x", "stopped"))[1] == "warning"
+    assert status_notice(ServerStatus("db", "stdio", "x", "starting")) is None
