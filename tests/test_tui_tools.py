@@ -198,7 +198,10 @@ async def test_esc_during_a_running_call_cancels_it_and_stops_the_reply(store):
         [view] = views(app)
         assert view.state == "stopped" and view.has_class("-error") and "✖ stopped" in str(view.title)
         assert round_.log == [("call00001", "cancelled")]
-        assert app.chat_log.last_reply().has_class("-stopped")
+        reply = app.chat_log.last_reply()
+        assert reply.has_class("-stopped")
+        # The turn ends with the reply that called: its text stays above the call, once.
+        assert [t.source for t in reply.query(RoundText)] == ["Let me look."] and reply.text == ""
 
 
 async def test_ctrl_c_while_asking_denies_and_stops(store):

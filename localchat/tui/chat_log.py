@@ -24,6 +24,7 @@ from localchat.tui.laid_out_once import LaidOutOnce
 from localchat.tui.pictures import Picture
 from localchat.tui.reply_view import ReplyView, reply_caption
 from localchat.tui.scrolled_away import ScrolledAway
+from localchat.tui.stored_rounds import StoredReply, group_rounds
 from localchat.tui.thinking import thinking_title
 
 FOLD_MARGIN_ROWS = 4  # rows kept above the view while folding: a small scroll-up finds them
@@ -281,13 +282,20 @@ class ChatLog(LaidOutOnce, VerticalScroll):
 
     def _stored_widgets(self, turns: list[TurnRecord],
                         forks: dict[int, tuple[int, int]]) -> list[UserMessage | ReplyView]:
-        return [UserMessage(t.content, forks.get(t.seq), t.seq) if t.role == "user"
-                else self._stored_reply(t) for t in turns]
+        """Stored turns as widgets: a prompt each, and a reply each with the tool rounds that
+        led to it (``stored_rounds``)."""
+        return [UserMessage(item.content, forks.get(item.seq), item.seq)
+                if isinstance(item, TurnRecord) else self._stored_reply(item)
+                for item in group_rounds(turns)]
 
-    def _stored_reply(self, turn: TurnRecord) -> ReplyView:
+    def _stored_reply(self, stored: StoredReply) -> ReplyView:
+        turn = stored.final
+        if turn is None:  # stopped during its calls: the rounds alone
+            return ReplyView("", "", stopped=True, earlier=stored.rounds)
         thinking, answer = split_reply(turn.content)
         view = ReplyView(answer, reply_caption(turn.model, turn.timings, stopped=turn.stopped),
-                         stopped=turn.stopped, thinking=thinking, show_thinking=self.show_thinking)
+                         stopped=turn.stopped, thinking=thinking, show_thinking=self.show_thinking,
+                         earlier=stored.rounds)
         if view.thinking is not None:
             view.thinking.title = thinking_title(turn.timings, stopped=turn.stopped)
         return view

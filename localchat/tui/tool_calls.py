@@ -74,8 +74,8 @@ class ToolCallView(Collapsible):
 
     def __init__(self, call: ToolCall, label: str, *, result: ToolResult | None = None,
                  elapsed_ms: float = 0.0) -> None:
-        super().__init__(Static("", markup=False, classes="tool-result"),
-                         title=plain(call_title(call, label)), collapsed=True)
+        self._result_text = Static("", markup=False, classes="tool-result")
+        super().__init__(self._result_text, title=plain(call_title(call, label)), collapsed=True)
         self.call = call
         self.call_id = call.id
         self.line = call_title(call, label)
@@ -116,7 +116,7 @@ class ToolCallView(Collapsible):
         self.result = result
         self.set_class(False, "-asking")
         self.set_class(result.is_error, "-error")
-        self.query_one(".tool-result", Static).update(shown_result(result.content))
+        self._result_text.update(shown_result(result.content))
         lines = result.content.count("\n") + 1 if result.content else 0
         size = f"{lines} line{'s' if lines != 1 else ''}"
         took = f" · {elapsed_text(elapsed_ms)}" if elapsed_ms else ""
