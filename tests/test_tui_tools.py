@@ -26,7 +26,7 @@ from localchat.settings import Settings
 from localchat.settings.tools import ToolsSettings
 from localchat.toolcalls import ToolCall
 from localchat.tools import ServerStatus, ToolRegistry
-from localchat.tools.approval import ApprovalPolicy
+from localchat.tools.approval import ApprovalPolicy, Decision
 from localchat.tui.approval import ApprovalScreen
 from localchat.tui.reply_view import ReplyView, RoundText
 from localchat.tui.tool_calls import ToolCallView
@@ -304,3 +304,24 @@ def test_each_state_has_its_notice():
     assert status_notice(failed) == ("⚙ MCP server db failed: exited: ^[[31mno key", "error")
     assert status_notice(ServerStatus("db", "stdio", "x", "stopped"))[1] == "warning"
     assert status_notice(ServerStatus("db", "stdio", "x", "starting")) is None
+
+
+async def test_a_question_settled_elsewhere_or_left_with_its_session_goes_away(store):
+    round_ = ToolRound([read("a.txt", "call00001"), read("b.txt", "call00002")],
+                       policy=ApprovalPolicy())
+    app = app_with(store, round_)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "Read both.")
+        screen = await asked(pilot)
+        screen.request.answer(Decision.ONCE)  # the tool loop settled it (its stop denies, say)
+        second = await asked(pilot)
+        assert second is not screen
+        # The question holds the keys (Ctrl+N waits), but a session left by any way (here the
+        # action itself) stops the turn and denies the question.
+        await pilot.press("ctrl+n")
+        assert app.screen is second
+        await app.action_new_session()
+        await wait_until(pilot, lambda: not isinstance(app.screen, ApprovalScreen), "the prompt to go")
+        await wait_until(pilot, lambda: app.turns.current is None, "the turn to end")
+        assert round_.log == [("call00001", "once"), ("call00001", "ran"), ("call00002", "deny")]

@@ -27,6 +27,7 @@ from localchat.terminal import visible
 from localchat.tools.approval import ApprovalRequest, Decision
 
 SHOWN_ARGUMENT_CHARS = 3000
+SETTLED_POLL_S = 0.25
 
 
 def arguments_text(request: ApprovalRequest) -> str:
@@ -83,6 +84,15 @@ class ApprovalScreen(ModalScreen[Decision]):
             with VerticalScroll(classes="arguments"):
                 yield Static(arguments_text(self.request), markup=False)
             yield Label(keys_line(self.request), markup=False, classes="keys")
+
+    def on_mount(self) -> None:
+        # The question may be settled elsewhere (the turn stopped, the session left): then the
+        # screen goes by itself instead of waiting for a key that no longer decides anything.
+        self.set_interval(SETTLED_POLL_S, self._settled_elsewhere)
+
+    def _settled_elsewhere(self) -> None:
+        if self.request.future.done() and self.app.screen is self:
+            self.dismiss(self.request.future.result())
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "decide" and parameters == ("save",):

@@ -100,6 +100,7 @@ class Sessions:
         if turn is not None:
             turn.stop()
             turn.reply = None
+            self._app.turns.tools.deny_open_questions()
         await self._app.queue.drop("You left the session they were typed in.")
         self._app.draft.cancel()
         previous = self._app.conversation
