@@ -6,6 +6,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -220,6 +221,40 @@ def test_a_version_1_database_is_upgraded_keeping_its_sessions_and_becomes_searc
         assert [(h.session_id, h.seq) for h in store.search("penguins")] == [(1, 1)]
         store.add_reply(1, "In Antarctica, mostly.", model="m")
         assert [h.seq for h in store.search("antarctica")] == [2]
+
+
+def test_a_version_5_database_gains_tool_turns_keeping_its_rows_ids_search_and_branches(tmp_path: Path):
+    from localchat.store import branches
+    from localchat.toolcalls import ToolCall, ToolResult
+
+    path = tmp_path / "v5.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    schema.upgrade(db, schema.UPGRADES[:5])  # before tool rounds
+    db.execute("INSERT INTO sessions (name, created_at, updated_at) VALUES ('old', 1, 1)")
+    db.execute("INSERT INTO turns (id, session_id, seq, role, content, created_at) "
+               "VALUES (7, 1, 1, 'user', 'Where do penguins live?', 1)")
+    db.close()
+
+    with Store.open(path) as store:
+        assert store.schema_version == schema.latest_version()
+        assert [(t.id, t.content) for t in store.turns(1)] == [(7, "Where do penguins live?")]
+        assert [h.seq for h in store.search("penguins")] == [1]
+        call = ToolCall("abc123XYZ", "lookup", {"animal": "penguin"}, raw="<tool_call>...</tool_call>")
+        store.add_reply(1, "Let me check.<tool_call>...</tool_call>", model="m", tool_calls=(call,))
+        store.add_tool_result(1, ToolResult("abc123XYZ", "lookup", "Antarctica", notice="n"),
+                              label="zoo.lookup", elapsed_ms=12.5)
+        store.add_reply(1, "In Antarctica.", model="m")
+        turns = store.turns(1)
+        assert [t.role for t in turns] == ["user", "assistant", "tool", "assistant"]
+        assert turns[1].tool_calls == (call,) and turns[1].answer == "Let me check."
+        assert (turns[2].tool_call_id, turns[2].tool_name, turns[2].tool_label,
+                turns[2].elapsed_ms, turns[2].notice) == ("abc123XYZ", "lookup", "zoo.lookup", 12.5, "n")
+        assert [h.seq for h in store.search("antarctica")] == [3, 4]
+        branches.fork(store, 1, 2)  # a retry: the round goes aside as a branch and comes back
+        assert [t.role for t in store.turns(1)] == ["user"]
+        store.add_reply(1, "Another answer.", model="m")
+        assert branches.switch(store, 1, 2, -1)
+        assert store.turns(1)[1:] == [replace(t, id=store.turns(1)[i + 1].id) for i, t in enumerate(turns[1:])]
 
 
 def test_search_finds_messages_of_every_session_and_reads_the_query_literally(store: Store):

@@ -19,12 +19,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol, TypedDict, cast
 
+from localchat.chat import tool_turn
 from localchat.chat.escalation import Escalation
 from localchat.chat.snapshots import SnapshotEngine
 from localchat.context.chat_context import ChatContext, Message
 from localchat.context.keeper import ContextEngine
 from localchat.errors import UserError
-from localchat.events import Done, Notice, Timings, Turn
+from localchat.events import Done, Failed, Notice, Timings, Turn
 from localchat.reasoning import strip_reasoning
 from localchat.store import SessionRecord, Store, StoreError, TurnRecord, branches, export
 from localchat.store.locks import SessionLock
@@ -32,6 +33,7 @@ from localchat.store.locks import SessionLock
 if TYPE_CHECKING:
     from localchat.chat.services import ChatServices
     from localchat.chat.snapshots import SessionSnapshots
+    from localchat.chat.tool_turn import RoundMessage
     from localchat.engine.options import Sampling
     from localchat.remote.escalate import Escalator, Route
 
@@ -55,6 +57,10 @@ class Conversation:
         self._restore_pending = False
         self._notices: list[Notice] = []
         self._escalator: Escalator | None = None  # made on the first turn; closed by close()
+        # What a turn asks of the model when the services have tools: "auto", "none",
+        # "required" or a tool's name (the app's setting, for the turns that follow).
+        self.tool_choice = "auto"
+        self._rounds: list[RoundMessage] = []  # the running turn's tool rounds, stored with its reply
 
     def __repr__(self) -> str:
         return f"Conversation(session_id={self.session_id}, attached={self.chat is not None})"
@@ -144,10 +150,28 @@ class Conversation:
         before = len(chat.history)
         router = (Escalation(escalator, chat.engine, cast("Route", route))
                   if escalator is not None and routed else None)
-        handle = chat.send(text, router=router)
+        tools = self.services.tools if self.services is not None else None
+        if tools is not None:
+            handle = tool_turn.start(chat, text, tools, tool_choice=self.tool_choice, router=router)
+        else:
+            handle = chat.send(text, router=router)
         if len(chat.history) > before:
             self.store.add_user_turn(self.session_id, chat.history[before].content)
+        self._rounds = handle.rounds if isinstance(handle, tool_turn.ToolTurn) else []
+        if isinstance(handle, tool_turn.ToolTurn):
+            handle.on_finish(self._keep_rounds_of_failed_turn)
         return handle
+
+    def _keep_rounds_of_failed_turn(self, final: Done | Failed) -> None:
+        """A turn that failed after tool rounds: the calls ran and the model saw the results,
+        so they are stored as the history holds them (the next turn goes on after them)."""
+        if isinstance(final, Failed) and self._rounds:
+            rounds, self._rounds = self._rounds, []
+            try:
+                with self.store.batch():
+                    store_rounds(self.store, self.session_id, rounds, "")
+            except UserError:
+                self._forget_rounds(rounds)
 
     def close(self) -> None:
         """The session is left: release its connection to the remote, if it made one."""
@@ -170,10 +194,15 @@ class Conversation:
         is stored as stopped. If the commit fails (disk full, database locked) the reply is
         forgotten by the model too, so the turn ends like a failed one (the prompt stays) and no
         later turn builds on a lost reply. Then the KV cache is saved, off this thread."""
+        rounds, self._rounds = self._rounds, []
         try:
-            turn = self.store.add_reply(self.session_id, done.reply, **_reply_fields(done, model))
+            with self.store.batch():
+                store_rounds(self.store, self.session_id, rounds, model)
+                turn = self.store.add_reply(self.session_id, done.reply,
+                                            **_reply_fields(done, model))
         except UserError as exc:
             self._forget_last_reply()
+            self._forget_rounds(rounds)
             raise UserError(f"{exc} The reply was not saved.") from None
         # Trimming may have swapped in a new running summary during the turn.
         if self.chat is not None and self.chat.summary != self.record.summary:
@@ -181,16 +210,23 @@ class Conversation:
         self._save_snapshot(wait=False)
         return turn
 
-    def record_exchange(self, prompt: str, done: Done, model: str) -> TurnRecord:
-        """Commit ``prompt`` (as sent), its reply and the running summary in one transaction
-        (both or neither), then save the KV cache, which then holds exactly what the store does,
-        and wait for the file. Raises ``UserError`` when the store cannot take them."""
+    def record_exchange(self, prompt: str, done: Done, model: str,
+                        rounds: list[RoundMessage] | tuple[()] = ()) -> TurnRecord:
+        """Commit ``prompt`` (as sent), its tool ``rounds`` (``ToolTurn.rounds``), its reply and
+        the running summary in one transaction (all or none), then save the KV cache, which then
+        holds exactly what the store does, and wait for the file. Raises ``UserError`` when the
+        store cannot take them."""
         chat = self._require_chat()
         try:
-            turn = self.store.add_exchange(self.session_id, prompt, done.reply,
-                                           summary=chat.summary, **_reply_fields(done, model))
+            with self.store.batch():
+                self.store.add_user_turn(self.session_id, prompt)
+                store_rounds(self.store, self.session_id, list(rounds), model)
+                turn = self.store.add_reply(self.session_id, done.reply,
+                                            **_reply_fields(done, model))
+                self.store.set_summary(self.session_id, chat.summary)
         except StoreError as exc:
             self._forget_last_reply()
+            self._forget_rounds(list(rounds))
             raise StoreError(f"{exc} Neither the prompt nor the reply was saved.") from None
         self._save_snapshot(wait=True)
         return turn
@@ -208,6 +244,17 @@ class Conversation:
         # The KV cache still holds the reply, but the next turn's history no longer continues
         # it, so the engine drops those cells and keeps the exact prefix before them.
         chat.history.pop()
+
+    def _forget_rounds(self, rounds: list[RoundMessage]) -> None:
+        """Tool rounds the store could not take leave the model's history too (they are its
+        last messages, after the prompt)."""
+        chat = self.chat
+        if chat is None or not rounds:
+            return
+        with chat.state_lock:
+            for message in reversed([r.message for r in rounds]):
+                if chat.history and chat.history[-1] is message:
+                    chat.history.pop()
 
     def take_back_last_prompt(self) -> str:
         """``/retry``: the last prompt and its reply become a branch of their own (still
@@ -299,8 +346,22 @@ class Conversation:
 
 
 def _message(turn: TurnRecord) -> Message:
-    """A stored turn as the model's history holds it."""
-    return Message(turn.role, turn.content, stopped=turn.stopped)
+    """A stored turn as the model's history holds it (with its calls, or as a tool result)."""
+    return Message(turn.role, turn.content, stopped=turn.stopped, tool_calls=turn.tool_calls,
+                   tool_call_id=turn.tool_call_id, name=turn.tool_name)
+
+
+def store_rounds(store: Store, session_id: int, rounds: list[RoundMessage], model: str) -> None:
+    """Write a turn's tool rounds (inside the caller's ``store.batch()``): each reply that
+    called, with its calls, and each result. ``model``: the local model in charge."""
+    for item in rounds:
+        if item.result is not None:
+            store.add_tool_result(session_id, item.result, label=item.label,
+                                  elapsed_ms=item.elapsed_ms)
+        elif item.done is not None:
+            store.add_reply(session_id, item.message.content,
+                            **_reply_fields(item.done, model or item.done.timings.model),
+                            tool_calls=item.message.tool_calls)
 
 
 class _ReplyFields(TypedDict):

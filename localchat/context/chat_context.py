@@ -11,13 +11,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from localchat.context.budget import draft_may_be_prefilled
 from localchat.context.draft import DraftPrefill
 from localchat.engine.options import Sampling
 from localchat.engine.turn import TurnHandle
 from localchat.events import Done, Failed, Turn
+from localchat.toolcalls import ToolCall, ToolResult, assistant_message
 
 if TYPE_CHECKING:
     from localchat.context.keeper import ContextKeeper
@@ -25,11 +26,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class Message:
-    role: str  # "user" | "assistant"
-    content: str
+    role: str  # "user" | "assistant" | "tool"
+    content: str  # a reply as the model wrote it (calls and markers included); a tool's result
     stopped: bool = False  # a reply the user interrupted (kept, marked)
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls an assistant reply asked for
+    tool_call_id: str = ""  # a tool result: the call it answers
+    name: str = ""  # a tool result: the tool's name
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, Any]:
+        """The message as templates and OpenAI's API take it (``tool_calls``, ``tool`` role)."""
+        if self.role == "tool":
+            return ToolResult(self.tool_call_id, self.name, self.content).to_message()
+        if self.tool_calls:
+            return assistant_message(self.content, list(self.tool_calls))
         return {"role": self.role, "content": self.content}
 
 
@@ -154,6 +163,34 @@ class ChatContext:
             self._current = handle
         return handle
 
+    def resume(self, sampling: Sampling | None = None, *,
+               router: TurnRouter | None = None) -> Turn:
+        """Start the next reply over the history as it stands, with no new user message: the
+        model goes on after the tool results the chat's tool loop appended (``add_results``).
+        The reply is added to the history like ``send``'s."""
+        sampling = sampling or self.sampling
+        self.draft.cancel()
+        with self.state_lock:
+            if self._current is not None and not self._current.finished:
+                raise RuntimeError("a reply is still running; stop it first")
+            messages = self.model_messages()
+            self.last_sent = messages
+            handle: Turn
+            if router is None:
+                handle = self.engine.submit(messages, sampling)
+            else:
+                handle = router.start(messages, lambda: self.engine.submit(messages, sampling),
+                                      overlong=False, sampling=sampling)
+            handle.on_finish(self._record_reply)
+            self._current = handle
+        return handle
+
+    def add_results(self, results: list[ToolResult]) -> None:
+        """The results of the last reply's calls, as ``tool`` messages after it."""
+        with self.state_lock:
+            self.history.extend(Message("tool", r.content, tool_call_id=r.call_id, name=r.name)
+                                for r in results)
+
     def _record_reply(self, event: Done | Failed) -> None:
         if isinstance(event, Done) and self.pending_restore_ms is not None:
             event.timings.restore_ms = self.pending_restore_ms
@@ -161,7 +198,10 @@ class ChatContext:
             self.pending_restore_ms = None
         if isinstance(event, Done):
             self.last_approx_n = event.timings.approx_n
-            self.history.append(Message("assistant", event.reply, stopped=event.finish_reason == "aborted"))
+            stopped = event.finish_reason == "aborted"
+            # A stopped reply's calls never run: it is kept as the text the model wrote.
+            calls = () if stopped else event.tool_calls
+            self.history.append(Message("assistant", event.reply, stopped=stopped, tool_calls=calls))
             if self.keeper is not None:
                 in_context = self.summary and self.summary_in_context
                 event.timings.summary_n = self.keeper.summary_text_tokens if in_context else 0

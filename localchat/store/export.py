@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from localchat.reasoning import split_reply
 from localchat.store.records import TurnRecord
 from localchat.store.store import Store
+from localchat.terminal import visible
+from localchat.toolcalls import ToolCall
 
 
 def to_markdown(store: Store, session_id: int) -> str:
@@ -37,22 +40,29 @@ def to_markdown(store: Store, session_id: int) -> str:
 def _turn_markdown(turn: TurnRecord) -> str:
     if turn.role == "user":
         return "## You\n\n" + turn.content + "\n"
+    if turn.role == "tool":
+        return _result_markdown(turn)
     note = " (stopped)" if turn.stopped else ""
-    thinking, answer = split_reply(turn.content)
+    thinking, answer = split_reply(turn.answer)
     if thinking:  # folded in viewers that render HTML, readable in those that do not
         answer = f"<details><summary>Thinking</summary>\n\n{quote(thinking)}\n\n</details>\n\n{answer}"
-    return f"## {turn.model or 'Assistant'}{note}\n\n" + answer + "\n"
+    calls = "".join(f"\n⚙ `{call_line(call)}`\n" for call in turn.tool_calls)
+    return f"## {turn.model or 'Assistant'}{note}\n\n" + answer + "\n" + calls
+
+
+def _result_markdown(turn: TurnRecord) -> str:
+    """A tool's result, folded under a line naming the call (an error marked)."""
+    label = turn.tool_label or turn.tool_name
+    outcome = " (error)" if turn.is_error else ""
+    fence = "````" if "```" in turn.content else "```"
+    return (f"<details><summary>⚙ {label} result{outcome}</summary>\n\n{fence}\n{turn.content}\n"
+            f"{fence}\n\n</details>\n")
 
 
 def to_json(store: Store, session_id: int) -> str:
     """The session as one JSON object: its fields, its messages and where system prompts changed."""
     record = store.session(session_id)
-    messages = [
-        {"seq": t.seq, "role": t.role, "content": t.content, "model": t.model or None,
-         "stopped": t.stopped, "finish_reason": t.finish_reason or None, "route": t.route or None,
-         "created_at": t.created_at, "timings": t.timings.to_dict() if t.timings else None}
-        for t in store.turns(session_id)
-    ]
+    messages = [_message_json(t) for t in store.turns(session_id)]
     document = {
         "id": record.id, "name": record.name, "title": record.title, "label": record.label,
         "system": record.system, "summary": record.summary, "created_at": record.created_at,
@@ -61,6 +71,26 @@ def to_json(store: Store, session_id: int) -> str:
         "messages": messages,
     }
     return json.dumps(document, ensure_ascii=False, indent=2) + "\n"
+
+
+def _message_json(t: TurnRecord) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "seq": t.seq, "role": t.role, "content": t.content, "model": t.model or None,
+        "stopped": t.stopped, "finish_reason": t.finish_reason or None, "route": t.route or None,
+        "created_at": t.created_at, "timings": t.timings.to_dict() if t.timings else None}
+    if t.tool_calls:  # OpenAI's shape; ``content`` is the reply as written, ``answer`` as shown
+        message["tool_calls"] = [call.to_openai() for call in t.tool_calls]
+        message["answer"] = t.answer
+    if t.role == "tool":
+        message.update(tool_call_id=t.tool_call_id, name=t.tool_name, label=t.tool_label,
+                       is_error=t.is_error, notice=t.notice or None, elapsed_ms=t.elapsed_ms)
+    return message
+
+
+def call_line(call: ToolCall) -> str:
+    """``name({"arg": ...})`` on one inert line."""
+    line = visible(f"{call.name}({call.arguments_json()})", newlines=False)
+    return line if len(line) <= 200 else line[:198] + "…)"
 
 
 def quote(text: str) -> str:

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from localchat.events import Timings
+from localchat.toolcalls import ToolCall
 
-Role = Literal["user", "assistant"]
+Role = Literal["user", "assistant", "tool"]
 
 UNTITLED = "New chat"
 
@@ -58,6 +59,24 @@ class TurnRecord:
     created_at: float = 0.0
     local_model: str = ""  # the local model in charge of the turn (the one the router works for)
     fell_back: bool = False  # the remote was asked and failed, so this local reply stands
+    # Tool rounds: the calls an assistant turn asked for; a tool turn's call, tool and outcome.
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    tool_name: str = ""
+    tool_label: str = ""  # server.tool, as the user saw it
+    is_error: bool = False
+    notice: str = ""
+    elapsed_ms: float = 0.0
+
+    @property
+    def answer(self) -> str:
+        """An assistant turn's text without its calls as the model wrote them (markers and
+        JSON): what the user was shown. Other turns: their content."""
+        text = self.content
+        for call in self.tool_calls:
+            if call.raw:
+                text = text.replace(call.raw, "", 1)
+        return text.strip() if self.tool_calls else text
 
 
 @dataclass(frozen=True)
@@ -84,6 +103,24 @@ def timings_from_json(text: str | None) -> Timings | None:
         return None
     data = json.loads(text)
     return Timings(**{k: v for k, v in data.items() if k in _TIMING_FIELDS})
+
+
+_CALL_FIELDS = ("id", "name", "arguments", "problem", "incomplete", "raw")
+
+
+def calls_to_json(calls: tuple[ToolCall, ...] | list[ToolCall]) -> str | None:
+    if not calls:
+        return None
+    return json.dumps([{k: getattr(c, k) for k in _CALL_FIELDS} for c in calls],
+                      ensure_ascii=False)
+
+
+def calls_from_json(text: str | None) -> tuple[ToolCall, ...]:
+    """Stored calls (a newer writer's extra fields ignored)."""
+    if not text:
+        return ()
+    return tuple(ToolCall(**{k: v for k, v in entry.items() if k in _CALL_FIELDS})
+                 for entry in json.loads(text))
 
 
 def title_from_prompt(prompt: str, width: int = 48) -> str:

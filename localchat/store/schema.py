@@ -133,8 +133,64 @@ def _v5_route_outcome(db: sqlite3.Connection) -> None:
                "AND route_reason LIKE 'fallback:%'")
 
 
+_V5_TURN_COLUMNS = ("id, session_id, seq, role, content, model, timings, route, route_reason, "
+                    "finish_reason, stopped, created_at, local_model, fell_back")
+
+
+def _v6_tool_rounds(db: sqlite3.Connection) -> None:
+    """Tool rounds (issue 40): a reply's calls (``tool_calls``: JSON list of ``{"id", "name",
+    "arguments", "problem", "raw"}``) and each result as a turn of role 'tool' (``tool_call_id``,
+    ``tool_name``, and ``tool_result``: JSON ``{"label", "is_error", "notice", "elapsed_ms"}``).
+    SQLite cannot widen a CHECK in place, so ``turns`` is rebuilt with every row, id and trigger
+    as it was (the full-text index refers to rows by id, which stay)."""
+    for trigger in ("turns_fts_insert", "turns_fts_delete", "turns_fts_update"):
+        db.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+    db.execute(
+        """
+        CREATE TABLE turns_v6 (
+            id            INTEGER PRIMARY KEY,
+            session_id    INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            seq           INTEGER NOT NULL,
+            role          TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'tool')),
+            content       TEXT NOT NULL,
+            model         TEXT NOT NULL DEFAULT '',
+            timings       TEXT,
+            route         TEXT NOT NULL DEFAULT '',
+            route_reason  TEXT NOT NULL DEFAULT '',
+            finish_reason TEXT NOT NULL DEFAULT '',
+            stopped       INTEGER NOT NULL DEFAULT 0,
+            created_at    REAL NOT NULL,
+            local_model   TEXT NOT NULL DEFAULT '',
+            fell_back     INTEGER NOT NULL DEFAULT 0,
+            tool_calls    TEXT,                      -- an assistant turn's calls, as JSON
+            tool_call_id  TEXT NOT NULL DEFAULT '',  -- a tool turn: the call it answers
+            tool_name     TEXT NOT NULL DEFAULT '',
+            tool_result   TEXT,                      -- a tool turn: how it went, as JSON
+            UNIQUE (session_id, seq)
+        )
+        """
+    )
+    db.execute(f"INSERT INTO turns_v6 ({_V5_TURN_COLUMNS}) SELECT {_V5_TURN_COLUMNS} FROM turns")
+    db.execute("DROP TABLE turns")
+    db.execute("ALTER TABLE turns_v6 RENAME TO turns")
+    db.execute("CREATE INDEX turns_by_role_and_time ON turns (role, created_at DESC)")
+    db.execute(
+        "CREATE TRIGGER turns_fts_insert AFTER INSERT ON turns BEGIN "
+        "INSERT INTO turns_fts (rowid, content) VALUES (new.id, new.content); END"
+    )
+    db.execute(
+        "CREATE TRIGGER turns_fts_delete AFTER DELETE ON turns BEGIN "
+        "INSERT INTO turns_fts (turns_fts, rowid, content) VALUES ('delete', old.id, old.content); END"
+    )
+    db.execute(
+        "CREATE TRIGGER turns_fts_update AFTER UPDATE OF content ON turns BEGIN "
+        "INSERT INTO turns_fts (turns_fts, rowid, content) VALUES ('delete', old.id, old.content); "
+        "INSERT INTO turns_fts (rowid, content) VALUES (new.id, new.content); END"
+    )
+
+
 UPGRADES: list[UpgradeStep] = [_v1_sessions_and_turns, _v2_system_prompt_history, _v3_message_search,
-                               _v4_branches, _v5_route_outcome]
+                               _v4_branches, _v5_route_outcome, _v6_tool_rounds]
 
 
 def latest_version() -> int:

@@ -13,6 +13,7 @@ serialised by a lock (the app commits replies from its generation thread).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -32,11 +33,14 @@ from localchat.store.records import (
     SearchHit,
     SessionRecord,
     TurnRecord,
+    calls_from_json,
+    calls_to_json,
     timings_from_json,
     timings_to_json,
     title_from_prompt,
 )
 from localchat.store.schema import latest_version, upgrade
+from localchat.toolcalls import ToolCall, ToolResult
 
 BUSY_TIMEOUT_MS = 5000
 
@@ -58,7 +62,7 @@ _SESSION_COLUMNS = (
 )
 _TURN_COLUMNS = (
     "id, session_id, seq, role, content, model, timings, route, route_reason, finish_reason, "
-    "stopped, created_at, local_model, fell_back"
+    "stopped, created_at, local_model, fell_back, tool_calls, tool_call_id, tool_name, tool_result"
 )
 
 
@@ -87,9 +91,13 @@ def _session(row: tuple) -> SessionRecord:
 
 def _turn(row: tuple) -> TurnRecord:
     (turn_id, session_id, seq, role, content, model, timings, route, reason, finish, stopped, created,
-     local_model, fell_back) = row
+     local_model, fell_back, tool_calls, tool_call_id, tool_name, tool_result) = row
+    outcome = json.loads(tool_result) if tool_result else {}
     return TurnRecord(turn_id, session_id, seq, role, content, model, timings_from_json(timings),
-                      route, reason, finish, bool(stopped), created, local_model, bool(fell_back))
+                      route, reason, finish, bool(stopped), created, local_model, bool(fell_back),
+                      calls_from_json(tool_calls), tool_call_id, tool_name,
+                      str(outcome.get("label", "")), bool(outcome.get("is_error", False)),
+                      str(outcome.get("notice", "")), float(outcome.get("elapsed_ms", 0.0)))
 
 
 def _inserted_id(cursor: sqlite3.Cursor) -> int:
@@ -366,6 +374,7 @@ class Store:
         route_reason: str = "",
         local_model: str = "",
         fell_back: bool = False,
+        tool_calls: tuple[ToolCall, ...] = (),
     ) -> TurnRecord:
         """Record a finished reply; ``stopped`` marks one the user cut short. ``local_model``: the
         local model in charge of the turn (by default ``model`` on the local route); ``fell_back``:
@@ -377,12 +386,32 @@ class Store:
                 model=model, timings=timings_to_json(timings), route=route,
                 route_reason=route_reason, finish_reason=finish_reason, stopped=int(stopped),
                 local_model=local_model, fell_back=int(fell_back),
+                tool_calls=calls_to_json(tool_calls),
             )
             db.execute("UPDATE sessions SET model = ? WHERE id = ?", (model, session_id))
         return TurnRecord(
             turn_id, session_id, seq, "assistant", content, model, timings, route, route_reason,
-            finish_reason, stopped, now, local_model, fell_back,
+            finish_reason, stopped, now, local_model, fell_back, tuple(tool_calls),
         )
+
+    def add_tool_result(self, session_id: int, result: ToolResult, *, label: str = "",
+                        elapsed_ms: float = 0.0) -> TurnRecord:
+        """Record a tool's result (a ``tool`` turn after the reply that called it)."""
+        outcome = {"label": label, "is_error": result.is_error, "notice": result.notice,
+                   "elapsed_ms": round(elapsed_ms, 3)}
+        with self._write() as db:
+            turn_id, seq, now = self._insert_turn(
+                db, session_id, "tool", result.content, tool_call_id=result.call_id,
+                tool_name=result.name, tool_result=json.dumps(outcome, ensure_ascii=False))
+        return TurnRecord(turn_id, session_id, seq, "tool", result.content, created_at=now,
+                          tool_call_id=result.call_id, tool_name=result.name, tool_label=label,
+                          is_error=result.is_error, notice=result.notice, elapsed_ms=elapsed_ms)
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """One transaction around several writes (a tool round and its reply): all or none."""
+        with self._write():
+            yield
 
     def _insert_turn(self, db: sqlite3.Connection, session_id: int, role: str, content: str, **extra: object) -> tuple[int, int, float]:
         # Computed inside the write transaction, so concurrent writers cannot take the same seq.
