@@ -22,15 +22,18 @@ from fake_tools import ToolRound, tool
 
 from localchat import paths
 from localchat.chat.services import build_services
+from localchat.chat.tools import ChatTools
 from localchat.settings import Settings
 from localchat.settings.tools import ToolsSettings
 from localchat.toolcalls import ToolCall
 from localchat.tools import ServerStatus, ToolRegistry
 from localchat.tools.approval import ApprovalPolicy, Decision
+from localchat.tools.results import denied_result
 from localchat.tui.approval import ApprovalScreen
 from localchat.tui.reply_view import ReplyView, RoundText
 from localchat.tui.tool_calls import ToolCallView
 from localchat.tui.tool_servers import status_notice
+from tests.calling_engine import CallingEngine, call_text
 
 SIZE = (100, 30)
 READ = tool("read_file", "files", "Read a text file.\nMore detail.")
@@ -263,10 +266,10 @@ def registry_for(folder: Path, servers: dict, **tools) -> ToolRegistry:
     return ToolRegistry.from_config(Settings(tools=ToolsSettings(**tools)), path)
 
 
-def services_with(registry: ToolRegistry):
+def services_with(tools: ChatTools):
     def factory(**options):
-        services = build_services(Settings(), **options)
-        services.tools = registry  # type: ignore[attr-defined]
+        services = build_services(Settings(), tools=False, **options)
+        services.tools = tools
         return services
     return factory
 
@@ -280,21 +283,22 @@ async def test_servers_start_in_the_background_and_their_progress_shows_as_notic
         "missing": {"command": "no-such-mcp-server-program"},
         "silent": silent,
     }, start_timeout_s=20)
-    with registry:
-        app = make_app(store, FakeEngine(reply="Hi."), services_factory=services_with(registry))
-        async with app.run_test(size=SIZE) as pilot:
-            await ready(pilot)
-            # Start-up waited for none of them: a message is answered while one still starts.
-            await send(pilot, "Hello")
-            await reply_finished(pilot)
-            assert any(s.state == "starting" for s in registry.statuses() if s.name == "silent")
-            assert any("server 'missing'" in n and "no-such-mcp-server-program" in n
-                       for n in notices(app))
-            await wait_until(pilot, lambda: any(n.startswith("⚙ tools: ") and "tools ready" in n
-                                                for n in notices(app)), "the server's notice", 60)
-            await wait_until(pilot, lambda: any("⚙ MCP server broken failed: " in n and "boom" in n
-                                                for n in notices(app)), "the failure's notice", 60)
-            assert not any("silent" in n for n in notices(app))  # still starting: nothing to tell
+    # The app's services own the servers: they end when it closes.
+    tools = ChatTools(registry, ApprovalPolicy())
+    app = make_app(store, FakeEngine(reply="Hi."), services_factory=services_with(tools))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        # Start-up waited for none of them: a message is answered while one still starts.
+        await send(pilot, "Hello")
+        await reply_finished(pilot)
+        assert any(s.state == "starting" for s in registry.statuses() if s.name == "silent")
+        assert any("server 'missing'" in n and "no-such-mcp-server-program" in n
+                   for n in notices(app))
+        await wait_until(pilot, lambda: any(n.startswith("⚙ tools: ") and "tools ready" in n
+                                            for n in notices(app)), "the server's notice", 60)
+        await wait_until(pilot, lambda: any("⚙ MCP server broken failed: " in n and "boom" in n
+                                            for n in notices(app)), "the failure's notice", 60)
+        assert not any("silent" in n for n in notices(app))  # still starting: nothing to tell
 
 
 def test_each_state_has_its_notice():
@@ -325,3 +329,77 @@ async def test_a_question_settled_elsewhere_or_left_with_its_session_goes_away(s
         await wait_until(pilot, lambda: not isinstance(app.screen, ApprovalScreen), "the prompt to go")
         await wait_until(pilot, lambda: app.turns.current is None, "the turn to end")
         assert round_.log == [("call00001", "once"), ("call00001", "ran"), ("call00002", "deny")]
+
+
+# --- through the chat layer's tool loop, stored, reopened --------------------------------------
+
+
+def calling_engine(*replies: str) -> CallingEngine:
+    """A model that answers with ``replies`` in turn (tests/calling_engine.py)."""
+    def script(messages):
+        since_user = next(i for i, m in enumerate(reversed(messages)) if m["role"] == "user")
+        return replies[min(since_user // 2, len(replies) - 1)]
+
+    return CallingEngine(reply=script)
+
+
+async def test_a_call_through_the_tool_loop_is_approved_run_stored_and_shown_again_on_reopen(
+        store, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the secret word is tangerine\nsecond line")
+    tools = ChatTools.open(Settings(tools=ToolsSettings(builtins=("read_file",))),
+                           mcp_path=tmp_path / "none.json")  # ended by the app's services
+    engine = calling_engine(call_text("read_file", path=str(notes)), "It says tangerine.")
+    app = make_app(store, engine, services_factory=services_with(tools))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "What do my notes say?")
+        screen = await asked(pilot)
+        assert screen.request.tool.label == "builtin.read_file"
+        assert str(notes) in "\n".join(screen_lines(app))
+        await pilot.press("y")
+        await reply_finished(pilot)
+        [view] = views(app)
+        assert view.state == "done" and "tangerine" in view.result.content
+        assert view.line.startswith("⚙ builtin.read_file(")
+        assert app.chat_log.last_reply().text == "It says tangerine."
+    roles = [t.role for t in store.turns(store.last_session().id)]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+
+    app = make_app(store, calling_engine("Again."), continue_last=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        reply = app.chat_log.last_reply()
+        [view] = reply.query(ToolCallView)
+        assert view.line == f'⚙ builtin.read_file({{"path": "{notes}"}})'
+        assert view.state == "done" and view.collapsed and "✓ 2 lines" in str(view.title)
+        assert reply.text == "It says tangerine."
+        assert [type(w).__name__ for w in app.chat_log.messages()] == ["UserMessage", "ReplyView"]
+        view.collapsed = False
+        await pilot.pause()
+        assert "the secret word is tangerine" in "\n".join(screen_lines(app))
+
+
+async def test_a_stored_turn_stopped_in_its_calls_and_a_denied_call_show_as_they_were(store):
+    session = store.create_session()
+    store.add_user_turn(session.id, "Read both.")
+    calls = (ToolCall("call00001", "read_file", {"path": "a.txt"}, raw="<tool_call>a</tool_call>"),
+             ToolCall("call00002", "read_file", {"path": "b.txt"}, raw="<tool_call>b</tool_call>"))
+    store.add_reply(session.id, "<think>which first</think>Reading.<tool_call>a</tool_call>"
+                    "<tool_call>b</tool_call>", model="m", tool_calls=calls)
+    store.add_tool_result(session.id, denied_result(calls[0], "files.read_file"),
+                          label="files.read_file")
+    store.add_user_turn(session.id, "Next.")
+    store.add_reply(session.id, "Fine.", model="m")
+    app = make_app(store, FakeEngine(), continue_last=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        first = app.chat_log.messages()[1]
+        assert isinstance(first, ReplyView)
+        denied, unanswered = first.query(ToolCallView)
+        assert denied.state == "denied" and denied.has_class("-error")
+        assert unanswered.state == "stopped"
+        assert [t.source for t in first.query(RoundText)] == ["Reading."]
+        assert "<tool_call>" not in "\n".join(screen_lines(app))
+        assert [type(w).__name__ for w in app.chat_log.messages()] == [
+            "UserMessage", "ReplyView", "UserMessage", "ReplyView"]

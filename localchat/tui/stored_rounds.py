@@ -21,7 +21,7 @@ from localchat.toolcalls import ToolCall, ToolResult
 from localchat.tui.json_block import as_markdown
 from localchat.tui.reply_view import RoundText
 from localchat.tui.thinking import ThinkingBlock
-from localchat.tui.tool_calls import ToolCallView, without_calls
+from localchat.tui.tool_calls import ToolCallView
 
 
 @dataclass
@@ -33,14 +33,10 @@ class StoredReply:
     rounds: list[Widget] = field(default_factory=list)
 
 
-def stored_calls(turn: TurnRecord) -> tuple[ToolCall, ...]:
-    return tuple(getattr(turn, "tool_calls", ()) or ())
-
-
 def group_rounds(turns: Sequence[TurnRecord]) -> Iterator[TurnRecord | StoredReply]:
     """``turns`` with each assistant reply and the tool rounds before it as one ``StoredReply``;
     prompts as they are."""
-    results = {getattr(t, "tool_call_id", ""): t for t in turns if t.role == "tool"}
+    results = {t.tool_call_id: t for t in turns if t.role == "tool"}
     rounds: list[Widget] = []
     for turn in turns:
         if turn.role == "tool":
@@ -50,7 +46,7 @@ def group_rounds(turns: Sequence[TurnRecord]) -> Iterator[TurnRecord | StoredRep
                 yield StoredReply(None, rounds)
                 rounds = []
             yield turn
-        elif stored_calls(turn):
+        elif turn.tool_calls:
             rounds.extend(round_widgets(turn, results))
         else:
             yield StoredReply(turn, rounds)
@@ -61,14 +57,13 @@ def group_rounds(turns: Sequence[TurnRecord]) -> Iterator[TurnRecord | StoredRep
 
 def round_widgets(turn: TurnRecord, results: dict[str, TurnRecord]) -> list[Widget]:
     """A reply that called tools: its reasoning (folded), its text, and a line per call."""
-    calls = stored_calls(turn)
-    thinking, answer = split_reply(without_calls(turn.content, calls))
+    thinking, answer = split_reply(turn.answer)
     widgets: list[Widget] = []
     if thinking.strip():
         widgets.append(ThinkingBlock(thinking.strip(), title="Thought"))
     if answer.strip():
         widgets.append(RoundText(as_markdown(answer.strip())))
-    for call in calls:
+    for call in turn.tool_calls:
         widgets.append(stored_call(call, results.get(call.id)))
     return widgets
 
@@ -78,8 +73,6 @@ def stored_call(call: ToolCall, returned: TurnRecord | None) -> ToolCallView:
         view = ToolCallView(call, call.name)
         view.stopped()
         return view
-    result = ToolResult(call.id, call.name, returned.content, getattr(returned, "is_error", False),
-                        getattr(returned, "notice", ""))
-    label = getattr(returned, "tool_label", "") or getattr(returned, "tool_name", "") or call.name
-    return ToolCallView(call, label, result=result,
-                        elapsed_ms=getattr(returned, "elapsed_ms", 0.0))
+    result = ToolResult(call.id, call.name, returned.content, returned.is_error, returned.notice)
+    label = returned.tool_label or returned.tool_name or call.name
+    return ToolCallView(call, label, result=result, elapsed_ms=returned.elapsed_ms)

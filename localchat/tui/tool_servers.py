@@ -1,8 +1,9 @@
 """The tool servers as the app shows them: started at open without holding anything up, and
 each coming up or failing told in a notice.
 
-The chat layer owns the :class:`~localchat.tools.ToolRegistry` (its servers end when the app
-does); the app starts it when the session opens, which returns at once: the servers come up on
+The chat layer owns the :class:`~localchat.tools.ToolRegistry` (``ChatServices.tools``: its
+servers end when the app does); it is started when the app builds its services at open, which
+returns at once: the servers come up on
 the registry's own thread while the model loads and the user types, and a message that calls no
 tool never waits for them. mcp.json's problems (one line each, naming the file and the server)
 are shown first; then every change of a server's state arrives on the registry's thread and is
@@ -27,6 +28,7 @@ from localchat.settings.tools import BUILTIN_SERVER
 from localchat.terminal import visible
 
 if TYPE_CHECKING:
+    from localchat.chat.services import ChatServices
     from localchat.tools import ServerStatus, ToolRegistry
     from localchat.tui.app import LocalChatApp
 
@@ -54,9 +56,10 @@ def status_notice(status: ServerStatus) -> tuple[str, str] | None:
     return None
 
 
-def services_registry(services: object) -> ToolRegistry | None:
+def services_registry(services: ChatServices | None) -> ToolRegistry | None:
     """The chat services' tool registry (``ChatServices.tools``), where they have one."""
-    return getattr(services, "tools", None)
+    tools = services.tools if services is not None else None
+    return tools.registry if tools is not None else None
 
 
 class ToolServers:
