@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fake_engine import (
     FakeEngine,
+    command,
     make_app,
     notices,
     ready,
@@ -403,3 +404,29 @@ async def test_a_stored_turn_stopped_in_its_calls_and_a_denied_call_show_as_they
         assert "<tool_call>" not in "\n".join(screen_lines(app))
         assert [type(w).__name__ for w in app.chat_log.messages()] == [
             "UserMessage", "ReplyView", "UserMessage", "ReplyView"]
+
+
+async def test_tools_command_lists_the_tools_and_sets_the_sessions_tool_choice(store, tmp_path):
+    tools = ChatTools.open(Settings(tools=ToolsSettings(builtins=("read_file", "list_directory"))),
+                           mcp_path=tmp_path / "none.json")
+    engine = FakeEngine(reply="Fine.")
+    app = make_app(store, engine, services_factory=services_with(tools))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await command(pilot, "/tools")
+        shown = "\n".join(screen_lines(app))
+        assert "builtin · running" in shown and "read_file" in shown and "list_directory" in shown
+        assert "tool choice auto" in shown
+        await pilot.press("escape")
+
+        await command(pilot, "/tools nosuch")
+        assert any("there is no such tool" in n for n in notices(app))
+        await command(pilot, "/tools read_file")
+        assert app.conversation.tool_choice == "read_file"
+        await command(pilot, "/tools REQUIRED")
+        assert any("Tool choice required: the model must call a tool" in n for n in notices(app))
+        await send(pilot, "Go.")
+        await reply_finished(pilot)
+        sampling = engine.samplings[-1]
+        assert sampling.tool_choice == "required"
+        assert {spec["function"]["name"] for spec in sampling.tools} == {"read_file", "list_directory"}

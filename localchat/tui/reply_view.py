@@ -16,13 +16,13 @@ from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
-from localchat.events import Timings
+from localchat.events import Done, Timings
 from localchat.tui.json_block import STREAMING_FENCE, as_markdown
 from localchat.tui.laid_out_once import LaidOutOnce
 from localchat.tui.live_markdown import LiveMarkdown
 from localchat.tui.superseded_reply import SupersededReply
 from localchat.tui.thinking import ThinkingBlock
-from localchat.tui.tool_calls import ToolCallView
+from localchat.tui.tool_calls import ToolCallView, without_calls
 
 
 def reply_caption(model: str, timings: Timings | None, *, stopped: bool) -> str:
@@ -137,6 +137,15 @@ class ReplyView(LaidOutOnce, Vertical):
         self.text = ""
         self._fenced = False
         await self.body.reset()
+
+    def final_answer(self, done: Done) -> str:
+        """The text this reply ends with, from the turn's ``done``. After tool rounds, the last
+        round's as it streamed: a turn stopped during its calls (or past its round limit) ends
+        with the reply that called, whose text is shown above the calls already and still holds
+        the calls as the model wrote them."""
+        if self._calls:
+            return self.text
+        return without_calls(done.answer, done.tool_calls)
 
     async def finish(self, reply: str, caption: str, *, stopped: bool, thinking: str = "",
                      timings: Timings | None = None) -> None:

@@ -24,10 +24,13 @@ from typing import TYPE_CHECKING
 
 from textual.message import Message
 
+from localchat.chat.tools import TOOL_CHOICES
+from localchat.errors import UserError
 from localchat.settings.tools import BUILTIN_SERVER
 from localchat.terminal import visible
 
 if TYPE_CHECKING:
+    from localchat.chat.conversation import Conversation
     from localchat.chat.services import ChatServices
     from localchat.tools import ServerStatus, ToolRegistry
     from localchat.tui.app import LocalChatApp
@@ -83,6 +86,46 @@ class ToolServers:
         for status in registry.statuses():  # a registry started before the app listened
             if status.name != BUILTIN_SERVER:
                 self.show(status)
+
+    def page(self, choice: str) -> str:
+        """``/tools``: each server, its state and its tools, as a Markdown page."""
+        lines = ["# Tools", "",
+                 f"This session's messages: tool choice `{choice}` (change it with `/tools auto`, "
+                 "`none`, `required` or a tool's name).", ""]
+        registry = self.registry
+        statuses = registry.statuses() if registry is not None else []
+        for status in statuses:
+            if status.name == BUILTIN_SERVER and status.state == "disabled":
+                lines += ["Built-in tools: off (list them in `[tools] builtins` of config.toml).", ""]
+                continue
+            lines += [f"## `{visible(status.name, newlines=False)}` · {status.state}", ""]
+            if status.error:
+                lines += [f"> {visible(status.error, newlines=False)}", ""]
+            for info in status.tools:
+                about = visible(info.description.strip().split("\n")[0], newlines=False) \
+                    if info.description.strip() else ""
+                lines.append(f"- `{visible(info.exposed or info.name, newlines=False)}` {about}")
+            lines.append("")
+        if registry is not None:
+            lines += [f"- {visible(problem, newlines=False)}" for problem in registry.problems]
+        if len(statuses) <= 1 and (registry is None or not registry.problems):
+            lines.append("No MCP servers: add them to `mcp.json` in the config folder "
+                         "(`localchat tools` shows where).")
+        return "\n".join(lines)
+
+    def set_choice(self, conversation: Conversation, choice: str) -> str:
+        """Set what ``conversation``'s messages ask of the model; the notice to show.
+        ``UserError`` for a tool that does not exist (yet: its server may still start)."""
+        choice = choice.strip()
+        word = choice.lower()
+        if word in TOOL_CHOICES:
+            choice = word
+        elif self.registry is None or self.registry.find(choice) is None:
+            raise UserError(f"/tools {choice}: there is no such tool (yet): /tools lists them")
+        conversation.tool_choice = choice
+        meaning = {"auto": "the model may call tools", "none": "no tools are offered",
+                   "required": "the model must call a tool"}.get(choice, f"the model must call {choice}")
+        return f"Tool choice {choice}: {meaning}, from the next message of this session."
 
     def _changed(self, status: ServerStatus) -> None:
         """On the registry's thread: hand over to the UI thread (unless the app is gone)."""

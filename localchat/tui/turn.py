@@ -39,7 +39,6 @@ from localchat.tui.prompt import PromptInput
 from localchat.tui.reply_view import ReplyView, reply_caption
 from localchat.tui.screens import ConfirmScreen
 from localchat.tui.status import LiveMeter, StatusInfo
-from localchat.tui.tool_calls import without_calls
 from localchat.tui.tool_events import ToolActivity
 
 if TYPE_CHECKING:
@@ -321,7 +320,7 @@ class Turns:
                 for view in turn.reply.calls:
                     view.stopped()
             model = done.timings.model or app.status.info.model
-            await turn.reply.finish(self._final_answer(turn.reply, done), reply_caption(model, done.timings, stopped=stopped),
+            await turn.reply.finish(turn.reply.final_answer(done), reply_caption(model, done.timings, stopped=stopped),
                                     stopped=stopped, thinking=done.thinking, timings=done.timings)
         problem = turn.shape.verdict(done.answer, done.finish_reason) if turn.shape else None
         if problem is not None:
@@ -331,15 +330,6 @@ class Turns:
         if not stopped:
             app.withdraw_notices("turn")  # an earlier failure no longer applies
         await self._after()
-
-    @staticmethod
-    def _final_answer(reply: ReplyView, done: Done) -> str:
-        """The text the reply ends with. After tool rounds, the last round's as it streamed: a
-        turn stopped during its calls (or past its round limit) ends with the reply that called,
-        whose text, shown above the calls already, still holds the calls as the model wrote them."""
-        if reply.calls:
-            return reply.text
-        return without_calls(done.answer, done.tool_calls)
 
     async def _fail(self, turn: ActiveTurn, failed: Failed) -> None:
         app = self._app
