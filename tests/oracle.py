@@ -70,7 +70,7 @@ def assert_matches_fresh(cached: list[int], oracle: Engine, messages: list[dict]
         return
     i = next((k for k, (a, b) in enumerate(zip(cached, fresh)) if a != b), min(len(cached), len(fresh)))
     assert i < min(len(cached), len(fresh)), f"replies differ in length: {cached} vs {fresh}"
-    logits = oracle.fresh_logits(messages, cached[:i])
+    logits = oracle.fresh_logits(messages, cached[:i], sampling=sampling)
     margin = float(logits[fresh[i]] - logits[cached[i]])
     assert margin < NEAR_TIE, (
         f"reply differs from a fresh prefill at token {i}: the fresh engine prefers "

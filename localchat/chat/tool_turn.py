@@ -11,6 +11,8 @@
   per result, and the next reply starts at once (``ChatContext.resume``): the engine prefills only
   the results and the next header;
 - ... until a reply calls nothing: its ``Done`` is the turn's final event. ``Failed`` ends it too.
+  A ``tool_choice`` of "required" or a tool's name holds for the first reply; the ones after a
+  round are "auto" (the model has its results and may answer).
 
 Limits, each shown as a ``Notice`` when hit: ``[tools] max_rounds`` rounds per turn (the calls of
 the reply past it do not run: each gets an error result saying so, and the model answers once
@@ -35,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from localchat.context.chat_context import ChatContext, Message, TurnRouter
@@ -168,7 +171,10 @@ class ToolTurn(TurnEnd):
                 self.rounds.append(RoundMessage(message, result=result, label=label,
                                                 elapsed_ms=elapsed))
             self._mark("resume")
-            self._begin(lambda: self.chat.resume(self.sampling, router=self.router))
+            # "required" or a tool's name asked for a call, which came: the model may now answer
+            # (the tools render the same whatever the choice, so the cache still holds).
+            self._begin(partial(self.chat.resume, replace(self.sampling, tool_choice="auto"),
+                                router=self.router))
 
     def _begin(self, start: Callable[[], Turn]) -> None:
         handle = start()
@@ -192,7 +198,7 @@ class ToolTurn(TurnEnd):
     def _run(self, call: ToolCall) -> Generator[Event, None, tuple[ToolResult, float, str]]:
         """One call: shown, approved, run; yields its events and returns (result, ms, label)."""
         registry = self.tools.registry
-        tool = registry.find(call.name) if call.runnable else None
+        tool = registry.find(call.name) if call.name else None
         if call.runnable and tool is None and any(s.state == "starting"
                                                   for s in registry.statuses()):
             registry.wait_started(self.tools.settings.start_timeout_s)  # its server may be coming

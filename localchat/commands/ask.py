@@ -11,7 +11,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from localchat.commands import answer_shape
+from localchat.commands import answer_shape, ask_tools
 from localchat.commands.ask_output import JsonEvents, PlainText
 from localchat.ending import ENDING_SIGNALS, Ended, detach_lost_terminal, exit_status, handled
 from localchat.errors import FormatError
@@ -57,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="who answers: the local model, the configured remote, or decide by rules "
                    "and confidence (default: auto when [remote] is on, else local)")
     answer_shape.add_flags(p)
+    ask_tools.add_flags(p)
     p.set_defaults(func=run)
 
 
@@ -70,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
 def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
             interruptions: Interruptions) -> int:
     from localchat.attachments import mentioned_files, read_attachment
+    from localchat.chat import tool_turn
     from localchat.chat.escalation import Escalation
+    from localchat.chat.tools import ChatTools
     from localchat.context.factory import open_chat
     from localchat.engine.factory import open_engine, sampling_options
     from localchat.engine.options import shaped
@@ -78,6 +81,7 @@ def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
     from localchat.remote.escalate import Escalator
     from localchat.settings import load_config
 
+    tools = ChatTools.empty()
     try:
         check_flags(args)
         shape = out.answer_format = answer_shape.answer_format(args)
@@ -91,6 +95,9 @@ def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
             if note:
                 out.event(Notice(note, kind="input"))
         config = load_config()
+        tools = ChatTools.open(config, args.allow_tool)  # servers start while the model loads
+        for problem in tools.problems:
+            out.event(Notice(problem, kind="tools"))
         escalator = Escalator.from_settings(config.remote)
         route: Route = args.route or ("auto" if escalator.client is not None else "local")
         overrides = {"n_ctx": args.n_ctx or None, "speculative": args.speculative,
@@ -111,7 +118,9 @@ def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
             out.event(Notice(f"{engine.name} has no thinking switch; --think {sampling.thinking} "
                              "is ignored", kind="thinking"))
     except UserError as exc:
+        tools.close()
         return out.error(str(exc), exc.exit_code)
+    approver = out.approve = ask_tools.Approver()
     try:
         with _stored_conversation(args.session, engine, config, args.system, sampling, out,
                                   escalator) as conversation:
@@ -120,13 +129,15 @@ def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
                 chat = open_chat(engine, config, system=args.system, sampling=sampling)
             before = len(chat.history)
             router = Escalation(escalator, engine, route) if route != "local" else None
-            handle = chat.send(prompt, router=router)
+            handle = tool_turn.start(chat, prompt, tools, tool_choice=args.tool_choice,
+                                     router=router)
             # The message as the context policy sent it (it may have cut an over-long one);
             # stored together with its reply. None: refused, nothing was sent.
             sent = chat.history[before].content if len(chat.history) > before else None
             final = interruptions.stream(handle)
             if conversation is not None and sent is not None and isinstance(final, Done):
-                conversation.record_exchange(sent, final, engine.name)
+                rounds = handle.rounds if isinstance(handle, tool_turn.ToolTurn) else []
+                conversation.record_exchange(sent, final, engine.name, rounds)
                 for notice in conversation.take_notices():
                     out.event(notice)
     except UserError as exc:
@@ -134,6 +145,8 @@ def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
     finally:
         engine.close()
         escalator.close()
+        tools.close()
+        approver.close()
     return interruptions.status(final)
 
 
@@ -206,12 +219,14 @@ def _sampling_flags(args: argparse.Namespace) -> dict:
 
 def check_flags(args: argparse.Namespace) -> None:
     """Refuse flag values that would be silently changed or make no sense (one-line UserError)."""
+    from localchat.chat.tools import check_tool_choice
     from localchat.engine.runtime import check_n_ctx_floor
     from localchat.settings import check_flag
     from localchat.store.store import check_session_name
 
     check_flag("--max-tokens", "sampling.max_tokens", args.max_tokens)
     check_flag("--temperature", "sampling.temperature", args.temperature)
+    check_tool_choice(args.tool_choice)
     if args.n_ctx is not None:
         check_n_ctx_floor(args.n_ctx, "--n-ctx")
     if args.session is not None:

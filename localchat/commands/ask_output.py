@@ -17,10 +17,16 @@ from localchat.events import (
     Thinking,
     Timings,
     Token,
+    ToolApproval,
+    ToolCalled,
+    ToolReturned,
 )
 from localchat.terminal import raw, shows_styles, visible
+from localchat.tools.approval import call_line
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from localchat.formats import AnswerFormat
 
 
@@ -46,12 +52,17 @@ class PlainText:
         # complete and of its shape (``answer_shape.verdict``), else on stderr with why not.
         self.answer_format: AnswerFormat | None = None
         self.shape_problem: str | None = None
+        # Answers a tool call's question (commands.ask_tools.Approver); None denies.
+        self.approve: Callable[[ToolApproval], Notice | None] | None = None
 
     def _write(self, text: str) -> None:
         self.stdout.write(text)
         self.stdout.flush()
 
     def event(self, event: Event) -> None:
+        if isinstance(event, (ToolCalled, ToolApproval, ToolReturned)):
+            self._tool_event(event)
+            return
         if isinstance(event, Thinking):
             if not self.hide_thinking and event.text:
                 self._write_thinking(event.text)
@@ -85,6 +96,27 @@ class PlainText:
             self.stderr.write(f"localchat: error: {event.message}\n")
         elif isinstance(event, Notice):
             self.stderr.write(f"localchat: {event.message}\n")
+
+    def _tool_event(self, event: ToolCalled | ToolApproval | ToolReturned) -> None:
+        """⚙ lines on stderr; the reply before a call ends its line on stdout."""
+        if isinstance(event, ToolApproval):
+            notice = answer_approval(self.approve, event)
+            if notice is not None:
+                self.event(notice)
+            return
+        if isinstance(event, ToolCalled):
+            if self._remote_text and not self._remote_text.endswith("\n"):
+                self._write("\n")
+            self._remote_text = ""
+            self.stderr.write(f"⚙ {call_line(event.call)}\n")
+        else:
+            result = event.result
+            if result.notice:
+                self.stderr.write(f"localchat: {result.notice}\n")
+            elif not result.is_error:
+                self.stderr.write(f"⚙ {result.name}: {len(result.content):,} characters in "
+                                  f"{event.elapsed_ms:.0f} ms\n")
+        self.stderr.flush()
 
     def _shaped_done(self, event: Done, answer_format: AnswerFormat) -> None:
         self.shape_problem = answer_shape.verdict(answer_format, event)
@@ -133,9 +165,23 @@ class PlainText:
         self._thinking_open = True
 
 
+def answer_approval(approve: Callable[[ToolApproval], Notice | None] | None,
+                    event: ToolApproval) -> Notice | None:
+    """Answer a call's question through ``approve``; without one it is denied."""
+    from localchat.tools.approval import ApprovalRequest, Decision
+
+    if approve is not None:
+        return approve(event)
+    if isinstance(event.request, ApprovalRequest):
+        event.request.answer(Decision.DENY)
+    return None
+
+
 class JsonEvents:
     """One JSON object per line: thinking, token, prefill, notice, superseded, retract, restore,
-    done, error. The token texts not voided always add up to the reply kept:
+    tool_call, tool_result, done, error. With tools, a turn's replies follow each other: the
+    token texts of each reply before a ``tool_call`` end that reply, and those after the last
+    ``tool_result`` are the final one. The token texts of a reply not voided add up to it:
 
     - ``superseded`` (before an escalate notice) voids the token text so far: the local reply
       handed to the remote part-way, kept aside (its ``text``); the remote's tokens follow.
@@ -154,13 +200,34 @@ class JsonEvents:
         self.user_stopped = False  # Ctrl+C, SIGTERM or SIGHUP stopped it (ask.Interruptions)
         self.answer_format: AnswerFormat | None = None  # the done event says if the answer has it
         self.shape_problem: str | None = None
+        self.approve: Callable[[ToolApproval], Notice | None] | None = None
+        self._labels: dict[str, str] = {}  # call id -> server.tool
 
     def _write(self, obj: dict) -> None:
         self.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
         self.stdout.flush()
 
     def event(self, event: Event) -> None:
-        if isinstance(event, Thinking):
+        if isinstance(event, ToolCalled):
+            self._remote_text = ""  # the reply that called is complete: its tokens were sent
+            self._labels[event.call.id] = event.label
+            call = {"event": "tool_call", "id": event.call.id, "name": event.call.name,
+                    "label": event.label, "arguments": event.call.arguments}
+            if event.call.problem:
+                call["problem"] = event.call.problem
+            self._write(call)
+        elif isinstance(event, ToolApproval):
+            notice = answer_approval(self.approve, event)
+            if notice is not None:
+                self.event(notice)
+        elif isinstance(event, ToolReturned):
+            result = event.result
+            self._write({"event": "tool_result", "id": result.call_id, "name": result.name,
+                         "label": self._labels.get(result.call_id, result.name),
+                         "content": result.content, "is_error": result.is_error,
+                         "notice": result.notice or None,
+                         "elapsed_ms": round(event.elapsed_ms, 3)})
+        elif isinstance(event, Thinking):
             if not self.hide_thinking:
                 self._write({"event": "thinking", "text": event.text})
         elif isinstance(event, Token):

@@ -33,7 +33,8 @@ one the grammar judged. With trigger patterns or tokens (lazy, as llama.cpp's
 answer so far (``re.search``) or a trigger token is sampled; the grammar then applies from the
 match (from its first non-empty capture group if it has one), the matched text fed to it first.
 Unlike llama.cpp, which aborts the process when the grammar rejects that text, a trigger whose
-text the grammar refuses ends the turn with an error.
+text the grammar refuses leaves the rest of the reply free (a tool call naming a tool not offered
+is then read as written, and the model told what is wrong with it).
 """
 
 from __future__ import annotations
@@ -101,6 +102,11 @@ class AnswerGate:
         self.triggered = not (patterns or trigger_tokens)
         self._tail = ""  # the end of the reasoning (a closing tag may span tokens)
         self._answer = ""  # the answer while waiting for a trigger
+
+    def give_up(self) -> None:
+        """The grammar refused what its trigger matched: the rest of the reply is free."""
+        self.triggered = False
+        self._patterns, self._trigger_tokens = (), frozenset()
 
     def judge(self, text: str) -> Verdict:
         """Who decides whether a token with ``text`` may come next."""
@@ -255,8 +261,11 @@ class TurnConstraint:
             tokens = tokens[1:]  # a tokenizer that writes a space before the first word
         for token in tokens:
             if not self.grammar.allows(token):
-                raise EngineError(f"the grammar does not accept the text its trigger matched: "
-                                  f"{text[:60]!r}")
+                # A call that does not fit (a tool not offered, a token that wrote past the
+                # name): the reply goes on free, and what it wrote is read as it stands.
+                self.grammar.restart()
+                self.gate.give_up()
+                return
             self.grammar.accept(token)
 
 

@@ -24,7 +24,7 @@ from localchat import logs
 from localchat.engine.constrain import TurnConstraint
 from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, plan_layout
-from localchat.engine.options import EngineOptions, Sampling
+from localchat.engine.options import Constraint, EngineOptions, Sampling
 from localchat.engine.preflight import Preflight, preflight
 from localchat.engine.reuse import fill_cache
 from localchat.engine.runtime import LlamaRuntime
@@ -36,10 +36,14 @@ from localchat.engine.templates import (
     make_renderer,
     with_thinking,
 )
+from localchat.engine.tool_templates import ToolRendering, tool_rendering
+from localchat.engine.tool_turn import ToolPlan, needs_plan, plain_render
+from localchat.engine.tool_turn import plan as plan_tools
 from localchat.engine.turn import ReplyEvents, TurnClock, TurnHandle
 from localchat.errors import ContextOverflow, EngineError, FormatError, UserError
 from localchat.events import Done, Failed, Loaded, Notice, PrefillProgress, Timings
 from localchat.reasoning import prompt_opens_thinking
+from localchat.toolcalls import detect_format
 
 __all__ = ["Engine", "KVSnapshot"]
 
@@ -69,6 +73,7 @@ class Engine:
         self._runtime: LlamaRuntime | None = None
         self._render: Render = _no_model
         self._template = ""
+        self._tool_rendering: ToolRendering | None = None  # probed at the first turn with tools
         self._overhead: int | None = None
         self._kv: ConversationCache | None = None
         self._speculator: Speculator | None = None
@@ -254,20 +259,20 @@ class Engine:
         return self._overhead
 
     def fresh_logits(self, messages: list[dict[str, str]], reply: list[int],
-                     check_size: int | None = None) -> Any:
+                     check_size: int | None = None, sampling: Sampling | None = None) -> Any:
         """Next-token logits (a numpy array) after prefilling ``messages`` and the reply tokens
         ``reply`` on an empty cache, as a fresh turn would (the cache is emptied afterwards).
         The exactness oracle's tool: where a cached reply and a fresh one differ, these logits
         tell a near-tie flipped by batch-shape rounding from a clear preference (a wrong cell).
         ``check_size``: the reply is evaluated in batches of that many tokens with logits at
         each, as speculative checks evaluate drafts (on the CPU, other kernels than one token at
-        a time), instead of one token at a time."""
+        a time), instead of one token at a time. ``sampling``: the turn's, for its tools."""
         import numpy as np
 
         def job() -> Any:
             kv = self._require_kv()
             runtime = kv.runtime
-            prompt = self._fresh_prompt(messages)
+            prompt = self._fresh_prompt(messages, sampling)
             kv.forget()
             try:
                 # A fresh turn's schedule (prompt in prefill chunks, the reply one token at a
@@ -291,23 +296,29 @@ class Engine:
 
         return self.call(job)
 
-    def fresh_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+    def fresh_prompt(self, messages: list[dict[str, str]],
+                     sampling: Sampling | None = None) -> list[int]:
         """The tokens a turn on an empty cache would prefill for ``messages`` (its rendered
-        prompt, up to the assistant's header)."""
-        return self.call(lambda: self._fresh_prompt(messages))
+        prompt, up to the assistant's header), with ``sampling``'s tools if it has some."""
+        return self.call(lambda: self._fresh_prompt(messages, sampling))
 
-    def _fresh_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        return plan_layout([], messages, self._render, self._require_runtime().tokenize).tokens
+    def _fresh_prompt(self, messages: list[dict[str, str]],
+                      sampling: Sampling | None = None) -> list[int]:
+        render, shaped = self._render_for(messages, sampling)
+        return plan_layout([], shaped, render, self._require_runtime().tokenize).tokens
 
     def end_tokens(self) -> list[int]:
         """The tokens that end a reply: where a greedy reply stops and another goes on, the
         oracle weighs the best of these against the token the longer one chose."""
         return self.call(lambda: self._require_runtime().end_of_generation_tokens())
 
-    def prompt_tokens(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> int:
-        """Exact length in tokens of ``messages`` as the template renders them (no cache effect)."""
+    def prompt_tokens(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                      sampling: Sampling | None = None) -> int:
+        """Exact length in tokens of ``messages`` as the template renders them (no cache effect),
+        with ``sampling``'s tools if it has some."""
         runtime = self._require_runtime()
-        return len(runtime.tokenize(self._render(messages, add_generation_prompt), True))
+        render, shaped = self._render_for(messages, sampling)
+        return len(runtime.tokenize(render(shaped, add_generation_prompt), True))
 
     def close(self) -> None:
         if self._thread.is_alive():
@@ -432,6 +443,9 @@ class Engine:
         self._runtime = LlamaRuntime(self.model_path, self.options, fit.n_gpu_layers)
         self._render = make_renderer(template, self._runtime.bos_text, self._runtime.eos_text)
         self._template = template
+        self._tool_rendering = None
+        # A family's call marker is a special token: shown as text, so calls can be read.
+        self._runtime.show_as_text(detect_format(template).preserved_tokens)
         self._kv = ConversationCache(self._runtime, self.options.checkpoints)
         self._speculator, notices = build_speculator(self.options, self._runtime, gguf, draft,
                                                      draft_problem, self.name)
@@ -507,7 +521,8 @@ class Engine:
         runtime = kv.runtime
         clock = TurnClock(handle.submitted_at)
         timings = Timings(model=self.name)
-        layout = plan_layout(kv.records, messages, self._render, runtime.tokenize,
+        render, shaped = self._render_for(messages, None)
+        layout = plan_layout(kv.records, shaped, render, runtime.tokenize,
                              allow_shift=runtime.can_shift, add_generation_prompt=False)
         last = kv.records[-1] if kv.records else None
         if (last is not None and last.open and layout.messages
@@ -526,7 +541,8 @@ class Engine:
         kv = self._require_kv()
         kv.drop_partial()  # a stopped draft's cells: not this turn's base
         saved, saved_tokens = kv.mark(), kv.tokens()
-        layout = plan_layout(saved.records, messages, self._render, kv.runtime.tokenize,
+        render, shaped = self._render_for(messages, sampling)
+        layout = plan_layout(saved.records, shaped, render, kv.runtime.tokenize,
                              allow_shift=False)
         if layout.prefix_fallback or layout.tokens[:len(saved_tokens)] != saved_tokens:
             raise EngineError("a background turn may only add to the conversation")
@@ -541,16 +557,21 @@ class Engine:
         runtime = kv.runtime
         clock = TurnClock(handle.submitted_at)
         timings = Timings(model=self.name)
-        if layout is None:
-            if pool is not None:
-                timings.restore_ms = self._take_best_state(pool, messages)
-            render = with_thinking(self._render, sampling.thinking, self.supports_thinking)
-            layout = plan_layout(kv.records, messages, render, runtime.tokenize,
-                                 allow_shift=runtime.can_shift and pool is None)
-        self._check_fits(len(layout.tokens))
-        inside = prompt_opens_thinking(layout.messages[-1].text)
         try:  # before anything is prefilled: a grammar llama.cpp refuses ends the turn at once
-            constraint = self._new_constraint(sampling, inside)
+            tools = self._tool_plan(messages, sampling)
+            if layout is None:
+                shaped = tools.messages if tools is not None else messages
+                if pool is not None:
+                    timings.restore_ms = self._take_best_state(pool, shaped)
+                render = with_thinking(tools.render if tools is not None else self._render,
+                                       sampling.thinking, self.supports_thinking)
+                layout = plan_layout(kv.records, shaped, render, runtime.tokenize,
+                                     allow_shift=runtime.can_shift and pool is None)
+            self._check_fits(len(layout.tokens))
+            inside = prompt_opens_thinking(layout.messages[-1].text)
+            constraint = self._new_constraint(
+                sampling.constraint or (tools.constraint if tools is not None else None),
+                sampling, inside)
         except FormatError as exc:
             handle.emit(Failed(str(exc)))
             return
@@ -563,7 +584,8 @@ class Engine:
                 return
 
             # Reasoning streams as Thinking events, the answer as Tokens; the reply keeps both.
-            stream = ReplyEvents(handle, clock, inside=inside)
+            stream = ReplyEvents(handle, clock, inside=inside,
+                                 calls=tools.splitter() if tools is not None else None)
             confidence_tokens = self.options.confidence_tokens if self.options.track_confidence else 0
             drafts = self._require_speculator().for_turn(sampling)
             reply, finish = kv.generate(sampling, confidence_tokens, lambda: handle.stop_requested,
@@ -578,15 +600,39 @@ class Engine:
             timings.constrained_n, timings.redrawn_n = counts.judged, counts.redrawn
             timings.vocab_passes = counts.vocab_passes
         thinking = stream.finish()
-        handle.emit(Done(reply, finish, self._timings(clock.fill(timings)), thinking))
+        handle.emit(Done(reply, finish, self._timings(clock.fill(timings)), thinking,
+                         stream.calls))
 
-    def _new_constraint(self, sampling: Sampling, inside_reasoning: bool) -> TurnConstraint | None:
+    def _new_constraint(self, constraint: Constraint | None, sampling: Sampling,
+                        inside_reasoning: bool) -> TurnConstraint | None:
         """The turn's TurnConstraint, None without one; FormatError when llama.cpp refuses its
         grammar over this model's vocabulary."""
-        if sampling.constraint is None:
+        if constraint is None:
             return None
-        return TurnConstraint(self._require_runtime(), sampling.constraint, inside_reasoning,
+        return TurnConstraint(self._require_runtime(), constraint, inside_reasoning,
                               sampling.top_k, sampling.greedy)
+
+    def _rendering(self) -> ToolRendering:
+        """What the model's template does with tools (probed once per loaded model)."""
+        if self._tool_rendering is None:
+            self._tool_rendering = tool_rendering(self._template, self._render)
+        return self._tool_rendering
+
+    def _tool_plan(self, messages: list[dict], sampling: Sampling) -> ToolPlan | None:
+        """How a turn with tools, or with calls in its history, renders and reads its reply."""
+        if not needs_plan(messages, sampling):
+            return None
+        return plan_tools(self._render, self._rendering(), self._template, messages, sampling)
+
+    def _render_for(self, messages: list[dict],
+                    sampling: Sampling | None) -> tuple[Render, list[dict]]:
+        """(renderer, messages as rendered) for a prompt of ``messages`` with ``sampling``'s
+        tools (None: none offered)."""
+        if sampling is not None and sampling.tools:
+            tools = self._tool_plan(messages, sampling)
+            if tools is not None:
+                return tools.render, tools.messages
+        return plain_render(self._render, self._rendering, messages)
 
     def _take_best_state(self, pool: StatePool, messages: list[dict]) -> float:
         """Bring the live context to the state that keeps the most of ``messages`` (the live

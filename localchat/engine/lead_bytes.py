@@ -65,7 +65,9 @@ class LeadBytes:
             if (length <= 0 or head[:1] == b"<") and is_end(vocab, token):
                 ends.append(token)
         self.probe = probe
-        self.end_tokens = np.array(ends, dtype=np.int32)
+        # Special tokens shown as text (a tool call's marker): the grammar judges them by that
+        # text, which the table above does not hold; they are candidates whatever it allows.
+        self.end_tokens = np.array([*ends, *runtime.text_tokens], dtype=np.int32)
         self.by_first = np.argsort(self.first, kind="stable").astype(np.int32)
         self.starts = np.searchsorted(self.first[self.by_first], np.arange(NONE + 2)).astype(np.int64)
         self.counts = np.diff(self.starts)

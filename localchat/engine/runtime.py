@@ -211,6 +211,7 @@ class LlamaRuntime:
         self.bos_text = self._special_text(self.bos_id)
         self.eos_text = self._special_text(self.model.token_eos())
         self._pieces: dict[int, bytes] = {}
+        self.text_tokens: list[int] = []  # special tokens shown as their text (show_as_text)
         self._end_of_generation: dict[int, bool] = {}
 
     @property
@@ -241,6 +242,16 @@ class LlamaRuntime:
         if piece is None:
             piece = self._pieces[token] = self._token_to_piece(token)
         return piece
+
+    def show_as_text(self, texts: Iterable[str]) -> None:
+        """Sampled special tokens with these texts add their text to the reply instead of nothing
+        (a family's tool call marker, ``<|python_tag|>`` or ``[TOOL_CALLS]``: the call parser
+        must see it, and the history renders it back to the same token)."""
+        for text in texts:
+            ids = self.model.tokenize(text.encode("utf-8"), False, True)
+            if len(ids) == 1 and ids[0] not in self.text_tokens:
+                self._pieces[ids[0]] = text.encode("utf-8")
+                self.text_tokens.append(ids[0])
 
     def is_end_of_generation(self, token: int) -> bool:
         end = self._end_of_generation.get(token)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from localchat.events import Done, Event, Failed, Thinking, Timings, Token, TurnEnd
 from localchat.percentiles import percentile
 from localchat.reasoning import ReasoningSplitter
+from localchat.toolcall_stream import ToolCallSplitter
+from localchat.toolcalls import ToolCall
 
 if TYPE_CHECKING:
     from localchat.engine.runtime import TokenStats
@@ -116,16 +118,27 @@ class ReplyEvents:
     answer as ``Token`` (one per sampled token, possibly empty, carrying its id and probability),
     and tells the clock which tokens were reasoning and when the answer began."""
 
-    def __init__(self, handle: TurnHandle, clock: TurnClock, *, inside: bool) -> None:
+    def __init__(self, handle: TurnHandle, clock: TurnClock, *, inside: bool,
+                 calls: ToolCallSplitter | None = None) -> None:
+        """``calls``: the answer goes through it, so that Tokens carry the answer without any
+        tool call's marker and JSON, and ``calls`` gathers the calls."""
         self._handle = handle
         self._clock = clock
         self._splitter = ReasoningSplitter(inside=inside)
+        self._calls = calls
         self._reasoning: list[str] = []
+
+    @property
+    def calls(self) -> tuple[ToolCall, ...]:
+        """The tool calls read from the answer so far (all of them after ``finish``)."""
+        return tuple(self._calls.calls) if self._calls is not None else ()
 
     def token(self, text: str, token: int, stats: TokenStats | None) -> None:
         was_thinking = self._splitter.thinking
         thinking, answer = self._splitter.feed(text)
         in_reasoning = was_thinking or self._splitter.thinking
+        if self._calls is not None and answer:
+            answer = _text_of(self._calls.feed(answer))
         self._clock.token(bool(text), thinking=in_reasoning, answer_text=bool(answer))
         self._emit_thinking(thinking)
         if answer or not in_reasoning:
@@ -138,6 +151,8 @@ class ReplyEvents:
         """Release what the splitter held back; the whole reasoning text."""
         thinking, answer = self._splitter.flush()
         self._emit_thinking(thinking)
+        if self._calls is not None:
+            answer = _text_of([*self._calls.feed(answer), *self._calls.flush()])
         if answer:
             self._handle.emit(Token(answer))
         return "".join(self._reasoning)
@@ -147,3 +162,8 @@ class ReplyEvents:
             self._reasoning.append(text)
             self._handle.emit(Thinking(text))
 
+
+
+def _text_of(pieces: list[str | ToolCall]) -> str:
+    """The answer text among a splitter's pieces (its calls it keeps in ``calls``)."""
+    return "".join(piece for piece in pieces if isinstance(piece, str))

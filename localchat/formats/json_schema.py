@@ -56,10 +56,25 @@ def schema_grammar(schema: Any) -> str:
         raise FormatError("the schema nests too deeply to be turned into a grammar") from None
 
 
+def schema_rule(schema: Any, rules: Rules, hint: str) -> str:
+    """The name of a rule, added to ``rules``, for the JSON values ``schema`` allows: for a
+    grammar that holds several schemas (a tool call's arguments, one schema per tool).
+    FormatError as ``schema_grammar``."""
+    if not isinstance(schema, dict):
+        raise FormatError("the schema must be a JSON object, such as {\"type\": \"object\", ...}")
+    converter = _Converter(schema, rules)
+    name = rules.reserve(hint)
+    try:
+        converter._define(name, converter.term(schema, name, "", frozenset()))
+    except RecursionError:
+        raise FormatError("the schema nests too deeply to be turned into a grammar") from None
+    return name
+
+
 class _Converter:
-    def __init__(self, root: dict) -> None:
+    def __init__(self, root: dict, rules: Rules | None = None) -> None:
         self.root = root
-        self.rules = Rules()
+        self.rules = rules or Rules()
         self.refs: dict[str, str] = {}  # $ref -> its rule's name
 
     def grammar(self) -> str:

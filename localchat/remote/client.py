@@ -74,6 +74,7 @@ from localchat.remote.sse import (
 )
 from localchat.remote.stream_checks import TokenLimit, no_reply, not_a_stream, opening
 from localchat.remote.timing import ReplyClock
+from localchat.remote.tool_wire import CallAssembler, tool_fields, wire_messages
 from localchat.settings.remote import RemoteSettings
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,8 @@ log = logging.getLogger(__name__)
 _STOPPED = object()  # queue marker: stop() was called
 _RETRYABLE_STATUS = {408, 429}
 _ERROR_BODY_BYTES = 64 * 1024  # of a non-200 answer: enough for any error object, and a bound
-_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length"}
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length",
+                                             "tool_calls": "stop", "function_call": "stop"}
 
 
 class RemoteOff(UserError):
@@ -116,7 +118,8 @@ class RemoteClient:
     def stream(self, messages: list[dict], sampling: Sampling | None = None, *,
                route_reason: str = "") -> RemoteTurn:
         """Start a turn with ``messages`` (already trimmed to the remote's budget)."""
-        return RemoteTurn(self, self._request_body(messages, sampling or Sampling()), route_reason)
+        return RemoteTurn(self, self._request_body(wire_messages(messages), sampling or Sampling()),
+                          route_reason)
 
     @property
     def where(self) -> str:
@@ -149,6 +152,7 @@ class RemoteClient:
             body["model"] = self.settings.model
         if sampling.seed >= 0:  # a negative seed is random
             body["seed"] = sampling.seed
+        body.update(tool_fields(sampling.tools, sampling.tool_choice))
         if sampling.response_format is not None:
             body["response_format"] = (sampling.response_format if self.schema_dialect is None
                                        else schema_dialect(sampling.response_format))
@@ -310,6 +314,7 @@ class RemoteTurn(TurnEnd):
             raise _AttemptFailed(problem, False)  # the same server would answer the same again
         reply: list[str] = []
         thinking: list[str] = []
+        calls = CallAssembler()  # streamed tool_calls deltas
         # Reasoning arrives apart (reasoning_content) or inline as <think> in the content.
         inline = ReasoningSplitter()
         limit = TokenLimit(self._body["max_tokens"])
@@ -340,6 +345,8 @@ class RemoteTurn(TurnEnd):
             self._model = self._client.settings.model or chunk.model or self._model
             usage = chunk.usage or usage
             finish_reason = chunk.finish_reason or finish_reason
+            if chunk.tool_deltas:
+                calls.feed(chunk.tool_deltas)
             if chunk.reasoning:
                 self._reasoning(chunk.reasoning, thinking)
             if chunk.content:
@@ -356,7 +363,8 @@ class RemoteTurn(TurnEnd):
             self._events.put(Notice(
                 f"the remote at {where} went on past the {limit.max_tokens} tokens asked for "
                 "(max_tokens); its reply was cut there", kind="max_tokens"))
-        if events and not chat_chunks or (ended or finish_reason) and not (reply or thinking):
+        if events and not chat_chunks or (ended or finish_reason) and not (reply or thinking
+                                                                           or calls):
             # Not a chat stream, or an empty reply: never stored as one, and not worth a retry.
             raise _AttemptFailed(no_reply(where, events, chat_chunks, first_event), False)
         if not ended and finish_reason is None:
@@ -364,8 +372,9 @@ class RemoteTurn(TurnEnd):
         timings = self._timings(usage.prompt_tokens if usage else None,
                                 usage.completion_tokens if usage else None)
         reasoning = "".join(thinking)
-        return Done(join_reply(reasoning, "".join(reply)),
-                    _FINISH_REASONS.get(finish_reason or "stop", "stop"), timings, reasoning)
+        finish = _FINISH_REASONS.get(finish_reason or "stop", "stop")
+        return Done(join_reply(reasoning, "".join(reply)), finish, timings, reasoning,
+                    tool_calls=calls.calls(complete=finish != "length"))
 
     def _reasoning(self, text: str, thinking: list[str]) -> None:
         if text:

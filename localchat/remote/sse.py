@@ -54,6 +54,7 @@ class StreamChunk:
     model: str = ""
     done: bool = False
     chat: bool = False  # a chat-completion chunk: it had a "choices" list (the usage one: empty)
+    tool_deltas: tuple[dict[str, Any], ...] = ()  # delta.tool_calls entries, as sent
 
 
 def iter_lines(chunks: Iterable[bytes], max_bytes: int = MAX_EVENT_BYTES) -> Iterator[str]:
@@ -119,6 +120,7 @@ def decode_chunk(payload: str) -> StreamChunk:
     if obj.get("error"):
         raise RemoteStreamError(f"remote error: {error_text(obj['error'])}")
     content, reasoning, finish_reason = "", "", None
+    tool_deltas: tuple[dict[str, Any], ...] = ()
     choices = obj.get("choices")  # the usage chunk has "choices": []
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         choice = choices[0]
@@ -127,6 +129,9 @@ def decode_chunk(payload: str) -> StreamChunk:
         if isinstance(delta, dict):
             content = _text(delta.get("content"))
             reasoning = _text(delta.get("reasoning_content")) or _text(delta.get("reasoning"))
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list):
+                tool_deltas = tuple(c for c in calls if isinstance(c, dict))
         finish_reason = choice.get("finish_reason")
     return StreamChunk(
         content=content,
@@ -135,6 +140,7 @@ def decode_chunk(payload: str) -> StreamChunk:
         usage=_usage(obj.get("usage")),
         model=model if isinstance(model := obj.get("model"), str) else "",
         chat=isinstance(choices, list),
+        tool_deltas=tool_deltas,
     )
 
 

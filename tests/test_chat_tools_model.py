@@ -1,0 +1,68 @@
+"""The tool loop with the real test model: a forced call runs through the chat layer, the reply
+after the result reuses the cache (only the result and the next header prefilled) and equals a
+fresh prefill of the same messages (the greedy oracle), and a reopened session gives the model
+the same history, so its next turn reuses the cache too."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from oracle import assert_matches_fresh
+
+from localchat.chat.conversation import Conversation
+from localchat.chat.services import ChatServices
+from localchat.chat.tools import ChatTools
+from localchat.engine.options import Sampling
+from localchat.events import Done, Token, ToolCalled, ToolReturned
+from localchat.settings import ContextSection, Settings
+from localchat.settings.tools import ToolsSettings
+
+GREEDY = Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=64)
+
+
+class _NoRemote:
+    client = None
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_forced_call_runs_and_the_reply_after_it_prefills_only_the_result(engine, fresh, store,
+                                                                            tmp_path):
+    (tmp_path / "a.txt").write_text("alpha")
+    config = Settings(context=ContextSection(summarize=False),
+                      tools=ToolsSettings(builtins=("list_directory",)))
+    with ChatTools.open(config, ("*",), mcp_path=Path("/nonexistent/mcp.json")) as tools:
+        services = ChatServices(config, None, _NoRemote, tools)  # type: ignore[arg-type]
+        conversation = Conversation(store, store.create_session(), services)
+        conversation.attach(engine, GREEDY)
+        conversation.tool_choice = "list_directory"
+        turn = conversation.send(f"List the files in {tmp_path}.")
+        events, reply = [], []
+        for event in turn:
+            events.append(event)
+            if isinstance(event, ToolReturned):
+                reply.clear()  # the tokens after the result are the reply to compare
+            elif isinstance(event, Token):
+                reply.append(event.token_id)
+        done = events[-1]
+        assert isinstance(done, Done), done
+        called = next(e for e in events if isinstance(e, ToolCalled))
+        returned = next(e for e in events if isinstance(e, ToolReturned))
+        # It ran (a 135M model may well name a folder that is not there: an error it reads).
+        assert called.label == "builtin.list_directory" and returned.call == called.call
+        assert "denied" not in returned.result.content
+        first = turn.rounds[0].done
+        # Only the result and the next header were prefilled: the rest came from the cache.
+        result_tokens = engine.count_tokens(returned.result.content)
+        assert done.timings.cache_n >= first.timings.cache_n + first.timings.prompt_n
+        assert result_tokens <= done.timings.prompt_n <= result_tokens + 24
+        history = conversation.chat.model_messages()[:-1]  # before the reply
+        sampling = replace(turn.sampling, tool_choice="auto")
+        assert_matches_fresh(reply[:12], fresh, history, sampling)
+        conversation.record_reply(done, engine.name)
+
+        reopened = Conversation(store, store.session(conversation.session_id), services)
+        reopened.attach(engine, GREEDY)
+        assert reopened.chat.history == conversation.chat.history
