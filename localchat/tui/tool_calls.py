@@ -79,6 +79,7 @@ class ToolCallView(Collapsible):
         self.call = call
         self.call_id = call.id
         self.line = call_title(call, label)
+        self.label = label
         self.state = "called"
         self.result: ToolResult | None = None
         if result is not None:
@@ -123,6 +124,7 @@ class ToolCallView(Collapsible):
         if self.state == "denied" or result.content.strip().endswith("denied by the user"):
             self._set_state("denied", "· ✖ denied")
         elif result.is_error:
-            self._set_state("failed", f"· ✖ {visible(result.notice or 'error', newlines=False)[:80]}")
+            why = result.notice.removeprefix(f"{self.label}: ") or result.content
+            self._set_state("failed", f"· ✖ {visible(why, newlines=False)[:80]}")
         else:
             self._set_state("done", f"· ✓ {size}{took}")
