@@ -276,10 +276,10 @@ class FakeEngine:
         sent_at: list[float] = []
         reasoning: list[str] = []
         thinking_n, answer_at = 0, None
-        splitter = ReasoningSplitter()
 
         def stream(text: str) -> FinishReason:
             nonlocal thinking_n, answer_at
+            splitter = ReasoningSplitter()  # each reply of a turn may reason first
             for index, piece in enumerate(split_tokens(text)):
                 if self.hold_after is not None and index >= self.hold_after:
                     while not stop.wait(0.01) and not (self.release and self.release.is_set()):

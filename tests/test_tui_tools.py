@@ -430,3 +430,39 @@ async def test_tools_command_lists_the_tools_and_sets_the_sessions_tool_choice(s
         sampling = engine.samplings[-1]
         assert sampling.tool_choice == "required"
         assert {spec["function"]["name"] for spec in sampling.tools} == {"read_file", "list_directory"}
+
+
+async def test_each_round_keeps_its_own_reasoning_and_ctrl_t_opens_them_all(store):
+    round_ = ToolRound([read("notes.txt")], then="<think> The notes say hi. </think> They say hi.")
+    app = make_app(store, FakeEngine(reply="<think> I should read the notes. </think> Reading.",
+                                     tools=round_))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "Notes?")
+        await reply_finished(pilot)
+        reply = app.chat_log.last_reply()
+        blocks = reply.thinking_blocks()
+        assert [b.text.strip() for b in blocks] == ["I should read the notes.", "The notes say hi."]
+        assert all(b.collapsed for b in blocks)
+        order = [type(w).__name__ for w in reply.children]
+        assert order == ["ThinkingBlock", "RoundText", "ToolCallView", "ThinkingBlock", "LiveMarkdown",
+                         "Static"]
+        assert reply.text == "They say hi."
+        await pilot.press("ctrl+t")
+        assert not any(b.collapsed for b in blocks)
+
+
+async def test_a_long_call_is_cut_in_its_line_so_how_it_went_stays_in_view(store):
+    command_ = "find ~/projects -name '*.py' -newer ~/.cache/marker -exec grep -l TODO {} +"
+    round_ = ToolRound([(ToolCall("call00001", "run_command", {"command": command_}), RUN)])
+    app = app_with(store, round_)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await send(pilot, "Find them.")
+        await reply_finished(pilot)
+        [view] = views(app)
+        shown = "\n".join(screen_lines(app))
+        assert "✓ 1 line" in shown and "…)" in shown and command_ not in shown
+        view.collapsed = False
+        await pilot.pause()
+        assert "-exec grep -l TODO" in "\n".join(screen_lines(app))  # the whole call, folded

@@ -307,8 +307,9 @@ class ChatLog(LaidOutOnce, VerticalScroll):
         for reply in self.children:
             if isinstance(reply, ReplyView):
                 reply.show_thinking = show
-                if reply.thinking is not None and not reply.thinking.streaming:
-                    reply.thinking.collapsed = not show
+                for block in reply.thinking_blocks():  # one per tool round that reasoned
+                    if not block.streaming:
+                        block.collapsed = not show
 
     async def add_turns_before_prompt(self, turns: list[TurnRecord], reply: ReplyView) -> None:
         """Show stored ``turns`` just above the prompt that ``reply`` answers (turns another

@@ -72,6 +72,10 @@ class ReplyView(LaidOutOnce, Vertical):
     def thinking(self) -> ThinkingBlock | None:
         return self._thinking
 
+    def thinking_blocks(self) -> list[ThinkingBlock]:
+        """Every reasoning block of the reply: the last one's, and those of its tool rounds."""
+        return [w for w in self.children if isinstance(w, ThinkingBlock)]
+
     async def think(self, fragment: str) -> None:
         """Stream reasoning into the thinking block (opened above the answer on first use)."""
         if self._thinking is None:

@@ -1,7 +1,7 @@
 """A tool call in the chat log: one compact line, ``⚙ server.tool({"arg": ...})``, with its
 result folded under it.
 
-The line says where the call stands (waiting for the user's answer, running, how long it took,
+The line (the call cut to leave room) says where the call stands (waiting for the user's answer, running, how long it took,
 denied, failed); a click on it, or Enter when it has the focus, opens the result. A result that
 is an error (a denial, a timeout, a server that crashed) is marked ✖ and shown in the error
 colour. Everything a tool or the model wrote is shown as inert text: no markup, no terminal
@@ -23,6 +23,9 @@ from localchat.toolcalls import ToolCall, ToolResult
 from localchat.tools.approval import call_line
 
 SHOWN_RESULT_CHARS = 4000  # of a result, on screen; the rest is summed up in one line
+# Of the call in its line: room is left for how it went (an 80-column terminal, the log's
+# margins); the whole call is the first line of the folded part.
+TITLE_CALL_CHARS = 52
 
 
 def plain(text: str) -> str:
@@ -35,6 +38,11 @@ def call_title(call: ToolCall, label: str) -> str:
     """``⚙ server.tool({...})``: the call as the user sees it, in one inert line."""
     shown = replace(call, name=label or call.name or "a tool call")
     return f"⚙ {call_line(shown)}"
+
+
+def short_line(line: str, limit: int = TITLE_CALL_CHARS) -> str:
+    """The call's line cut to ``limit`` characters (``…)`` says where)."""
+    return line if len(line) <= limit else line[:limit - 2] + "…)"
 
 
 def shown_result(content: str) -> str:
@@ -67,6 +75,7 @@ class ToolCallView(Collapsible):
     ToolCallView > Contents { padding: 0 0 0 4; }
     ToolCallView CollapsibleTitle { color: $text-muted; }
     ToolCallView .tool-result { color: $text-muted; }
+    ToolCallView .tool-call { color: $text-muted; text-style: italic; }
     ToolCallView.-error CollapsibleTitle { color: $error; }
     ToolCallView.-error .tool-result { color: $error; }
     ToolCallView.-asking CollapsibleTitle { color: $warning; text-style: bold; }
@@ -74,8 +83,10 @@ class ToolCallView(Collapsible):
 
     def __init__(self, call: ToolCall, label: str, *, result: ToolResult | None = None,
                  elapsed_ms: float = 0.0) -> None:
+        line = call_title(call, label)
         self._result_text = Static("", markup=False, classes="tool-result")
-        super().__init__(self._result_text, title=plain(call_title(call, label)), collapsed=True)
+        parts = [Static(line, markup=False, classes="tool-call")] if short_line(line) != line else []
+        super().__init__(*parts, self._result_text, title=plain(short_line(line)), collapsed=True)
         self.call = call
         self.call_id = call.id
         self.line = call_title(call, label)
@@ -90,7 +101,8 @@ class ToolCallView(Collapsible):
 
     def _set_state(self, state: str, note: str = "") -> None:
         self.state = state
-        self.title = plain(f"{self.line}  {note}" if note else self.line)
+        shown = short_line(self.line)
+        self.title = plain(f"{shown}  {note}" if note else shown)
 
     def asking(self) -> None:
         """The user is being asked whether it may run."""
