@@ -258,6 +258,7 @@ async def test_the_real_model_forced_to_call_a_tool_asks_runs_and_answers(test_m
             [view] = reply.query(ToolCallView)
             assert view.line.startswith("⚙ builtin.list_directory(") and view.result is not None
             assert "denied" not in view.result.content  # it ran (a wrong folder is an error it reads)
+            await pilot.pause()
             shown = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
             # Neither the call's marker nor its JSON reached the text (what the model says after
             # the result is its own: a 135M model may well imitate a tool's answer).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fake_engine import (
@@ -55,6 +56,25 @@ def views(app) -> list[ToolCallView]:
     return list(reply.query(ToolCallView))
 
 
+@asynccontextmanager
+async def started(store, round_: ToolRound, prompt: str):
+    """A pilot on an app whose scripted model answers ``prompt`` with ``round_``, entered once
+    the first question is up (when ``round_`` has a policy) or the turn has started."""
+    app = app_with(store, round_)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, prompt)
+        if round_.policy is not None:
+            await asked(pilot)
+        yield pilot
+
+
+async def screen_text(pilot) -> str:
+    """The screen once what changed has been drawn."""
+    await pilot.pause()
+    return "\n".join(screen_lines(pilot.app))
+
+
 async def asked(pilot) -> ApprovalScreen:
     await wait_until(pilot, lambda: isinstance(pilot.app.screen, ApprovalScreen), "the approval prompt")
     await pilot.pause()
@@ -64,10 +84,8 @@ async def asked(pilot) -> ApprovalScreen:
 async def test_a_call_shows_as_one_line_with_its_result_folded_under_it(store):
     round_ = ToolRound([read("notes.txt")], then="The notes say hi.",
                        results={"read_file": "hi there\nsecond line"})
-    app = app_with(store, round_)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "What do my notes say?")
+    async with started(store, round_, "What do my notes say?") as pilot:
+        app = pilot.app
         await reply_finished(pilot)
 
         reply = app.chat_log.last_reply()
@@ -78,13 +96,13 @@ async def test_a_call_shows_as_one_line_with_its_result_folded_under_it(store):
         assert view.line == '⚙ files.read_file({"path": "notes.txt"})'
         assert "✓ 2 lines" in str(view.title)
         assert reply.text == "The notes say hi."  # the next round streamed below the call
-        shown = "\n".join(screen_lines(app))
+        shown = await screen_text(pilot)
         assert '⚙ files.read_file({"path": "notes.txt"})' in shown
         assert "second line" not in shown  # folded
 
         view.collapsed = False  # a click on the line, or Enter on it
         await pilot.pause()
-        assert "second line" in "\n".join(screen_lines(app))
+        assert "second line" in await screen_text(pilot)
         assert round_.log == [("call00001", "ran")]
         order = [type(w).__name__ for w in reply.children]
         assert order.index("RoundText") < order.index("ToolCallView") < order.index("LiveMarkdown")
@@ -93,12 +111,10 @@ async def test_a_call_shows_as_one_line_with_its_result_folded_under_it(store):
 async def test_y_runs_the_call_once_and_the_next_call_asks_again(store):
     round_ = ToolRound([read("a.txt", "call00001"), read("b.txt", "call00002")],
                        policy=ApprovalPolicy())
-    app = app_with(store, round_)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "Read both.")
+    async with started(store, round_, "Read both.") as pilot:
+        app = pilot.app
         screen = await asked(pilot)
-        shown = "\n".join(screen_lines(app))
+        shown = await screen_text(pilot)
         assert "read_file · server files" in shown and '"path": "a.txt"' in shown
         assert "Read a text file." in shown and "More detail" not in shown
         assert "y run once" in shown and "s always (saved in config.toml)" in shown
@@ -107,7 +123,7 @@ async def test_y_runs_the_call_once_and_the_next_call_asks_again(store):
 
         await pilot.press("y")
         second = await asked(pilot)
-        assert second is not screen and '"path": "b.txt"' in "\n".join(screen_lines(app))
+        assert second is not screen and '"path": "b.txt"' in await screen_text(pilot)
         await pilot.press("y")
         await reply_finished(pilot)
         assert round_.log == [("call00001", "once"), ("call00001", "ran"),
@@ -118,11 +134,8 @@ async def test_y_runs_the_call_once_and_the_next_call_asks_again(store):
 async def test_a_allows_the_tool_for_the_session_and_asks_no_more(store):
     round_ = ToolRound([read("a.txt", "call00001"), read("b.txt", "call00002")],
                        policy=ApprovalPolicy())
-    app = app_with(store, round_)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "Read both.")
-        await asked(pilot)
+    async with started(store, round_, "Read both.") as pilot:
+        app = pilot.app
         await pilot.press("a")
         await reply_finished(pilot)
         assert round_.log == [("call00001", "session"), ("call00001", "ran"), ("call00002", "ran")]
@@ -134,19 +147,16 @@ async def test_a_for_run_command_covers_only_that_exact_command_and_cannot_be_sa
              (ToolCall("call00002", "run_command", {"command": "ls"}), RUN),
              (ToolCall("call00003", "run_command", {"command": "rm -rf x"}), RUN)]
     round_ = ToolRound(calls, policy=ApprovalPolicy())
-    app = app_with(store, round_)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "List, then delete.")
-        await asked(pilot)
-        shown = "\n".join(screen_lines(app))
+    async with started(store, round_, "List, then delete.") as pilot:
+        app = pilot.app
+        shown = await screen_text(pilot)
         assert "a always this exact command" in shown and "saved in config.toml" not in shown
         await pilot.press("s")  # not offered: nothing happens
         await pilot.pause()
         assert isinstance(app.screen, ApprovalScreen)
         await pilot.press("a")
         await asked(pilot)  # rm is a different command: asked again
-        assert '"command": "rm -rf x"' in "\n".join(screen_lines(app))
+        assert '"command": "rm -rf x"' in await screen_text(pilot)
         await pilot.press("n")
         await reply_finished(pilot)
         assert round_.log == [("call00001", "session"), ("call00001", "ran"), ("call00002", "ran"),
@@ -156,11 +166,8 @@ async def test_a_for_run_command_covers_only_that_exact_command_and_cannot_be_sa
 
 async def test_s_saves_always_allow_in_config_toml(store):
     round_ = ToolRound([read("a.txt")], policy=ApprovalPolicy())
-    app = app_with(store, round_)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "Read it.")
-        await asked(pilot)
+    async with started(store, round_, "Read it.") as pilot:
+        app = pilot.app
         await pilot.press("s")
         await reply_finished(pilot)
         assert round_.log == [("call00001", "save"), ("call00001", "ran")]
@@ -172,11 +179,8 @@ async def test_s_saves_always_allow_in_config_toml(store):
 async def test_n_and_esc_deny_and_the_model_goes_on(store):
     for key in ("n", "escape"):
         round_ = ToolRound([read("secret.txt")], then="I could not read it.", policy=ApprovalPolicy())
-        app = app_with(store, round_)
-        async with app.run_test(size=SIZE) as pilot:
-            await ready(pilot)
-            await send(pilot, "Read it.")
-            await asked(pilot)
+        async with started(store, round_, "Read it.") as pilot:
+            app = pilot.app
             await pilot.press(key)
             await reply_finished(pilot)
             [view] = views(app)
@@ -189,10 +193,8 @@ async def test_n_and_esc_deny_and_the_model_goes_on(store):
 
 async def test_esc_during_a_running_call_cancels_it_and_stops_the_reply(store):
     round_ = ToolRound([read("huge.txt")], hold_call=True)
-    app = app_with(store, round_)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "Read it.")
+    async with started(store, round_, "Read it.") as pilot:
+        app = pilot.app
         await wait_until(pilot, round_.running.is_set, "the call to run")
         await wait_until(pilot, lambda: bool(views(app)) and views(app)[0].state == "running",
                          "the running call on screen")
@@ -210,11 +212,8 @@ async def test_esc_during_a_running_call_cancels_it_and_stops_the_reply(store):
 
 async def test_ctrl_c_while_asking_denies_and_stops(store):
     round_ = ToolRound([read("a.txt")], policy=ApprovalPolicy())
-    app = app_with(store, round_)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "Read it.")
-        await asked(pilot)
+    async with started(store, round_, "Read it.") as pilot:
+        app = pilot.app
         await pilot.press("ctrl+c")
         await reply_finished(pilot)
         assert not isinstance(app.screen, ApprovalScreen)
@@ -224,10 +223,8 @@ async def test_ctrl_c_while_asking_denies_and_stops(store):
 
 async def test_a_reply_that_ends_in_its_own_done_before_the_round_shows_the_same(store):
     round_ = ToolRound([read("notes.txt")], then="Here it is.", round_done=True)
-    app = app_with(store, round_)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "Read it.")
+    async with started(store, round_, "Read it.") as pilot:
+        app = pilot.app
         await reply_finished(pilot)
         reply = app.chat_log.last_reply()
         assert [t.source for t in reply.query(RoundText)] == ["Let me look."]
@@ -241,16 +238,14 @@ async def test_failures_are_marked_and_told_and_hostile_text_is_inert(store):
     broken = ToolCall("call00002", "read_file", problem="the arguments are not valid JSON")
     round_ = ToolRound([(hostile, READ), (broken, READ)],
                        results={"read_file": RuntimeError("server crashed")})
-    app = app_with(store, round_)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "Read it.")
+    async with started(store, round_, "Read it.") as pilot:
+        app = pilot.app
         await reply_finished(pilot)
         first, second = views(app)
         assert first.has_class("-error") and first.state == "failed"
         assert "[bold red]x[/]" in first.line and "\x1b" not in first.line and "\\u001b[31m" in first.line
         assert second.has_class("-error") and "not valid JSON" in second.result.content
-        shown = "\n".join(screen_lines(app))
+        shown = await screen_text(pilot)
         assert "[bold red]x[/]" in shown and "\x1b" not in shown
         told = notices(app)
         assert any("server crashed" in n for n in told) and any("not valid JSON" in n for n in told)
@@ -314,10 +309,8 @@ def test_each_state_has_its_notice():
 async def test_a_question_settled_elsewhere_or_left_with_its_session_goes_away(store):
     round_ = ToolRound([read("a.txt", "call00001"), read("b.txt", "call00002")],
                        policy=ApprovalPolicy())
-    app = app_with(store, round_)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "Read both.")
+    async with started(store, round_, "Read both.") as pilot:
+        app = pilot.app
         screen = await asked(pilot)
         screen.request.answer(Decision.ONCE)  # the tool loop settled it (its stop denies, say)
         second = await asked(pilot)
@@ -357,7 +350,7 @@ async def test_a_call_through_the_tool_loop_is_approved_run_stored_and_shown_aga
         await send(pilot, "What do my notes say?")
         screen = await asked(pilot)
         assert screen.request.tool.label == "builtin.read_file"
-        assert str(notes) in "\n".join(screen_lines(app))
+        assert str(notes) in await screen_text(pilot)
         await pilot.press("y")
         await reply_finished(pilot)
         [view] = views(app)
@@ -378,7 +371,7 @@ async def test_a_call_through_the_tool_loop_is_approved_run_stored_and_shown_aga
         assert [type(w).__name__ for w in app.chat_log.messages()] == ["UserMessage", "ReplyView"]
         view.collapsed = False
         await pilot.pause()
-        assert "the secret word is tangerine" in "\n".join(screen_lines(app))
+        assert "the secret word is tangerine" in await screen_text(pilot)
 
 
 async def test_a_stored_turn_stopped_in_its_calls_and_a_denied_call_show_as_they_were(store):
@@ -401,7 +394,7 @@ async def test_a_stored_turn_stopped_in_its_calls_and_a_denied_call_show_as_they
         assert denied.state == "denied" and denied.has_class("-error")
         assert unanswered.state == "stopped"
         assert [t.source for t in first.query(RoundText)] == ["Reading."]
-        assert "<tool_call>" not in "\n".join(screen_lines(app))
+        assert "<tool_call>" not in await screen_text(pilot)
         assert [type(w).__name__ for w in app.chat_log.messages()] == [
             "UserMessage", "ReplyView", "UserMessage", "ReplyView"]
 
@@ -414,7 +407,7 @@ async def test_tools_command_lists_the_tools_and_sets_the_sessions_tool_choice(s
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await command(pilot, "/tools")
-        shown = "\n".join(screen_lines(app))
+        shown = await screen_text(pilot)
         assert "builtin · running" in shown and "read_file" in shown and "list_directory" in shown
         assert "tool choice auto" in shown
         await pilot.press("escape")
@@ -461,8 +454,8 @@ async def test_a_long_call_is_cut_in_its_line_so_how_it_went_stays_in_view(store
         await send(pilot, "Find them.")
         await reply_finished(pilot)
         [view] = views(app)
-        shown = "\n".join(screen_lines(app))
+        shown = await screen_text(pilot)
         assert "✓ 1 line" in shown and "…)" in shown and command_ not in shown
         view.collapsed = False
         await pilot.pause()
-        assert "-exec grep -l TODO" in "\n".join(screen_lines(app))  # the whole call, folded
+        assert "-exec grep -l TODO" in await screen_text(pilot)  # the whole call, folded
