@@ -22,6 +22,7 @@ from localchat.terminal import visible
 from localchat.toolcalls import ToolCall, ToolResult
 from localchat.tools.approval import call_line
 
+DENIED = "denied by the user"  # what the model reads for a denied call (tools.results)
 SHOWN_RESULT_CHARS = 4000  # of a result, on screen; the rest is summed up in one line
 # Of the call in its line: room is left for how it went (an 80-column terminal, the log's
 # margins); the whole call is the first line of the folded part.
@@ -89,7 +90,7 @@ class ToolCallView(Collapsible):
         super().__init__(*parts, self._result_text, title=plain(short_line(line)), collapsed=True)
         self.call = call
         self.call_id = call.id
-        self.line = call_title(call, label)
+        self.line = line
         self.label = label
         self.state = "called"
         self.result: ToolResult | None = None
@@ -133,7 +134,7 @@ class ToolCallView(Collapsible):
         lines = result.content.count("\n") + 1 if result.content else 0
         size = f"{lines} line{'s' if lines != 1 else ''}"
         took = f" · {elapsed_text(elapsed_ms)}" if elapsed_ms else ""
-        if self.state == "denied" or result.content.strip().endswith("denied by the user"):
+        if self.state == "denied" or result.is_error and result.content == DENIED:
             self._set_state("denied", "· ✖ denied")
         elif result.is_error:
             why = result.notice.removeprefix(f"{self.label}: ") or result.content
