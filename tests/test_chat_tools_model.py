@@ -66,3 +66,32 @@ def test_a_forced_call_runs_and_the_reply_after_it_prefills_only_the_result(engi
         reopened = Conversation(store, store.session(conversation.session_id), services)
         reopened.attach(engine, GREEDY)
         assert reopened.chat.history == conversation.chat.history
+
+
+def test_a_session_with_a_tool_round_reopens_from_its_snapshot_and_reuses_it(engine, store,
+                                                                             tmp_path):
+    from localchat.chat.snapshots import SessionSnapshots
+
+    config = Settings(context=ContextSection(summarize=False),
+                      tools=ToolsSettings(builtins=("list_directory",)))
+    snapshots = SessionSnapshots.on_disk(tmp_path / "snapshots", 1 << 30)
+    with ChatTools.open(config, ("*",), mcp_path=Path("/nonexistent/mcp.json")) as tools:
+        services = ChatServices(config, snapshots, _NoRemote, tools)  # type: ignore[arg-type]
+        conversation = Conversation(store, store.create_session(), services)
+        conversation.attach(engine, GREEDY)
+        conversation.tool_choice = "list_directory"
+        turn = conversation.send("List the files here.")
+        done = list(turn)[-1]
+        assert isinstance(done, Done) and turn.rounds
+        conversation.record_reply(done, engine.name)
+        snapshots.flush()
+        cached = engine.tokens_in_context
+
+        engine.reset()  # as a new process would start
+        reopened = Conversation(store, store.session(conversation.session_id), services)
+        reopened.attach(engine, replace(GREEDY, max_tokens=4))
+        reopened.restore_snapshot()
+        assert reopened.take_notices() == []
+        final = list(reopened.send("Thanks."))[-1]
+        assert isinstance(final, Done)
+        assert final.timings.cache_n >= cached - 1 and final.timings.restore_ms > 0

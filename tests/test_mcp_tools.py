@@ -275,6 +275,9 @@ def test_closing_the_registry_ends_every_server_process(tmp_path):
     with registry_for(tmp_path, {"a": STDIO, "b": STDIO}) as registry:
         assert registry.wait_started(60)
         pids = [int(call(registry, f"{name}_pid").content) for name in ("a", "b")]
+        if os.name == "posix":  # they start below the model's priority (under nice)
+            ours = os.getpriority(os.PRIO_PROCESS, 0)
+            assert all(os.getpriority(os.PRIO_PROCESS, pid) == min(19, ours + 10) for pid in pids)
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

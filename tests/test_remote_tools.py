@@ -128,3 +128,26 @@ def test_a_remote_call_goes_through_the_same_loop_and_wrong_arguments_are_an_err
     assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_def",
                                       "content": "tangerine"}
     assert engine.submitted == []  # the local model never answered
+
+
+def test_a_remote_reply_with_too_many_calls_runs_only_the_first_sixteen(tmp_path):
+    from localchat.chat.tool_turn import MAX_CALLS_PER_REPLY
+
+    many = [(f"call_{i}", "read_file", json.dumps({"path": str(tmp_path / f"{i}.txt")}))
+            for i in range(MAX_CALLS_PER_REPLY + 3)]
+    config = Settings(tools=ToolsSettings(builtins=("read_file",)))
+    engine = FakeEngine()
+    engine.load()
+    with FaultServer([calls_stream(*many), reply("ok")]) as server, \
+            ChatTools.open(config, ("*",), mcp_path=Path("/nonexistent/mcp.json")) as tools:
+        escalator = Escalator.from_settings(settings_for(server.base_url))
+        try:
+            events = list(start(ChatContext(engine), "go", tools,
+                                router=Escalation(escalator, engine, "remote")))
+        finally:
+            escalator.close()
+    results = [e.result for e in events if isinstance(e, ToolReturned)]
+    assert len(results) == MAX_CALLS_PER_REPLY + 3
+    assert all("does not exist" in r.content for r in results[:MAX_CALLS_PER_REPLY])
+    assert all("at most 16" in r.content for r in results[MAX_CALLS_PER_REPLY:])
+    assert events[-1].reply == "ok"

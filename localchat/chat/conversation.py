@@ -319,14 +319,14 @@ class Conversation:
     def last_reply(self) -> str:
         """The latest assistant reply. Raises ``UserError`` if there is none yet."""
         for turn in reversed(self.turns()):
-            if turn.role == "assistant" and strip_reasoning(turn.content):
-                return strip_reasoning(turn.content)  # the answer, without the model's reasoning
+            if turn.role == "assistant" and strip_reasoning(turn.answer):
+                return strip_reasoning(turn.answer)  # the answer, without reasoning or calls
         raise UserError("There is no reply to copy yet.")
 
     def last_code_block(self) -> str:
         """The last fenced code block of the latest reply that has one."""
         for turn in reversed(self.turns()):
-            blocks = code_blocks(turn.content) if turn.role == "assistant" else []
+            blocks = code_blocks(turn.answer) if turn.role == "assistant" else []
             if blocks:
                 return blocks[-1]
         raise UserError("No reply in this session contains a code block.")

@@ -17,7 +17,8 @@
 Limits, each shown as a ``Notice`` when hit: ``[tools] max_rounds`` rounds per turn (the calls of
 the reply past it do not run: each gets an error result saying so, and the model answers once
 more with what it has; should that reply call again, its calls are dropped), ``timeout_s`` per
-call, results capped (``result_chars``, sized to the context).
+call, results capped (``result_chars``, sized to the context), at most ``MAX_CALLS_PER_REPLY``
+calls run per reply (the others get an error result).
 
 ``stop()`` (Esc) stops the reply being written, cancels a call that is running (within 50 ms)
 and denies a question not yet answered. A turn stopped during its calls ends with the reply that
@@ -63,6 +64,8 @@ if TYPE_CHECKING:
     from localchat.engine.options import Sampling
 
 log = logging.getLogger("localchat.chat.tools")
+
+MAX_CALLS_PER_REPLY = 16  # more in one reply each get an error result (a remote may send any)
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,13 @@ class ToolTurn(TurnEnd):
                     yield ToolReturned(call, result)
             else:
                 results = []
-                for call in final.tool_calls:
+                for index, call in enumerate(final.tool_calls):
+                    if index >= MAX_CALLS_PER_REPLY:  # a remote may send any number
+                        result = self._too_many(call)
+                        yield ToolCalled(call, self.tools.registry.label(call))
+                        yield ToolReturned(call, result)
+                        results.append((result, 0.0, self.tools.registry.label(call)))
+                        continue
                     outcome = yield from self._run(call)
                     results.append(outcome)
             if self._stopped.is_set():
@@ -242,6 +251,13 @@ class ToolTurn(TurnEnd):
         return ToolResult(call.id, call.name, f"error: not run: the limit of {max_rounds} tool "
                           "rounds per reply was reached; answer with what you have",
                           is_error=True, notice="")
+
+    @staticmethod
+    def _too_many(call: ToolCall) -> ToolResult:
+        return ToolResult(call.id, call.name, f"error: not run: a reply may call at most "
+                          f"{MAX_CALLS_PER_REPLY} tools at once", is_error=True,
+                          notice=f"{call.name}: not run (over {MAX_CALLS_PER_REPLY} calls in "
+                          "one reply)")
 
     def _without_calls(self, final: Done, *, stopped: bool) -> Done:
         """``final`` as a reply whose calls do not run: its history message keeps the text as

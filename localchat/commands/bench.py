@@ -54,6 +54,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       "llama-cpp-python's own response_format path on the same model")
     p.add_argument("--no-compare", action="store_true",
                    help="with --schema: skip llama-cpp-python's side")
+    mode.add_argument("--tools", action="store_true",
+                      help="tools (issue 40): TTFT with three MCP servers configured vs none, the "
+                      "cache reused after a tool result, call end -> tool start and result -> "
+                      "prefill start")
     mode.add_argument("--serve", action="store_true",
                       help="start `localchat serve` and llama-cpp-python's server on the model and "
                       "send both (and each --against server) the same interleaved conversations "
@@ -71,7 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-model", help="with --speculative: the draft model (registry name, "
                    "hf: reference or .gguf path)")
     p.add_argument("--rounds", type=int,
-                   help="with --speculative: answers per prompt each way; with --schema: answers "
+                   help="with --tools: rounds of each measurement (default 3); with "
+                   "--speculative: answers per prompt each way; with --schema: answers "
                    "per schema each way; with --tui --pty: alternating ask and app replies "
                    "(default 2); with --serve: prompts answered in process and through serve "
                    "(default 8)")
@@ -112,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--against goes with --serve")
     if args.schema is not None:
         report.show(_schema(args), args.json, text=_print_schema)
+        return 0
+    if args.tools:
+        report.show(_tools(args), args.json, text=_print_tools)
         return 0
     if args.no_compare:
         raise UserError("--no-compare goes with --schema")
@@ -178,6 +186,24 @@ def _schema(args: argparse.Namespace) -> dict:
                            repeat_penalty=config.sampling.repeat_penalty, rounds=args.rounds or 2,
                            say=report.progress(enabled=not args.json),
                            compare=not args.no_compare)
+
+
+def _tools(args: argparse.Namespace) -> dict:
+    from localchat.bench import report
+    from localchat.bench.tools import measure_tools
+    from localchat.models.registry import require_local, resolve_model
+    from localchat.settings import load_config
+
+    spec = resolve_model(args.model or load_config().default_model)
+    return measure_tools(require_local(spec), spec.name, n_ctx=args.n_ctx,
+                         max_tokens=args.max_tokens or 32, rounds=args.rounds or 3,
+                         say=report.progress(enabled=not args.json))
+
+
+def _print_tools(result: dict) -> None:
+    from localchat.bench.tools import print_tools
+
+    print_tools(result)
 
 
 def _print_schema(result: dict) -> None:

@@ -151,17 +151,7 @@ class ChatContext:
                 if refusal is not None and not remote_ready:
                     return refused(refusal)
             self.history.append(Message("user", text))
-            messages = self.model_messages()
-            self.last_sent = messages
-            handle: Turn
-            if router is None:
-                handle = self.engine.submit(messages, sampling)
-            else:
-                handle = router.start(messages, lambda: self.engine.submit(messages, sampling),
-                                      overlong=refusal is not None, sampling=sampling)
-            handle.on_finish(self._record_reply)
-            self._current = handle
-        return handle
+            return self._start(sampling, router, overlong=refusal is not None)
 
     def resume(self, sampling: Sampling | None = None, *,
                router: TurnRouter | None = None) -> Turn:
@@ -173,16 +163,20 @@ class ChatContext:
         with self.state_lock:
             if self._current is not None and not self._current.finished:
                 raise RuntimeError("a reply is still running; stop it first")
-            messages = self.model_messages()
-            self.last_sent = messages
-            handle: Turn
-            if router is None:
-                handle = self.engine.submit(messages, sampling)
-            else:
-                handle = router.start(messages, lambda: self.engine.submit(messages, sampling),
-                                      overlong=False, sampling=sampling)
-            handle.on_finish(self._record_reply)
-            self._current = handle
+            return self._start(sampling, router, overlong=False)
+
+    def _start(self, sampling: Sampling, router: TurnRouter | None, *, overlong: bool) -> Turn:
+        """Submit a reply to the history as it stands (under ``state_lock``)."""
+        messages = self.model_messages()
+        self.last_sent = messages
+        handle: Turn
+        if router is None:
+            handle = self.engine.submit(messages, sampling)
+        else:
+            handle = router.start(messages, lambda: self.engine.submit(messages, sampling),
+                                  overlong=overlong, sampling=sampling)
+        handle.on_finish(self._record_reply)
+        self._current = handle
         return handle
 
     def add_results(self, results: list[ToolResult]) -> None:

@@ -21,6 +21,7 @@ import collections
 import contextlib
 import logging
 import os
+import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ State = Literal["starting", "running", "failed", "disabled", "stopped"]
 
 MAX_EVENT_BYTES = 64 * 1024 * 1024  # one streamed HTTP message; larger ones end the connection
 STDERR_LINES = 20
+SERVER_NICENESS = 10  # a stdio server's CPU priority below localchat's (see lowered_priority)
 STOP_S = 5.0  # closing a server: the SDK's own shutdown takes up to 4 s (stdin close, TERM, KILL)
 
 
@@ -209,8 +211,9 @@ class McpServer:
         if config.transport == "stdio":
             from mcp import StdioServerParameters, stdio_client
 
+            command, args = lowered_priority(config.command, list(config.args))
             params = StdioServerParameters(
-                command=config.command, args=list(config.args), cwd=config.cwd,
+                command=command, args=args, cwd=config.cwd,
                 env=child_environment(config.env, self._secrets), encoding_error_handler="replace")
             self._stderr = tail = StderrTail(config.name)
             assert tail.writer is not None
@@ -335,6 +338,16 @@ class McpServer:
             await asyncio.wait_for(asyncio.shield(task), STOP_S)
         except (TimeoutError, asyncio.CancelledError, Exception):
             task.cancel()
+
+
+def lowered_priority(command: str, args: list[str]) -> tuple[str, list[str]]:
+    """The command run under ``nice`` (POSIX, where there is one): a server starting up (an
+    interpreter importing its SDK, often seconds of CPU) yields the cores to the model, so a
+    message sent meanwhile is not slowed; a call is not either, since the model waits for it."""
+    nice = shutil.which("nice") if os.name == "posix" else None
+    if nice is None:
+        return command, args
+    return nice, ["-n", str(SERVER_NICENESS), command, *args]
 
 
 def _connection_closed(exc: BaseException) -> bool:
