@@ -117,7 +117,7 @@ async def test_y_runs_the_call_once_and_the_next_call_asks_again(store):
         shown = await screen_text(pilot)
         assert "read_file · server files" in shown and '"path": "a.txt"' in shown
         assert "Read a text file." in shown and "More detail" not in shown
-        assert "y run once" in shown and "s always (saved in config.toml)" in shown
+        assert "y once   a always this session   s always, saved   n/Esc deny" in shown
         assert views(app)[0].state == "asking"
         assert app.status.info.state == "waiting for your answer"
 
@@ -150,7 +150,7 @@ async def test_a_for_run_command_covers_only_that_exact_command_and_cannot_be_sa
     async with started(store, round_, "List, then delete.") as pilot:
         app = pilot.app
         shown = await screen_text(pilot)
-        assert "a always this exact command" in shown and "saved in config.toml" not in shown
+        assert "a always this exact command" in shown and "s always, saved" not in shown
         await pilot.press("s")  # not offered: nothing happens
         await pilot.pause()
         assert isinstance(app.screen, ApprovalScreen)

@@ -39,11 +39,11 @@ def arguments_text(request: ApprovalRequest) -> str:
 
 
 def keys_line(request: ApprovalRequest) -> str:
-    always = "always this exact command" if request.per_command else "always (this session)"
-    keys = ["y run once", f"a {always}"]
+    always = "always this exact command" if request.per_command else "always this session"
+    keys = ["y once", f"a {always}"]
     if request.can_save:
-        keys.append("s always (saved in config.toml)")
-    keys.append("n / Esc deny")
+        keys.append("s always, saved")
+    keys.append("n/Esc deny")
     return "   ".join(keys)
 
 

@@ -26,7 +26,7 @@ DENIED = "denied by the user"  # what the model reads for a denied call (tools.r
 SHOWN_RESULT_CHARS = 4000  # of a result, on screen; the rest is summed up in one line
 # Of the call in its line: room is left for how it went (an 80-column terminal, the log's
 # margins); the whole call is the first line of the folded part.
-TITLE_CALL_CHARS = 52
+TITLE_CALL_CHARS = 44
 
 
 def plain(text: str) -> str:
@@ -131,7 +131,7 @@ class ToolCallView(Collapsible):
         self.set_class(False, "-asking")
         self.set_class(result.is_error, "-error")
         self._result_text.update(shown_result(result.content))
-        lines = result.content.count("\n") + 1 if result.content else 0
+        lines = len(result.content.rstrip("\n").splitlines())
         size = f"{lines} line{'s' if lines != 1 else ''}"
         took = f" · {elapsed_text(elapsed_ms)}" if elapsed_ms else ""
         if self.state == "denied" or result.is_error and result.content == DENIED:
