@@ -111,6 +111,10 @@ class ChatContext:
         self.last_sent: list[dict[str, str]] = []
         # Cells a context shift moved in the last turn: a draft is then not prefilled (see draft.py).
         self.last_approx_n = 0
+        # The tools the last turn offered: the engine's ``prepare`` renders none, so while a
+        # session offers tools a background prefill (a draft, a new system prompt) would lay
+        # down a prompt the next turn cannot reuse; it is not done.
+        self.offered_tools: tuple[dict[str, Any], ...] = ()
         self.draft = DraftPrefill(self)
 
     # -- what the model sees -------------------------------------------------------------------
@@ -169,6 +173,7 @@ class ChatContext:
         """Submit a reply to the history as it stands (under ``state_lock``)."""
         messages = self.model_messages()
         self.last_sent = messages
+        self.offered_tools = sampling.tools
         handle: Turn
         if router is None:
             handle = self.engine.submit(messages, sampling)
@@ -217,7 +222,7 @@ class ChatContext:
         to prepare, or None when it must not be done now (see draft.py: a turn or a summary is
         running, or the next turn may trim the context)."""
         with self.state_lock:
-            if self.busy or self.last_approx_n:
+            if self.busy or self.last_approx_n or self.offered_tools:
                 return None
             keeper = self.keeper
             if keeper is not None:
@@ -244,7 +249,8 @@ class ChatContext:
         with self.state_lock:
             changed = text != self.system
             self.system = text
-            messages = self.model_messages() if changed and self.history and not self.busy else None
+            messages = (self.model_messages() if changed and self.history and not self.busy
+                        and not self.offered_tools else None)
         return self.engine.prepare(messages) if messages is not None else None
 
     def clear(self) -> None:
