@@ -51,6 +51,8 @@ from localchat.events import (
 from localchat.reasoning import ReasoningSplitter
 
 if TYPE_CHECKING:
+    from fake_tools import ToolRound
+
     from localchat.engine.engine import Engine
     from localchat.tui.model_state import AppEngine
 
@@ -90,6 +92,7 @@ class FakeEngine:
         n_layers: int = 30,
         thinking_switch: bool = False,
         release: threading.Event | None = None,
+        tools: ToolRound | None = None,
     ) -> None:
         self.model_path = Path(f"/models/{name}.gguf")
         self.n_params: int | None = None  # no GGUF header to tell
@@ -103,6 +106,7 @@ class FakeEngine:
         self.n_ctx = n_ctx
         self.supports_thinking = thinking_switch
         self.release = release
+        self.tools = tools
         self.samplings: list[object] = []
         self._layers = (gpu_layers, n_layers)
         self.info: Loaded | None = None
@@ -211,7 +215,12 @@ class FakeEngine:
         self.submitted.append([dict(m) for m in messages])
         self.samplings.append(sampling)
         stopped = threading.Event()
-        handle = TurnHandle(on_stop=lambda _handle: stopped.set())
+        if self.tools is not None and not background:
+            from fake_tools import RoundsTurnHandle
+
+            handle: TurnHandle = RoundsTurnHandle(on_stop=lambda _handle: stopped.set())
+        else:
+            handle = TurnHandle(on_stop=lambda _handle: stopped.set())
         if background:
             self._background.append(handle)
         else:
@@ -263,31 +272,44 @@ class FakeEngine:
             return Failed(self.turn_error)
 
         script = self.reply(messages) if callable(self.reply) else self.reply
-        pieces, sent_at, reasoning = [], [], []
+        pieces: list[str] = []
+        sent_at: list[float] = []
+        reasoning: list[str] = []
         thinking_n, answer_at = 0, None
-        splitter = ReasoningSplitter()
-        finish: FinishReason = "stop"
-        for index, piece in enumerate(split_tokens(script)):
-            if self.hold_after is not None and index >= self.hold_after:
-                while not stop.wait(0.01) and not (self.release and self.release.is_set()):
-                    pass
-            if stop.is_set():
-                finish = "aborted"
-                break
-            if self.token_delay:
-                time.sleep(self.token_delay)
-            was_thinking = splitter.thinking
-            thinking, answer = splitter.feed(piece)
-            thinking_n += was_thinking or splitter.thinking
-            if answer and answer_at is None:
-                answer_at = time.perf_counter()
-            if thinking:
-                reasoning.append(thinking)
-                out.emit(Thinking(thinking))
-            if answer or not splitter.thinking:
-                out.emit(Token(answer, token_id=index))
-            pieces.append(piece)
-            sent_at.append(time.perf_counter())
+
+        def stream(text: str) -> FinishReason:
+            nonlocal thinking_n, answer_at
+            splitter = ReasoningSplitter()  # each reply of a turn may reason first
+            for index, piece in enumerate(split_tokens(text)):
+                if self.hold_after is not None and index >= self.hold_after:
+                    while not stop.wait(0.01) and not (self.release and self.release.is_set()):
+                        pass
+                if stop.is_set():
+                    return "aborted"
+                if self.token_delay:
+                    time.sleep(self.token_delay)
+                was_thinking = splitter.thinking
+                thinking, answer = splitter.feed(piece)
+                thinking_n += was_thinking or splitter.thinking
+                if answer and answer_at is None:
+                    answer_at = time.perf_counter()
+                if thinking:
+                    reasoning.append(thinking)
+                    out.emit(Thinking(thinking))
+                if answer or not splitter.thinking:
+                    out.emit(Token(answer, token_id=index))
+                pieces.append(piece)
+                sent_at.append(time.perf_counter())
+            return "stop"
+
+        finish = stream(script)
+        if self.tools is not None and not background and finish == "stop":
+            finish = self._tool_round(out, stop, "".join(pieces), started, prompt_ms, cache_n, prompt_n,
+                                      sent_at)
+            if finish == "stop":
+                pieces.clear()  # the final Done is the next reply's (the first one's went before)
+                reasoning.clear()
+                finish = stream(self.tools.then)
 
         reply = "".join(pieces)
         if not background:
@@ -296,6 +318,20 @@ class FakeEngine:
         timings.thinking_n = thinking_n
         timings.time_to_answer_ms = (answer_at - started) * 1000 if answer_at else 0.0
         return Done(reply, finish, timings, "".join(reasoning))
+
+    def _tool_round(self, out: TurnHandle, stop: threading.Event, reply: str, started: float,
+                    prompt_ms: float, cache_n: int, prompt_n: int, sent_at: list[float]) -> FinishReason:
+        """The scripted tool round after the first reply (see tests/fake_tools.py)."""
+        tools = self.tools
+        assert tools is not None
+        if tools.round_done:
+            from fake_tools import RoundsTurnHandle
+
+            calls = tuple(call for call, _ in tools.calls)
+            assert isinstance(out, RoundsTurnHandle)
+            out.end_round(Done(reply, "stop", self._timings(started, prompt_ms, cache_n, prompt_n, sent_at),
+                               tool_calls=calls))
+        return "stop" if tools.play(out.emit, stop) else "aborted"
 
     def _timings(self, started: float, prompt_ms: float, cache_n: int, prompt_n: int, sent_at: list[float]) -> Timings:
         gaps = sorted((b - a) * 1000 for a, b in zip(sent_at, sent_at[1:]))

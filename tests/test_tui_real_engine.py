@@ -220,3 +220,50 @@ async def test_format_makes_the_real_model_answer_in_the_schema_s_shape(test_mod
     assert schema_problem(answer, read_schema("name, age int, city")) is None
     assert turns[1].timings.constrained_n > 0
     assert turns[3].content and turns[3].timings.constrained_n == 0  # free again
+
+
+async def test_the_real_model_forced_to_call_a_tool_asks_runs_and_answers(test_model_path, tmp_path):
+    from localchat.chat.services import build_services
+    from localchat.chat.tools import ChatTools
+    from localchat.settings import Settings
+    from localchat.settings.tools import ToolsSettings
+    from localchat.tui.approval import ApprovalScreen
+    from localchat.tui.tool_calls import ToolCallView
+
+    (tmp_path / "alpha.txt").write_text("alpha")
+    config = Settings(tools=ToolsSettings(builtins=("list_directory",)))
+
+    def services(**options):
+        made = build_services(config, tools=False, **options)
+        made.tools = ChatTools.open(config, mcp_path=tmp_path / "none.json")  # ended by the app
+        return made
+
+    with Store.open() as store:
+        app = LocalChatApp(
+            store=store,
+            engine_factory=lambda ref: Engine(test_model_path, EngineOptions(n_ctx=2048), name="smollm2-135m"),
+            sampling_factory=lambda: Sampling(temperature=0.0, max_tokens=48, seed=0),
+            list_models=list, services_factory=services,
+        )
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_until(pilot, lambda: app.models.engine is not None, "the model to load", timeout=SLOW)
+            await send(pilot, "/tools list_directory")  # a 135M model calls only when made to
+            await send(pilot, f"List the files in {tmp_path}.")
+            await wait_until(pilot, lambda: isinstance(app.screen, ApprovalScreen), "the question",
+                             timeout=SLOW)
+            assert app.screen.request.tool.label == "builtin.list_directory"
+            await pilot.press("y")
+            await wait_until(pilot, lambda: finished(app), "the answer after the result", timeout=SLOW)
+            reply = app.chat_log.last_reply()
+            [view] = reply.query(ToolCallView)
+            assert view.line.startswith("⚙ builtin.list_directory(") and view.result is not None
+            assert "denied" not in view.result.content  # it ran (a wrong folder is an error it reads)
+            await pilot.pause()
+            shown = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+            # Neither the call's marker nor its JSON reached the text (what the model says after
+            # the result is its own: a 135M model may well imitate a tool's answer).
+            assert "<tool_call>" not in shown and "<tool_call>" not in reply.text
+            assert not list(reply.query("RoundText"))  # forced: the call was all the first reply
+        turns = store.turns(store.last_session().id)
+    assert [t.role for t in turns] == ["user", "assistant", "tool", "assistant"]
+    assert turns[1].tool_calls[0].name == "list_directory"

@@ -7,6 +7,10 @@ and actions to its collaborators, plain objects that each own one part of the ap
   its sampling and the ``/think`` choice;
 - ``app.downloads`` (``download.ModelDownloads``): offering and pulling a model not on disk;
 - ``app.turns`` (``turn.Turns``): the reply in flight, from send to saved, and stopping it;
+  ``app.turns.tools`` (``tool_events.ToolActivity``) shows its tool calls and puts the approval
+  question (``approval.ApprovalScreen``) to the user;
+- ``app.tool_servers`` (``tool_servers.ToolServers``): the tool servers started at open, their
+  coming up or failing as notices, ``/tools``;
 - ``app.queue`` (``typeahead.TypeAhead``): messages waiting for the engine;
 - ``app.draft`` (``draft.DraftHandOver``): when the draft being typed is handed over to be
   prefilled;
@@ -17,7 +21,8 @@ and actions to its collaborators, plain objects that each own one part of the ap
 - ``app.commands`` (``commands.Commands``): the slash commands' handlers; each command is one
   record of ``commands.COMMANDS`` (help, argument, handler, completions).
 
-Widgets and screens (``chat_log``, ``prompt``, ``status``, ``sidebar``, ``screens``,
-``thinking``, ``superseded_reply``) hold no app state; ``launch.run_app`` opens the store and runs
+Widgets and screens (``chat_log``, ``reply_view``, ``tool_calls``, ``stored_rounds``,
+``prompt``, ``status``, ``sidebar``, ``screens``, ``approval``, ``thinking``,
+``superseded_reply``) hold no app state; ``launch.run_app`` opens the store and runs
 the app until it quits.
 """

@@ -48,6 +48,7 @@ from localchat.tui.prompt import CommandHints, PromptInput
 from localchat.tui.sessions import SessionRequest, Sessions
 from localchat.tui.sidebar import SessionSidebar
 from localchat.tui.status import StatusBar
+from localchat.tui.tool_servers import ToolServerChanged, ToolServers
 from localchat.tui.turn import Turns
 from localchat.tui.typeahead import TypeAhead
 
@@ -108,6 +109,7 @@ class LocalChatApp(App[int]):
         self.message_actions = MessageActions(self)
         self.sessions = Sessions(self, services_factory, continue_last, session)
         self.commands = Commands(self)
+        self.tool_servers = ToolServers(self)
 
     # --- layout -----------------------------------------------------------------------------
 
@@ -214,6 +216,9 @@ class LocalChatApp(App[int]):
 
     async def on_turn_wake(self, message: TurnWake) -> None:
         await self.turns.wake(message)
+
+    def on_tool_server_changed(self, message: ToolServerChanged) -> None:
+        self.tool_servers.show(message.status)
 
     def on_model_loading(self, message: ModelLoading) -> None:
         self.models.show_progress(message)

@@ -18,30 +18,14 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Static
 
-from localchat.events import Timings
 from localchat.reasoning import split_reply
 from localchat.store import TurnRecord
-from localchat.tui.json_block import STREAMING_FENCE, as_markdown
 from localchat.tui.laid_out_once import LaidOutOnce
-from localchat.tui.live_markdown import LiveMarkdown
 from localchat.tui.pictures import Picture
+from localchat.tui.reply_view import ReplyView, reply_caption
 from localchat.tui.scrolled_away import ScrolledAway
-from localchat.tui.superseded_reply import SupersededReply
-from localchat.tui.thinking import ThinkingBlock, thinking_title
-
-
-def reply_caption(model: str, timings: Timings | None, *, stopped: bool) -> str:
-    """The line under a reply: who answered, how fast, by which route, and whether it was cut."""
-    parts = [model or "assistant"]
-    if timings is not None and timings.predicted_per_second:
-        parts.append(f"{timings.predicted_n} tokens · {timings.predicted_per_second:.1f} tok/s")
-    if timings is not None and timings.route and timings.route != "local":
-        reason = f" ({timings.route_reason})" if timings.route_reason else ""
-        parts.append(f"{timings.route}{reason}")
-    if stopped:
-        parts.append("■ stopped")
-    return " · ".join(parts)
-
+from localchat.tui.stored_rounds import StoredReply, group_rounds
+from localchat.tui.thinking import thinking_title
 
 FOLD_MARGIN_ROWS = 4  # rows kept above the view while folding: a small scroll-up finds them
 HISTORY_FOLD_DELAY_S = 1.0  # after a stored session is mounted: its replies' Markdown is drawn by then
@@ -100,97 +84,6 @@ class QueuedPrompt(Static):
 
     def set_position(self, position: int) -> None:
         self.border_title = f"queued #{position} · sent when the model is free · Esc removes it"
-
-
-class ReplyView(LaidOutOnce, Vertical):
-    """One assistant reply: its Markdown body and a caption. Streams, then finishes once."""
-
-    def __init__(self, text: str = "", caption: str = "", *, stopped: bool = False, finished: bool = True,
-                 thinking: str = "", show_thinking: bool = False) -> None:
-        super().__init__(classes="-stopped" if stopped else "")
-        self._initial = as_markdown(text)  # a stored reply that is JSON: a JSON block
-        self._caption = caption
-        self.text = text  # the answer (reasoning, if any, is in the thinking block)
-        self.json_block = False  # the answer of a /format turn: shown as JSON from its start
-        self._fenced = False  # the streaming body has the JSON block's opening fence
-        self.finished = finished  # False while it streams
-        self.show_thinking = show_thinking  # keep the reasoning open when the answer starts
-        self._thinking = ThinkingBlock(thinking, expanded=show_thinking) if thinking else None
-
-    def compose(self):
-        if self._thinking is not None:
-            yield self._thinking
-        yield LiveMarkdown(self._initial)
-        yield Static(self._caption, classes="caption", markup=False)
-
-    @property
-    def body(self) -> LiveMarkdown:
-        return self.query_one(LiveMarkdown)
-
-    @property
-    def thinking(self) -> ThinkingBlock | None:
-        return self._thinking
-
-    async def think(self, fragment: str) -> None:
-        """Stream reasoning into the thinking block (opened above the answer on first use)."""
-        if self._thinking is None:
-            self._thinking = ThinkingBlock(streaming=True)
-            await self.mount(self._thinking, before=self.body)
-        self._thinking.append(fragment)
-
-    async def append(self, fragment: str) -> None:
-        if self._thinking is not None and self._thinking.streaming:
-            self._thinking.answer_started(keep_open=self.show_thinking)
-        if self.json_block and not self._fenced:
-            self._fenced = True
-            await self.body.feed(STREAMING_FENCE + "json\n")
-        self.text += fragment
-        await self.body.feed(fragment)
-
-    @property
-    def superseded(self) -> SupersededReply | None:
-        found = self.query(SupersededReply)
-        return found.first() if found else None
-
-    async def supersede(self, reason: str) -> None:
-        """The reply is being handed to the remote model: fold the local text written so far into
-        a collapsed block above an empty body, where the remote's answer will stream."""
-        if self.text.strip():
-            await self.mount(SupersededReply(self.text, reason), before=self.body)
-        self.text = ""
-        self._fenced = False
-        await self.body.reset()
-
-    async def unsupersede(self) -> None:
-        """The remote failed part-way: its text is void, and a local reply stands after all (the
-        superseded one, which ``finish`` renders, or a new one that streams in), so the folded
-        copy goes too."""
-        await self.query(SupersededReply).remove()
-        self.text = ""
-        self._fenced = False
-        await self.body.reset()
-
-    async def finish(self, reply: str, caption: str, *, stopped: bool, thinking: str = "",
-                     timings: Timings | None = None) -> None:
-        """End streaming and render the answer ``reply`` whole (its reasoning ``thinking`` in the
-        block above); mark it if the user stopped it."""
-        if thinking and self._thinking is None:
-            self._thinking = ThinkingBlock(thinking, expanded=self.show_thinking)
-            await self.mount(self._thinking, before=self.body)
-        if self._thinking is not None:
-            self._thinking.finish(thinking, timings, stopped=stopped, keep_open=self.show_thinking)
-        self.text = reply
-        await self.body.finish(as_markdown(reply, json_block=self.json_block))
-        self.set_class(stopped, "-stopped")
-        self.query_one(".caption", Static).update(caption)
-        self.finished = True
-
-    async def fail(self, message: str) -> None:
-        # The partial reply stays, drawn whole.
-        await self.body.finish(as_markdown(self.text, json_block=self.json_block))
-        self.add_class("-failed")
-        self.query_one(".caption", Static).update(f"✖ {message}")
-        self.finished = True
 
 
 class ChatLog(LaidOutOnce, VerticalScroll):
@@ -389,13 +282,20 @@ class ChatLog(LaidOutOnce, VerticalScroll):
 
     def _stored_widgets(self, turns: list[TurnRecord],
                         forks: dict[int, tuple[int, int]]) -> list[UserMessage | ReplyView]:
-        return [UserMessage(t.content, forks.get(t.seq), t.seq) if t.role == "user"
-                else self._stored_reply(t) for t in turns]
+        """Stored turns as widgets: a prompt each, and a reply each with the tool rounds that
+        led to it (``stored_rounds``)."""
+        return [UserMessage(item.content, forks.get(item.seq), item.seq)
+                if isinstance(item, TurnRecord) else self._stored_reply(item)
+                for item in group_rounds(turns)]
 
-    def _stored_reply(self, turn: TurnRecord) -> ReplyView:
+    def _stored_reply(self, stored: StoredReply) -> ReplyView:
+        turn = stored.final
+        if turn is None:  # stopped during its calls: the rounds alone
+            return ReplyView("", "", stopped=True, earlier=stored.rounds)
         thinking, answer = split_reply(turn.content)
         view = ReplyView(answer, reply_caption(turn.model, turn.timings, stopped=turn.stopped),
-                         stopped=turn.stopped, thinking=thinking, show_thinking=self.show_thinking)
+                         stopped=turn.stopped, thinking=thinking, show_thinking=self.show_thinking,
+                         earlier=stored.rounds)
         if view.thinking is not None:
             view.thinking.title = thinking_title(turn.timings, stopped=turn.stopped)
         return view
@@ -407,8 +307,9 @@ class ChatLog(LaidOutOnce, VerticalScroll):
         for reply in self.children:
             if isinstance(reply, ReplyView):
                 reply.show_thinking = show
-                if reply.thinking is not None and not reply.thinking.streaming:
-                    reply.thinking.collapsed = not show
+                for block in reply.thinking_blocks():  # one per tool round that reasoned
+                    if not block.streaming:
+                        block.collapsed = not show
 
     async def add_turns_before_prompt(self, turns: list[TurnRecord], reply: ReplyView) -> None:
         """Show stored ``turns`` just above the prompt that ``reply`` answers (turns another

@@ -191,6 +191,15 @@ class Commands:
     async def _think(self, argument: str) -> None:
         self._app.notify(self._app.models.set_thinking(argument.lower()))
 
+    async def _tools(self, argument: str) -> None:
+        """``/tools`` shows the servers and their tools; ``/tools CHOICE`` sets what this
+        session's messages ask of the model (auto, none, required or a tool's name)."""
+        conversation = self._app.sessions.require()
+        if not argument:
+            self._app.push_screen(PageScreen(self._app.tool_servers.page(conversation.tool_choice)))
+            return
+        self._app.notify(self._app.tool_servers.set_choice(conversation, argument))
+
     async def _file(self, path_text: str) -> None:
         await self._app.composer.file_command(path_text)
 
@@ -229,6 +238,14 @@ def format_words(typed: str, choices: Choices) -> list[Completion]:
             if word.startswith(typed.strip().lower())]
 
 
+def tool_choices(typed: str, choices: Choices) -> list[Completion]:
+    """``/tools``'s argument: the tool choices."""
+    words = (("auto", "the model may call tools (the default)"), ("none", "offer no tools"),
+             ("required", "the model must call a tool"))
+    return [Completion(f"/tools {word}", word, about) for word, about in words
+            if word.startswith(typed.strip().lower())]
+
+
 def model_names(typed: str, choices: Choices) -> list[Completion]:
     """``/model``'s argument: the known models starting with ``typed`` (one not downloaded says
     how to get it)."""
@@ -262,6 +279,9 @@ COMMANDS: tuple[Command, ...] = (
             "it", Commands._format, "json|SCHEMA|FILE.gbnf|off", complete=format_words),
     Command("think", "Thinking switch for models that have one: on, off or auto (the model's "
             "default); no argument shows it", Commands._think, "on|off|auto"),
+    Command("tools", "The tool servers and their tools; or what this session's messages ask of "
+            "the model: auto (it may call), none, required (it must call), or a tool's name",
+            Commands._tools, "auto|none|required|NAME", complete=tool_choices),
     Command("big", "Send this message to the remote large model ([remote] in config.toml)",
             Commands._big, "TEXT", argument_required=True),
     Command("help", "Show keys and commands", Commands._help),

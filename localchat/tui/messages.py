@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from textual.message import Message
 
-from localchat.events import Event, Loaded, Thinking, Token
+from localchat.events import Done, Event, Loaded, Thinking, Token
 
 if TYPE_CHECKING:
     from localchat.engine.options import Sampling
@@ -84,10 +84,10 @@ class TurnMailbox:
     def __init__(self, wake: Callable[[], None]) -> None:
         self._wake = wake
         self._lock = threading.Lock()
-        self._events: list[Event] = []
+        self._events: list[Event | ToolRoundDone] = []
         self._wake_pending = False
 
-    def put(self, event: Event) -> None:
+    def put(self, event: Event | ToolRoundDone) -> None:
         """Worker thread: add an event; wake the UI unless a wake-up is already on its way."""
         with self._lock:
             self._events.append(event)
@@ -96,12 +96,20 @@ class TurnMailbox:
             self._wake_pending = True
         self._wake()
 
-    def take(self) -> list[Event | TokenRun | ThinkingRun]:
+    def take(self) -> list[Event | TokenRun | ThinkingRun | ToolRoundDone]:
         """UI thread: everything since the last ``take``, in order, runs of tokens merged."""
         with self._lock:
             events, self._events = self._events, []
             self._wake_pending = False
         return merge_tokens(events)
+
+
+@dataclass(frozen=True)
+class ToolRoundDone:
+    """A reply of the turn ended by calling tools, and the turn goes on (its tool round, then
+    the model's next reply): not the turn's final ``Done``."""
+
+    done: Done
 
 
 @dataclass(frozen=True)
@@ -120,9 +128,9 @@ class ThinkingRun:
     count: int
 
 
-def merge_tokens(events: list[Event]) -> list[Event | TokenRun | ThinkingRun]:
+def merge_tokens(events: list[Event | ToolRoundDone]) -> list[Event | TokenRun | ThinkingRun | ToolRoundDone]:
     """Runs of Token (and of Thinking) events merged into one TokenRun (ThinkingRun) each."""
-    merged: list[Event | TokenRun | ThinkingRun] = []
+    merged: list[Event | TokenRun | ThinkingRun | ToolRoundDone] = []
     run: list[str] = []
     kind: type | None = None
     for event in [*events, None]:

@@ -26,6 +26,10 @@ KEYS = (
     ("Esc", "remove the newest queued message; else stop the reply (the partial reply is kept, "
             "marked stopped)"),
     ("Ctrl+C", "stop the reply; when idle, asks before quitting"),
+    ("y / a / s / n", "when the model calls a tool: run it once / always this session (run_command: "
+                      "this exact command) / always, saved in config.toml / deny (also Esc)"),
+    ("Esc (a tool running)", "cancel the call and stop the reply"),
+    ("click a ⚙ line", "open or fold the tool's result (Enter when it has the focus)"),
     ("Ctrl+Q", "quit"),
     ("Ctrl+N", "new session"),
     ("Ctrl+B", "show / hide the sessions sidebar"),

@@ -17,6 +17,7 @@ from localchat.errors import UserError
 from localchat.store import SessionRecord, TurnRecord, branches
 from localchat.tui.screens import AskTextScreen, ConfirmScreen, ask_from_worker
 from localchat.tui.sidebar import SessionRequest
+from localchat.tui.tool_servers import services_registry
 
 if TYPE_CHECKING:
     from localchat.tui.app import LocalChatApp
@@ -60,6 +61,8 @@ class Sessions:
             self.services = self._services_factory(ask_user=self._ask_user)
         except UserError as exc:  # a malformed config.toml: chat still works, without extras
             self._app.notify(str(exc), title="Settings not loaded", severity="error", timeout=15)
+        # The tool servers come up in the background: nothing here waits for them.
+        self._app.tool_servers.start(services_registry(self.services))
         await self.open(self._initial())
 
     def require(self) -> Conversation:
@@ -97,6 +100,7 @@ class Sessions:
         if turn is not None:
             turn.stop()
             turn.reply = None
+            self._app.turns.tools.deny_open_questions()
         await self._app.queue.drop("You left the session they were typed in.")
         self._app.draft.cancel()
         previous = self._app.conversation

@@ -14,20 +14,32 @@ from typing import TYPE_CHECKING
 
 from localchat.chat.conversation import Conversation
 from localchat.errors import UserError
-from localchat.events import Done, Event, Failed, Notice, PrefillProgress, RouteChanged
-from localchat.tui.chat_log import ReplyView, reply_caption
+from localchat.events import (
+    Done,
+    Event,
+    Failed,
+    Notice,
+    PrefillProgress,
+    RouteChanged,
+    ToolApproval,
+    ToolCalled,
+    ToolReturned,
+)
 from localchat.tui.messages import (
     SessionChanged,
     ThinkingRun,
     TokenRun,
+    ToolRoundDone,
     TurnMailbox,
     TurnsArrived,
     TurnWake,
 )
 from localchat.tui.pacing import FramePacer, FullCollectionsPaused, route_budget
 from localchat.tui.prompt import PromptInput
+from localchat.tui.reply_view import ReplyView, reply_caption
 from localchat.tui.screens import ConfirmScreen
 from localchat.tui.status import LiveMeter, StatusInfo
+from localchat.tui.tool_events import ToolActivity
 
 if TYPE_CHECKING:
     from localchat.events import Turn
@@ -100,6 +112,7 @@ class Turns:
         self._quit_status = 0  # the exit status of that quit (a signal's: localchat.ending)
         self._previous_switch_interval = sys.getswitchinterval()
         self._status_shown_at = 0.0
+        self.tools = ToolActivity(app)
 
     def start(self) -> None:
         """At mount. The engine thread needs the GIL back after every llama_decode; with Python's
@@ -213,10 +226,20 @@ class Turns:
                 if turn.stop_requested:
                     turn.handle.stop()
                 app.post_message(SessionChanged())  # the first prompt gives the session its title
+                # A Done is the turn's final event only if nothing follows it: one that a tool
+                # round follows (the reply called tools) is shown as that round's end.
+                held: Done | None = None
                 for event in turn.handle:
+                    if held is not None:
+                        turn.mailbox.put(ToolRoundDone(held))
+                        held = None
                     if isinstance(event, Done):
-                        turn.conversation.record_reply(event, model)
-                    turn.mailbox.put(event)
+                        held = event
+                    else:
+                        turn.mailbox.put(event)
+                if held is not None:
+                    turn.conversation.record_reply(held, model)
+                    turn.mailbox.put(held)
         except UserError as exc:
             turn.mailbox.put(Failed(str(exc)))
         except Exception as exc:  # a store or engine bug must still end the turn on screen
@@ -254,7 +277,8 @@ class Turns:
         if turn is self.current and turn.reply is not None:
             await self._app.chat_log.fold_scrolled_away(turn.reply)
 
-    async def _show_event(self, turn: ActiveTurn, event: Event | TokenRun | ThinkingRun) -> None:
+    async def _show_event(self, turn: ActiveTurn,
+                          event: Event | TokenRun | ThinkingRun | ToolRoundDone) -> None:
         app = self._app
         if isinstance(event, TokenRun | ThinkingRun | PrefillProgress):
             state = app.status.info.state
@@ -272,6 +296,12 @@ class Turns:
             app.notify(event.message)
         elif isinstance(event, Notice):
             app.notify(event.message, severity="warning" if event.kind == "warning" else "information")
+        elif isinstance(event, ToolCalled | ToolApproval | ToolReturned):
+            await self.tools.show(turn.reply, event)
+        elif isinstance(event, ToolRoundDone):
+            app.status.info.show_timings(event.done.timings)
+            if turn.reply is not None:
+                await turn.reply.end_round()
         elif isinstance(event, Done):
             await self._finish(turn, event)
         elif isinstance(event, Failed):
@@ -280,13 +310,17 @@ class Turns:
     async def _finish(self, turn: ActiveTurn, done: Done) -> None:
         app = self._app
         self.current = None
+        self.tools.deny_open_questions()
         stopped = done.finish_reason == "aborted"
         app.status.info.show_timings(done.timings)
         app.set_state("stopped" if stopped else "idle")
         app.chat_log.unfold_reply()
         if turn.reply is not None:
+            if stopped:
+                for view in turn.reply.calls:
+                    view.stopped()
             model = done.timings.model or app.status.info.model
-            await turn.reply.finish(done.answer, reply_caption(model, done.timings, stopped=stopped),
+            await turn.reply.finish(turn.reply.final_answer(done), reply_caption(model, done.timings, stopped=stopped),
                                     stopped=stopped, thinking=done.thinking, timings=done.timings)
         problem = turn.shape.verdict(done.answer, done.finish_reason) if turn.shape else None
         if problem is not None:
@@ -300,9 +334,12 @@ class Turns:
     async def _fail(self, turn: ActiveTurn, failed: Failed) -> None:
         app = self._app
         self.current = None
+        self.tools.deny_open_questions()
         app.set_state("idle")
         app.chat_log.unfold_reply()
         if turn.reply is not None:
+            for view in turn.reply.calls:
+                view.stopped()
             await turn.reply.fail(failed.message)
         app.notify(failed.message, title="The reply failed", severity="error", timeout=10, cause="turn")
         await self._after()
@@ -348,6 +385,7 @@ class Turns:
     def stop(self) -> None:
         if self.current is not None:
             self.current.stop()
+            self.tools.deny_open_questions()
             self._app.set_state("stopping")
 
     async def quit(self, status: int = 0) -> None:
