@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from localchat import __version__
 from localchat.serve.http import Connection, Request
+from localchat.serve.messages import message_list
 from localchat.serve.reply import Ending, Piece, read_reply
 from localchat.serve.request import (
     ApiError,
@@ -33,7 +34,6 @@ from localchat.serve.request import (
     field_of,
     integer,
     json_object,
-    message_list,
     number,
     stops,
     thinking_switch,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from localchat.events import Timings
 from localchat.serve.http import Connection, Request
+from localchat.serve.messages import message_list
 from localchat.serve.reply import Ending, Piece, read_reply
 from localchat.serve.request import (
     ApiError,
@@ -36,7 +37,6 @@ from localchat.serve.request import (
     field_of,
     integer,
     json_object,
-    message_list,
     number,
     stops,
     thinking_switch,

@@ -6,7 +6,8 @@ The OpenAI and Ollama modules read their own shapes with the checkers here (``fi
 ``number``, ...) and build a :class:`ChatRequest`; the messages become the app's own
 ``{"role", "content"}`` dicts, laid out by the engine exactly as the app lays them out, and an
 assistant message's ``tool_calls`` and ``tool`` results the chat history's shape
-(``toolcalls.assistant_message``, ``ToolResult.to_message``; read by ``tool_fields``).
+(``toolcalls.assistant_message``, ``ToolResult.to_message``; read by ``messages`` with
+``tool_fields``).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def field_of(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where
     ok = any(_is(value, k) for k in kinds)
     if not ok:
         names = " or ".join(_NAMES.get(k, k.__name__) for k in kinds)
-        raise bad(where + key, f"must be {names}, not {_shown(value)}")
+        raise bad(where + key, f"must be {names}, not {shown(value)}")
     return value
 
 
@@ -114,7 +115,7 @@ def _is(value: Any, kind: type) -> bool:
     return isinstance(value, kind)
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -145,46 +146,8 @@ def stops(obj: dict[str, Any], key: str, where: str = "") -> list[str]:
         raise bad(where + key, f"may hold at most {MAX_STOPS} strings, not {len(items)}")
     for i, item in enumerate(items):
         if not isinstance(item, str):
-            raise bad(f"{where}{key}[{i}]", f"must be a string, not {_shown(item)}")
+            raise bad(f"{where}{key}[{i}]", f"must be a string, not {shown(item)}")
     return [item for item in items if item]
-
-
-def message_list(obj: dict[str, Any], content_of: Any) -> list[dict[str, Any]]:
-    """``messages``: a non-empty array of ``{"role", "content"}`` with known roles; each
-    message's text is ``content_of(message, "messages[i].")`` (the API's own content shapes);
-    an assistant message may carry ``tool_calls`` and a ``tool`` message answers one."""
-    from localchat.serve.tool_fields import calls_of, tool_result
-
-    value = field_of(obj, "messages", list)
-    if not value:
-        raise bad("messages", "must be a non-empty array of messages")
-    messages: list[dict[str, Any]] = []
-    unanswered: list[dict[str, Any]] = []  # the last assistant message's calls
-    for i, message in enumerate(value):
-        where = f"messages[{i}]."
-        if not isinstance(message, dict):
-            raise bad(f"messages[{i}]", f"must be an object, not {_shown(message)}")
-        role = field_of(message, "role", str, where)
-        if role is None:
-            raise bad(where + "role", "is missing")
-        role = "system" if role == "developer" else role  # OpenAI's newer name for it
-        if role not in ROLES:
-            raise bad(where + "role", f"must be one of {', '.join(ROLES)} (or developer), "
-                                      f"not {_shown(role)}")
-        content = content_of(message, where)
-        if role == "tool":
-            messages.append(tool_result(message, where, content, unanswered))
-            continue
-        entry: dict[str, Any] = {"role": role, "content": content}
-        if message.get("tool_calls") is not None:
-            if role != "assistant":
-                raise bad(where + "tool_calls", "may only be on an assistant message")
-            calls = calls_of(message, where, i)
-            if calls:
-                entry["tool_calls"] = calls
-            unanswered = list(calls)
-        messages.append(entry)
-    return messages
 
 
 def thinking_switch(value: Any, param: str) -> str | None:
@@ -195,4 +158,4 @@ def thinking_switch(value: Any, param: str) -> str | None:
         return "on" if value else "off"
     if isinstance(value, str) and value in ("low", "medium", "high"):
         return "on"
-    raise bad(param, f"must be true or false, not {_shown(value)}")
+    raise bad(param, f"must be true or false, not {shown(value)}")
