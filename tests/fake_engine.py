@@ -113,6 +113,7 @@ class FakeEngine:
         # What tests inspect afterwards.
         self.submitted: list[list[dict[str, str]]] = []
         self.prepared: list[list[dict[str, str]]] = []
+        self.prepared_tools: list[tuple[dict[str, Any], ...]] = []
         self.closed = False
         self._current: TurnHandle | None = None
         self._background: list[TurnHandle] = []  # queued or running; the next turn stops them
@@ -231,9 +232,12 @@ class FakeEngine:
                          daemon=True).start()
         return handle
 
-    def prepare(self, messages: list[dict[str, str]]) -> TurnHandle:
-        """Nothing to precompute without a KV cache: records the request and ends at once."""
+    def prepare(self, messages: list[dict[str, str]],
+                tools: tuple[dict[str, Any], ...] = ()) -> TurnHandle:
+        """Nothing to precompute without a KV cache: records the request (and the tools it
+        would render, in ``prepared_tools``) and ends at once."""
         self.prepared.append([dict(m) for m in messages])
+        self.prepared_tools.append(tools)
         handle = TurnHandle()
         handle.emit(Done("", "stop", Timings()))
         return handle

@@ -212,12 +212,13 @@ class _NoRemote:
         pass
 
 
-def test_while_a_session_offers_tools_nothing_is_prefilled_in_the_background_without_them(tmp_path):
+def test_while_a_session_offers_tools_a_background_prefill_renders_them_too(tmp_path):
     engine = engine_with("Hello.")
     chat = ChatContext(engine)
-    assert chat.draft_messages("next") is not None
     with tools_for() as tools:
         run(start(chat, "hi", tools))
-    # engine.prepare renders no tools: a draft prefilled that way would not be reused.
-    assert chat.offered_tools and chat.draft_messages("next") is None
-    assert chat.set_system("Be brief.") is None and engine.prepared == []
+    # The next turn will offer the same tools: a draft or a new system prompt prefilled in the
+    # background renders them, so that turn reuses it.
+    assert chat.offered_tools and chat.draft_messages("next") is not None
+    assert chat.set_system("Be brief.") is not None
+    assert engine.prepared_tools == [chat.offered_tools]

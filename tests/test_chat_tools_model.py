@@ -95,3 +95,42 @@ def test_a_session_with_a_tool_round_reopens_from_its_snapshot_and_reuses_it(eng
         final = list(reopened.send("Thanks."))[-1]
         assert isinstance(final, Done)
         assert final.timings.cache_n >= cached - 1 and final.timings.restore_ms > 0
+
+
+def test_a_message_typed_after_a_tool_round_is_prefilled_with_the_tools_and_reused(engine, fresh,
+                                                                                  store):
+    config = Settings(context=ContextSection(summarize=False),
+                      tools=ToolsSettings(builtins=("list_directory",)))
+    with ChatTools.open(config, ("*",), mcp_path=Path("/nonexistent/mcp.json")) as tools:
+        services = ChatServices(config, None, _NoRemote, tools)  # type: ignore[arg-type]
+        conversation = Conversation(store, store.create_session(), services)
+        conversation.attach(engine, replace(GREEDY, max_tokens=16))
+        conversation.tool_choice = "list_directory"
+        done = list(conversation.send("List the files here."))[-1]
+        assert isinstance(done, Done)
+        conversation.record_reply(done, engine.name)
+        conversation.tool_choice = "auto"
+
+        chat = conversation.chat
+        typed = "Now tell me which of them is the largest one."
+        messages = chat.draft_messages(typed)  # what prefill-while-typing lays down
+        assert messages is not None and chat.offered_tools
+        prepared = engine.prepare(messages, chat.offered_tools).wait(60)
+        assert isinstance(prepared, Done) and prepared.finish_reason == "stop"
+        in_cache = engine.tokens_in_context
+
+        turn = conversation.send(typed)
+        events = list(turn)
+        final = events[-1]
+        assert isinstance(final, Done)
+        first = turn.rounds[0].done if turn.rounds else final
+        # Only the reply's header was left to prefill: the tools rendered as the turn renders them.
+        assert first.timings.cache_n >= in_cache - 1 and first.timings.prompt_n <= 8
+        reply = []
+        for event in events:
+            if isinstance(event, (ToolCalled, ToolReturned)):
+                break
+            if isinstance(event, Token):
+                reply.append(event.token_id)
+        if not turn.rounds:  # it answered (a second call would be another reply to compare)
+            assert_matches_fresh(reply[:12], fresh, chat.last_sent, turn.sampling)

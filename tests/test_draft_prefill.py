@@ -33,7 +33,7 @@ def test_an_edit_restarts_from_the_changed_character_not_from_the_start():
 
 def test_nothing_is_prefilled_while_a_reply_runs():
     class Busy:
-        def prepare(self, messages):
+        def prepare(self, messages, tools=()):
             raise AssertionError("prepared during a reply")
 
     chat = ChatContext(Busy())

@@ -178,7 +178,8 @@ class ScriptedEngine:
                          name="scripted-engine").start()
         return handle
 
-    def prepare(self, messages: list[dict[str, str]]) -> TurnHandle:
+    def prepare(self, messages: list[dict[str, str]],
+                tools: tuple[dict[str, Any], ...] = ()) -> TurnHandle:
         """Nothing to precompute."""
         handle = TurnHandle()
         handle.emit(Done("", "stop", Timings()))

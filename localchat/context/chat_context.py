@@ -56,7 +56,8 @@ class TurnEngine(Protocol):
 
     def submit(self, messages: list[dict[str, str]], sampling: Sampling | None = None) -> Turn: ...
 
-    def prepare(self, messages: list[dict[str, str]]) -> TurnHandle: ...
+    def prepare(self, messages: list[dict[str, str]],
+                tools: tuple[dict[str, Any], ...] = ()) -> TurnHandle: ...
 
     def stop(self) -> None: ...
 
@@ -111,9 +112,8 @@ class ChatContext:
         self.last_sent: list[dict[str, str]] = []
         # Cells a context shift moved in the last turn: a draft is then not prefilled (see draft.py).
         self.last_approx_n = 0
-        # The tools the last turn offered: the engine's ``prepare`` renders none, so while a
-        # session offers tools a background prefill (a draft, a new system prompt) would lay
-        # down a prompt the next turn cannot reuse; it is not done.
+        # The tools the last turn offered: a background prefill (a draft, a new system prompt)
+        # renders them too, so that the next turn, which will likely offer the same, reuses it.
         self.offered_tools: tuple[dict[str, Any], ...] = ()
         self.draft = DraftPrefill(self)
 
@@ -222,7 +222,7 @@ class ChatContext:
         to prepare, or None when it must not be done now (see draft.py: a turn or a summary is
         running, or the next turn may trim the context)."""
         with self.state_lock:
-            if self.busy or self.last_approx_n or self.offered_tools:
+            if self.busy or self.last_approx_n:
                 return None
             keeper = self.keeper
             if keeper is not None:
@@ -249,9 +249,8 @@ class ChatContext:
         with self.state_lock:
             changed = text != self.system
             self.system = text
-            messages = (self.model_messages() if changed and self.history and not self.busy
-                        and not self.offered_tools else None)
-        return self.engine.prepare(messages) if messages is not None else None
+            messages = self.model_messages() if changed and self.history and not self.busy else None
+        return self.engine.prepare(messages, self.offered_tools) if messages is not None else None
 
     def clear(self) -> None:
         """Forget the conversation (the system prompt stays)."""

@@ -132,18 +132,22 @@ class Engine:
                                                         background, pool))
         return handle
 
-    def prepare(self, messages: list[dict[str, str]]) -> TurnHandle:
+    def prepare(self, messages: list[dict[str, str]],
+                tools: tuple[dict[str, Any], ...] = ()) -> TurnHandle:
         """In the background, bring the KV cache to hold exactly ``messages`` (no reply header):
         after a new system prompt or a summary placed before kept turns, the cells from that point
         on must be computed again, and this does it before the user's next message needs them.
+        ``tools``: those the next turn will offer, rendered as that turn will render them (else
+        the prompt laid down here is not the one it can reuse).
         Abortable: a foreground turn stops it at once and keeps what it had prefilled, which that
         turn then reuses. Done("stop") when the cache is ready, "aborted" when a turn came first."""
         handle = TurnHandle(on_stop=self._stop_handle)
         snapshot = [dict(m) for m in messages]
+        sampling = Sampling(tools=tools) if tools else None
         with self._lock:
             self._background_jobs.append(handle)
             self._idle.clear()
-        self._queue_turn(handle, lambda: self._run_job(handle, lambda: self._prepare(handle, snapshot), True))
+        self._queue_turn(handle, lambda: self._run_job(handle, lambda: self._prepare(handle, snapshot, sampling), True))
         return handle
 
     def wait_idle(self, timeout: float | None = None) -> bool:
@@ -516,12 +520,12 @@ class Engine:
                 self._current = None
                 self._job_ended(handle)
 
-    def _prepare(self, handle: TurnHandle, messages: list[dict]) -> None:
+    def _prepare(self, handle: TurnHandle, messages: list[dict], sampling: Sampling | None) -> None:
         kv = self._require_kv()
         runtime = kv.runtime
         clock = TurnClock(handle.submitted_at)
         timings = Timings(model=self.name)
-        render, shaped = self._render_for(messages, None)
+        render, shaped = self._render_for(messages, sampling)
         layout = plan_layout(kv.records, shaped, render, runtime.tokenize,
                              allow_shift=runtime.can_shift, add_generation_prompt=False)
         last = kv.records[-1] if kv.records else None
