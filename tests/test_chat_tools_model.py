@@ -134,3 +134,31 @@ def test_a_message_typed_after_a_tool_round_is_prefilled_with_the_tools_and_reus
                 reply.append(event.token_id)
         if not turn.rounds:  # it answered (a second call would be another reply to compare)
             assert_matches_fresh(reply[:12], fresh, chat.last_sent, turn.sampling)
+
+
+def test_the_first_message_typed_is_prefilled_with_the_tools_it_will_offer(engine, fresh, store):
+    config = Settings(context=ContextSection(summarize=False),
+                      tools=ToolsSettings(builtins=("list_directory", "read_file")))
+    with ChatTools.open(config, ("*",), mcp_path=Path("/nonexistent/mcp.json")) as tools:
+        tools.registry.wait_started(30)
+        services = ChatServices(config, None, _NoRemote, tools)  # type: ignore[arg-type]
+        conversation = Conversation(store, store.create_session(), services)
+        conversation.attach(engine, replace(GREEDY, max_tokens=8))
+        chat = conversation.chat
+        assert chat is not None and not chat.offered_tools  # no turn yet
+        typed = "Which files are in this folder?"
+        messages = chat.draft_messages(typed)
+        assert messages is not None and len(chat.tools_for_prefill()) == 2
+        prepared = engine.prepare(messages, chat.tools_for_prefill()).wait(60)
+        assert isinstance(prepared, Done) and prepared.finish_reason == "stop"
+        in_cache = engine.tokens_in_context
+
+        conversation.tool_choice = "none"
+        assert chat.tools_for_prefill() == ()  # a session that offers none renders none
+        conversation.tool_choice = "auto"
+        turn = conversation.send(typed)
+        events = list(turn)
+        first = turn.rounds[0].done if getattr(turn, "rounds", None) else events[-1]
+        assert isinstance(first, Done)
+        # The tool descriptions were in the cache before the message was sent.
+        assert first.timings.cache_n >= in_cache - 1 and first.timings.prompt_n <= 8

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Protocol, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, cast
 
 from localchat.chat import tool_turn
 from localchat.chat.escalation import Escalation
@@ -91,6 +91,15 @@ class Conversation:
             self.chat = ChatContext(engine, system=record.system, history=history, sampling=sampling)
             self.chat.summary = record.summary
             self._restore_pending = False
+        if self.services is not None and self.services.tools is not None:
+            self.chat.next_tools = self._tools_now
+
+    def _tools_now(self) -> tuple[dict[str, Any], ...]:
+        """The tools the next message would offer as things stand (never waiting for a server)."""
+        tools = self.services.tools if self.services is not None else None
+        if tools is None or self.tool_choice == "none" or self.chat is None:
+            return ()
+        return tools.offer(self.chat.sampling, "auto").tools
 
     @property
     def _snapshots(self) -> SessionSnapshots | None:

@@ -112,9 +112,11 @@ class ChatContext:
         self.last_sent: list[dict[str, str]] = []
         # Cells a context shift moved in the last turn: a draft is then not prefilled (see draft.py).
         self.last_approx_n = 0
-        # The tools the last turn offered: a background prefill (a draft, a new system prompt)
-        # renders them too, so that the next turn, which will likely offer the same, reuses it.
+        # The tools the last turn offered, and (set by whoever holds the tools) those the next
+        # would offer now: a background prefill (a draft, a new system prompt) renders them too,
+        # so that the next turn reuses it, its first one included.
         self.offered_tools: tuple[dict[str, Any], ...] = ()
+        self.next_tools: Callable[[], tuple[dict[str, Any], ...]] | None = None
         self.draft = DraftPrefill(self)
 
     # -- what the model sees -------------------------------------------------------------------
@@ -217,6 +219,10 @@ class ChatContext:
         if current is not None:
             current.stop()
 
+    def tools_for_prefill(self) -> tuple[dict[str, Any], ...]:
+        """The tools a background prefill renders: those the next turn would offer."""
+        return self.next_tools() if self.next_tools is not None else self.offered_tools
+
     def draft_messages(self, draft: str) -> list[dict[str, str]] | None:
         """What prefilling ``draft`` as the next user message means for the model: the messages
         to prepare, or None when it must not be done now (see draft.py: a turn or a summary is
@@ -250,7 +256,7 @@ class ChatContext:
             changed = text != self.system
             self.system = text
             messages = self.model_messages() if changed and self.history and not self.busy else None
-        return self.engine.prepare(messages, self.offered_tools) if messages is not None else None
+        return self.engine.prepare(messages, self.tools_for_prefill()) if messages is not None else None
 
     def clear(self) -> None:
         """Forget the conversation (the system prompt stays)."""

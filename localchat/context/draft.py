@@ -86,7 +86,7 @@ class DraftPrefill:
             messages = self.session.draft_messages(target) if target else None
             if messages is None:
                 return
-            handle = self.session.engine.prepare(messages, self.session.offered_tools)
+            handle = self.session.engine.prepare(messages, self.session.tools_for_prefill())
             self._running = (handle, target)
         handle.on_finish(lambda event: self._finished(target, event))
 
