@@ -118,3 +118,12 @@ def test_a_huge_output_is_capped_for_the_model(registry):
                            max_chars=2000)
     assert len(result.content) <= 2000 and "3,000,0" in result.content
     assert "cut to 2,000 characters" in result.notice
+
+
+def test_closing_twice_is_harmless(tmp_path):
+    # The app closes its services' registry, and so may whoever else held it.
+    registry = ToolRegistry(settings=ToolsSettings(builtins=("read_file",)))
+    registry.start()
+    assert registry.wait_started(10)
+    registry.close()
+    registry.close()

@@ -118,8 +118,8 @@ class ToolLoop:
         """Run ``shutdown`` (closing the sessions) if given, then stop the loop and its thread."""
         with self._lock:
             loop, thread = self._loop, self._thread
-            self._closed = True
-        if loop is None or thread is None:
+            already, self._closed = self._closed, True
+        if already or loop is None or thread is None:  # closed twice (the app and its services)
             if shutdown is not None:
                 shutdown.close()
             return
