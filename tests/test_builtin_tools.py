@@ -124,6 +124,7 @@ def test_closing_twice_is_harmless(tmp_path):
     # The app closes its services' registry, and so may whoever else held it.
     registry = ToolRegistry(settings=ToolsSettings(builtins=("read_file",)))
     registry.start()
-    assert registry.wait_started(10)
+    (tmp_path / "a.txt").write_text("alpha")
+    assert "alpha" in run(registry, "read_file", path=str(tmp_path / "a.txt")).content
     registry.close()
     registry.close()
