@@ -24,12 +24,15 @@ def test_targets_hold_for_good_numbers_and_name_each_miss():
             "up": [{"ttft_ms": 400.0, "prompt_n": 863, "tools_offered": 9}],
             "none_second": [{"ttft_ms": 100.0, "prompt_n": 120, "tools_offered": 0}],
             "up_second": [{"ttft_ms": 104.0, "prompt_n": 120, "tools_offered": 9}],
+            "none_typed": [{"ttft_ms": 30.0, "prompt_n": 4, "tools_offered": 0}],
+            "up_typed": [{"ttft_ms": 32.0, "prompt_n": 4, "tools_offered": 9}],
             "round": [round_row()]}
     assert all(check["ok"] for check in _targets(_summary(rows)))
     rows["up_second"] = [{"ttft_ms": 150.0, "prompt_n": 120, "tools_offered": 9}]
+    rows["up_typed"] = [{"ttft_ms": 300.0, "prompt_n": 700, "tools_offered": 9}]
     rows["round"] = [round_row(reuse=0.5, result_to_prefill_start_ms=40.0)]
     missed = [check["target"] for check in _targets(_summary(rows)) if not check["ok"]]
-    assert len(missed) == 3 and any("TTFT" in m for m in missed)
+    assert len(missed) == 4 and sum("TTFT" in m for m in missed) == 2
     assert any("cache_n" in m for m in missed) and any("prefill start" in m for m in missed)
 
 
