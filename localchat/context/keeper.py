@@ -247,7 +247,8 @@ class ContextKeeper:
             self.summary_text_tokens = min(tokens, self.settings.summary_max_tokens)
             self.in_flight = None
             messages = session.model_messages()
-        self.engine.prepare(messages).on_finish(self._installed)
+            tools = session.tools_for_prefill()
+        self.engine.prepare(messages, tools).on_finish(self._installed)
 
     def _trim_ahead(self, session: ChatContext) -> None:
         """For a model whose memory cannot drop turns (recurrent, hybrid), a trim means
@@ -267,7 +268,8 @@ class ContextKeeper:
             with self._lock:
                 self._trimmed_in_background += plan.dropped_tokens
             messages = session.model_messages()
-        self.engine.prepare(messages).on_finish(self._rebuilt)
+            tools = session.tools_for_prefill()
+        self.engine.prepare(messages, tools).on_finish(self._rebuilt)
 
     def _rebuilt(self, event: Done | Failed) -> None:
         if isinstance(event, Done) and event.timings.rebuild_n:
