@@ -13,6 +13,28 @@ import pytest
 TEST_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def _children_get_default_signals() -> None:
+    """A signal ignored in this process is ignored in every child a test starts (SIG_IGN is kept
+    across exec): a suite started as a background job of a script (SIGINT) or under ``nohup``
+    (SIGHUP) — as CI starts it — gave the app and ``ask`` children that rightly kept those
+    signals ignored, and the tests that stop them with a signal failed. An ignored signal gets a
+    handler that does nothing instead: this process still ignores it, and since a handler is
+    reset to the default across exec, each child starts with the default, as from a shell."""
+    import signal
+
+    for name in ("SIGINT", "SIGHUP", "SIGTERM", "SIGQUIT"):
+        signum = getattr(signal, name, None)
+        if signum is not None and signal.getsignal(signum) is signal.SIG_IGN:
+            signal.signal(signum, _ignore)
+
+
+def _ignore(signum: int, frame: object) -> None:
+    pass
+
+
+_children_get_default_signals()
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch) -> Path:
     """Config, data and cache of every test live in its own temp folder."""

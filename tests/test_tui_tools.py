@@ -4,8 +4,10 @@ a running call, hostile arguments and results shown inert."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -75,8 +77,24 @@ async def screen_text(pilot) -> str:
     return "\n".join(screen_lines(pilot.app))
 
 
-async def asked(pilot) -> ApprovalScreen:
-    await wait_until(pilot, lambda: isinstance(pilot.app.screen, ApprovalScreen), "the approval prompt")
+async def screen_showing(pilot, condition, what: str, timeout: float = 10.0) -> str:
+    """The screen once ``condition(text)`` holds for what it shows (a change is drawn on a later
+    refresh than the one that follows it: one pause is not always enough)."""
+    deadline = time.monotonic() + timeout
+    while not condition(shown := await screen_text(pilot)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for the screen to show {what}:\n{shown}")
+        await asyncio.sleep(0.02)
+    return shown
+
+
+async def asked(pilot, after: ApprovalScreen | None = None) -> ApprovalScreen:
+    """The approval prompt on top, once one is up (a new one when ``after`` is the one answered:
+    that one stays on top until the app has taken the answer)."""
+    def up() -> bool:
+        return isinstance(pilot.app.screen, ApprovalScreen) and pilot.app.screen is not after
+
+    await wait_until(pilot, up, "the approval prompt")
     await pilot.pause()
     return pilot.app.screen
 
@@ -122,7 +140,7 @@ async def test_y_runs_the_call_once_and_the_next_call_asks_again(store):
         assert app.status.info.state == "waiting for your answer"
 
         await pilot.press("y")
-        second = await asked(pilot)
+        second = await asked(pilot, after=screen)
         assert second is not screen and '"path": "b.txt"' in await screen_text(pilot)
         await pilot.press("y")
         await reply_finished(pilot)
@@ -154,8 +172,9 @@ async def test_a_for_run_command_covers_only_that_exact_command_and_cannot_be_sa
         await pilot.press("s")  # not offered: nothing happens
         await pilot.pause()
         assert isinstance(app.screen, ApprovalScreen)
+        first = app.screen
         await pilot.press("a")
-        await asked(pilot)  # rm is a different command: asked again
+        await asked(pilot, after=first)  # rm is a different command: asked again
         assert '"command": "rm -rf x"' in await screen_text(pilot)
         await pilot.press("n")
         await reply_finished(pilot)
@@ -313,7 +332,7 @@ async def test_a_question_settled_elsewhere_or_left_with_its_session_goes_away(s
         app = pilot.app
         screen = await asked(pilot)
         screen.request.answer(Decision.ONCE)  # the tool loop settled it (its stop denies, say)
-        second = await asked(pilot)
+        second = await asked(pilot, after=screen)
         assert second is not screen
         # The question holds the keys (Ctrl+N waits), but a session left by any way (here the
         # action itself) stops the turn and denies the question.
@@ -454,8 +473,8 @@ async def test_a_long_call_is_cut_in_its_line_so_how_it_went_stays_in_view(store
         await send(pilot, "Find them.")
         await reply_finished(pilot)
         [view] = views(app)
-        shown = await screen_text(pilot)
-        assert "✓ 1 line" in shown and "…)" in shown and command_ not in shown
+        shown = await screen_showing(pilot, lambda text: "✓ 1 line" in text, "how the call went")
+        assert "…)" in shown and command_ not in shown
         view.collapsed = False
         await pilot.pause()
         assert "-exec grep -l TODO" in await screen_text(pilot)  # the whole call, folded
