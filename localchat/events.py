@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Protocol
 
-from localchat.reasoning import split_reply
-from localchat.toolcalls import ToolCall, ToolResult
+from localchat.reply.calls import ToolCall, ToolResult
+from localchat.reply.reasoning import split_reply
 
 FinishReason = Literal["stop", "length", "aborted"]
 

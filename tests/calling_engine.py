@@ -13,8 +13,8 @@ from dataclasses import replace
 from typing import Any
 
 from localchat.events import Done
-from localchat.toolcall_stream import ToolCallSplitter
-from localchat.toolcalls import HERMES, ToolCall
+from localchat.reply.call_stream import ToolCallSplitter
+from localchat.reply.calls import HERMES, ToolCall
 from tests.fake_engine import FakeEngine
 
 

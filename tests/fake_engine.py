@@ -48,7 +48,7 @@ from localchat.events import (
     Timings,
     Token,
 )
-from localchat.reasoning import ReasoningSplitter
+from localchat.reply.reasoning import ReasoningSplitter
 
 if TYPE_CHECKING:
     from fake_tools import ToolRound

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from localchat.reply.calls import ToolCall
 from localchat.settings.tools import ToolsSettings
-from localchat.toolcalls import ToolCall
 from localchat.tools.registry import ToolRegistry
 
 ALL = ("read_file", "list_directory", "run_command")

@@ -24,13 +24,12 @@ ROOT = Path(__file__).resolve().parent.parent / "localchat"
 # Bottom first. Each layer with the reason it sits where it does.
 LAYERS: list[tuple[str, set[str], str]] = [
     ("base", {"__init__", "errors", "paths", "events", "reasoning", "names", "terminal", "atomic", "ending",
-              "logs", "percentiles", "attachments", "settings", "formats", "toolcalls",
-              "toolcall_patterns", "toolcall_stream", "toolcall_readers", "lenient_json"},
+              "logs", "percentiles", "attachments", "settings", "formats", "reply"},
      "words every layer shares: the user's errors, where files live, the event vocabulary, "
      "safe names and terminal output, the settings' schema with each value's type, default "
      "and range (the engine, the context and the remote read their settings, never the reverse), "
      "the answer formats (a JSON Schema as a grammar, and the check of an answer), and tool "
-     "calls as words and as text in a reply (the engine renders them, tools/ runs them): plain "
+     "calls as words and reading a model's reply text (``reply/``: reasoning, tool calls, lenient JSON; the engine renders calls, tools/ runs them): plain "
      "logic the engine, the remote and the front ends share"),
     ("models", {"models"},
      "the model files on disk: the registry, the GGUF reader, pull; knows no engine"),
@@ -46,7 +45,7 @@ LAYERS: list[tuple[str, set[str], str]] = [
      "SQLite: stored conversations and their numbers; nothing below reads the database"),
     ("tools", {"tools"},
      "MCP servers and built-in tools, and the approval policy: they know nothing of the model, "
-     "the context or the app (the words they share are the base layer's toolcalls)"),
+     "the context or the app (the words they share are the base layer's reply.calls)"),
     ("chat", {"chat"},
      "one stored conversation wired together: context, engine, remote escalation and store"),
     ("tui", {"tui"}, "the Textual app over the chat layer"),

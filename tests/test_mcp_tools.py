@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from localchat import paths
+from localchat.reply.calls import ToolCall
 from localchat.settings import Settings
 from localchat.settings.remote import RemoteSettings
 from localchat.settings.tools import ToolsSettings
-from localchat.toolcalls import ToolCall
 from localchat.tools.registry import ToolRegistry
 from tests.mcp_servers import ESCAPES
 

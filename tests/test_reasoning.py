@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from localchat.reasoning import (
+from localchat.reply.reasoning import (
     ReasoningSplitter,
     join_reply,
     prompt_opens_thinking,

@@ -10,9 +10,9 @@ from remote_fixtures import settings_for
 
 from localchat.engine.options import Sampling
 from localchat.events import Done, Thinking, Token
-from localchat.reasoning import split_reply
 from localchat.remote.client import RemoteClient
 from localchat.remote.context import trim_to_budget
+from localchat.reply.reasoning import split_reply
 
 
 def reasoning_chunk(text: str) -> str:

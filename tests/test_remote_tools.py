@@ -20,9 +20,9 @@ from localchat.events import Done, ToolCalled, ToolReturned
 from localchat.remote.client import RemoteClient
 from localchat.remote.escalate import Escalator
 from localchat.remote.tool_wire import CallAssembler, tool_fields, wire_messages
+from localchat.reply.calls import ToolCall
 from localchat.settings import Settings
 from localchat.settings.tools import ToolsSettings
-from localchat.toolcalls import ToolCall
 from tests.calling_engine import call_text
 from tests.fake_engine import FakeEngine
 

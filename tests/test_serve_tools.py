@@ -18,7 +18,7 @@ from serve_fixtures import MODEL, raw, running
 from test_serve_safety import CHAT, HELLO, error_of, post
 
 from localchat.events import Done
-from localchat.toolcalls import ToolResult, assistant_message
+from localchat.reply.calls import ToolResult, assistant_message
 
 pytestmark = pytest.mark.model
 

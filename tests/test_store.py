@@ -224,8 +224,8 @@ def test_a_version_1_database_is_upgraded_keeping_its_sessions_and_becomes_searc
 
 
 def test_a_version_5_database_gains_tool_turns_keeping_its_rows_ids_search_and_branches(tmp_path: Path):
+    from localchat.reply.calls import ToolCall, ToolResult
     from localchat.store import branches
-    from localchat.toolcalls import ToolCall, ToolResult
 
     path = tmp_path / "v5.db"
     db = sqlite3.connect(path, isolation_level=None)

@@ -9,9 +9,9 @@ import pytest
 
 from localchat import paths
 from localchat.errors import UserError
+from localchat.reply.calls import ToolCall
 from localchat.settings import load_config
 from localchat.settings.tools import ToolsSettings
-from localchat.toolcalls import ToolCall
 from localchat.tools.approval import AllowRules, ApprovalPolicy, Decision, call_line
 from localchat.tools.mcp_server import ToolInfo
 from localchat.tools.registry import ToolRegistry

@@ -13,8 +13,8 @@ from localchat.engine.tool_templates import (
     tool_rendering,
     with_tools,
 )
-from localchat.toolcall_stream import ToolCallSplitter
-from localchat.toolcalls import ToolCall, ToolResult, assistant_message
+from localchat.reply.call_stream import ToolCallSplitter
+from localchat.reply.calls import ToolCall, ToolResult, assistant_message
 from tests.reasoning_templates import SWITCH
 from tests.tool_templates import LLAMA31, MISTRAL_NEMO, QWEN25, SMOLLM2
 

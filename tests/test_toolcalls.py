@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from localchat import lenient_json
-from localchat.toolcall_stream import ToolCallSplitter
-from localchat.toolcalls import (
+from localchat.reply import lenient_json
+from localchat.reply.call_stream import ToolCallSplitter
+from localchat.reply.calls import (
     ToolCall,
     assistant_message,
     calls_from_json,
@@ -245,7 +245,7 @@ def test_with_the_tools_known_a_json_answer_about_a_name_stays_an_answer():
 def test_the_start_trigger_matches_what_the_splitter_reads_as_a_bare_call():
     import re
 
-    from localchat.toolcalls import FORMATS, start_trigger
+    from localchat.reply.calls import FORMATS, start_trigger
 
     hermes = re.compile(start_trigger(FORMATS["hermes"], ("get_weather",)))
     assert hermes.fullmatch('\n{"name": "get_weather", "arguments": {}}')

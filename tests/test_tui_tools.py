@@ -27,9 +27,9 @@ from fake_tools import ToolRound, tool
 from localchat import paths
 from localchat.chat.services import build_services
 from localchat.chat.tools import ChatTools
+from localchat.reply.calls import ToolCall
 from localchat.settings import Settings
 from localchat.settings.tools import ToolsSettings
-from localchat.toolcalls import ToolCall
 from localchat.tools import ServerStatus, ToolRegistry
 from localchat.tools.approval import ApprovalPolicy, Decision
 from localchat.tools.results import denied_result

@@ -26,7 +26,7 @@ from localchat.context.chat_context import ChatContext, Message
 from localchat.context.keeper import ContextEngine
 from localchat.errors import UserError
 from localchat.events import Done, Failed, Notice, Timings, Turn
-from localchat.reasoning import strip_reasoning
+from localchat.reply.reasoning import strip_reasoning
 from localchat.store import SessionRecord, Store, StoreError, TurnRecord, branches, export
 from localchat.store.locks import SessionLock
 

@@ -54,7 +54,7 @@ from localchat.events import (
     Turn,
     TurnEnd,
 )
-from localchat.toolcalls import ToolCall, ToolResult, failed_call_result
+from localchat.reply.calls import ToolCall, ToolResult, failed_call_result
 from localchat.tools.approval import ApprovalRequest, Decision
 from localchat.tools.mcp_server import ToolInfo
 from localchat.tools.results import denied_result, error_result

@@ -18,7 +18,7 @@ from localchat.context.draft import DraftPrefill
 from localchat.engine.options import Sampling
 from localchat.engine.turn import TurnHandle
 from localchat.events import Done, Failed, Turn
-from localchat.toolcalls import ToolCall, ToolResult, assistant_message
+from localchat.reply.calls import ToolCall, ToolResult, assistant_message
 
 if TYPE_CHECKING:
     from localchat.context.keeper import ContextKeeper

@@ -51,7 +51,7 @@ import numpy as np
 from localchat.engine.grammar import TOKEN_DATA, Grammar
 from localchat.engine.lead_bytes import lead_bytes
 from localchat.errors import EngineError, FormatError
-from localchat.reasoning import CLOSE, OPEN
+from localchat.reply.reasoning import CLOSE, OPEN
 
 if TYPE_CHECKING:
     from localchat.engine.options import Constraint

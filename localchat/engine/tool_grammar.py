@@ -4,7 +4,7 @@ one of the tools offered, its arguments in the shape of that tool's ``parameters
 As llama.cpp's server does (``common/chat.cpp``), the grammar is lazy for ``tool_choice``
 "auto": the answer is free until the family's marker (``<tool_call>``, ``<|python_tag|>``,
 ``[TOOL_CALLS]``) or, for the families whose calls may open the reply without one, a call object
-naming a tool at the reply's start (``toolcalls.start_trigger``); from there the call is
+naming a tool at the reply's start (``reply.calls.start_trigger``); from there the call is
 constrained, and once it is complete only the end of the reply may follow (the reply stops on
 the call's end). One call per reply, as llama.cpp's server does by default
 (``parallel_tool_calls`` false): a small model allowed another after the first repeats it until
@@ -12,7 +12,7 @@ the token limit; the loop gives it the result and the next reply may call again.
 or a tool's name the grammar applies from the answer's first token, so even a small model calls.
 "none" has no grammar (and no tools shown).
 
-Each family's calls are written as its models write them and as ``toolcall_stream`` reads them:
+Each family's calls are written as its models write them and as ``reply.call_stream`` reads them:
 
 - hermes and generic: ``<tool_call>`` ``{"name": ..., "arguments": {...}}`` ``</tool_call>``,
   one block per call (a bare object may open an "auto" reply);
@@ -34,7 +34,7 @@ from localchat.engine.options import Constraint
 from localchat.errors import FormatError
 from localchat.formats.gbnf import Rules, alternatives, literal
 from localchat.formats.json_schema import schema_grammar, schema_rule
-from localchat.toolcalls import HERMES, ToolFormat, start_trigger
+from localchat.reply.calls import HERMES, ToolFormat, start_trigger
 
 # The marker each family's grammar begins with (the one trigger word it can take from).
 _MARKERS = {"hermes": "<tool_call>", "generic": "<tool_call>", "llama3": "<|python_tag|>",

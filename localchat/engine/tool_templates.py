@@ -11,7 +11,7 @@ Hugging Face convention) or as a JSON string.
 The conversation keeps one shape whatever the template (OpenAI's): an assistant message may carry
 ``tool_calls`` (``{"id", "type": "function", "function": {"name", "arguments"}}``, arguments an
 object or a JSON string) and results are ``{"role": "tool", "tool_call_id", "name", "content"}``
-messages (``toolcalls.assistant_message`` and ``ToolResult.to_message`` build them).
+messages (``reply.calls.assistant_message`` and ``ToolResult.to_message`` build them).
 :func:`with_tools` reshapes it for the template each render:
 
 - a template of a known family that renders tools gets them natively (and Llama 3's
@@ -21,7 +21,7 @@ messages (``toolcalls.assistant_message`` and ``ToolResult.to_message`` build th
   take several calls per message gets one message per call, each followed by its result; one
   without a tool role gets the results as a user message of ``<tool_response>`` blocks;
 - a template that knows nothing of tools (the ``generic`` family) gets a system prompt that lists
-  them and asks for the hermes form, which ``toolcall_stream`` then reads.
+  them and asks for the hermes form, which ``reply.call_stream`` then reads.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localchat.engine.templates import Render
-from localchat.toolcalls import (
+from localchat.reply.calls import (
     ToolCall,
     ToolFormat,
     detect_format,

@@ -1,7 +1,7 @@
 """A turn with tools: how its prompt is rendered, how its reply is constrained and split.
 
 A turn needs this when its Sampling offers tools or its history holds calls and results
-(``toolcalls.assistant_message`` and ``ToolResult.to_message``, OpenAI's shape). :func:`plan`
+(``reply.calls.assistant_message`` and ``ToolResult.to_message``, OpenAI's shape). :func:`plan`
 gives:
 
 - the renderer: the model's own template with the tools (``engine.tool_templates.with_tools``;
@@ -30,9 +30,9 @@ from localchat.engine.templates import Render
 from localchat.engine.tool_grammar import call_constraint, tool_names
 from localchat.engine.tool_templates import ToolRendering, with_tools
 from localchat.errors import EngineError
-from localchat.reasoning import split_reply
-from localchat.toolcall_stream import ToolCallSplitter
-from localchat.toolcalls import ToolCall, ToolFormat
+from localchat.reply.call_stream import ToolCallSplitter
+from localchat.reply.calls import ToolCall, ToolFormat
+from localchat.reply.reasoning import split_reply
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from localchat.events import Done, Event, Failed, Thinking, Timings, Token, TurnEnd
 from localchat.percentiles import percentile
-from localchat.reasoning import ReasoningSplitter
-from localchat.toolcall_stream import ToolCallSplitter
-from localchat.toolcalls import ToolCall
+from localchat.reply.call_stream import ToolCallSplitter
+from localchat.reply.calls import ToolCall
+from localchat.reply.reasoning import ReasoningSplitter
 
 if TYPE_CHECKING:
     from localchat.engine.runtime import TokenStats

@@ -61,7 +61,6 @@ from localchat.events import (
     Token,
     TurnEnd,
 )
-from localchat.reasoning import ReasoningSplitter, join_reply
 from localchat.remote import failures
 from localchat.remote.breaker import CircuitBreaker
 from localchat.remote.sse import (
@@ -75,6 +74,7 @@ from localchat.remote.sse import (
 from localchat.remote.stream_checks import TokenLimit, no_reply, not_a_stream, opening
 from localchat.remote.timing import ReplyClock
 from localchat.remote.tool_wire import CallAssembler, tool_fields, wire_messages
+from localchat.reply.reasoning import ReasoningSplitter, join_reply
 from localchat.settings.remote import RemoteSettings
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from localchat.context.budget import TurnSpan
 from localchat.context.oversized_message import OverlongDecision
-from localchat.reasoning import strip_reasoning
+from localchat.reply.reasoning import strip_reasoning
 
 CHARS_PER_TOKEN = 4.0
 MESSAGE_OVERHEAD_TOKENS = 4  # role markers and separators of a typical chat template

@@ -19,9 +19,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from localchat.reasoning import split_reply
-from localchat.toolcall_stream import ToolCallSplitter
-from localchat.toolcalls import FORMATS, ToolCall, mark_incomplete
+from localchat.reply.call_stream import ToolCallSplitter
+from localchat.reply.calls import FORMATS, ToolCall, mark_incomplete
+from localchat.reply.reasoning import split_reply
 
 MAX_ARGUMENT_CHARS = 1_000_000  # of one call's arguments: a remote that streams on is cut there
 MODES = ("auto", "none", "required")

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from localchat.events import Done, Failed, Thinking, Timings, Token
+from localchat.reply.calls import ToolCall
 from localchat.serve.http import Connection
 from localchat.serve.request import ApiError
 from localchat.serve.scheduler import SHUTTING_DOWN, Job, Started
-from localchat.toolcalls import ToolCall
 
 # Failure codes (events.Failed.code) and the HTTP status each answers with.
 _STATUS = {"context_length_exceeded": 400, "shutting_down": 503, "model_not_loaded": 500}

@@ -6,7 +6,7 @@ The OpenAI and Ollama modules read their own shapes with the checkers here (``fi
 ``number``, ...) and build a :class:`ChatRequest`; the messages become the app's own
 ``{"role", "content"}`` dicts, laid out by the engine exactly as the app lays them out, and an
 assistant message's ``tool_calls`` and ``tool`` results the chat history's shape
-(``toolcalls.assistant_message``, ``ToolResult.to_message``; read by ``messages`` with
+(``reply.calls.assistant_message``, ``ToolResult.to_message``; read by ``messages`` with
 ``tool_fields``).
 """
 

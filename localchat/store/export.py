@@ -10,11 +10,11 @@ import json
 import time
 from typing import Any
 
-from localchat.reasoning import split_reply
+from localchat.reply.calls import ToolCall
+from localchat.reply.reasoning import split_reply
 from localchat.store.records import TurnRecord
 from localchat.store.store import Store
 from localchat.terminal import visible
-from localchat.toolcalls import ToolCall
 
 
 def to_markdown(store: Store, session_id: int) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from localchat.events import Timings
-from localchat.toolcalls import ToolCall
+from localchat.reply.calls import ToolCall
 
 Role = Literal["user", "assistant", "tool"]
 

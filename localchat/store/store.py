@@ -26,6 +26,7 @@ from localchat.errors import UserError
 from localchat.events import Timings
 from localchat.names import check_name
 from localchat.paths import database_file
+from localchat.reply.calls import ToolCall, ToolResult
 from localchat.store.connect import StoreError, connect_read_only
 from localchat.store.connect import connect as _connect
 from localchat.store.connect import describe as _describe
@@ -40,7 +41,6 @@ from localchat.store.records import (
     title_from_prompt,
 )
 from localchat.store.schema import latest_version, upgrade
-from localchat.toolcalls import ToolCall, ToolResult
 
 BUSY_TIMEOUT_MS = 5000
 

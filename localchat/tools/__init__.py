@@ -7,13 +7,13 @@ This package knows nothing of the app, the engine or the screen. Its parts:
 - ``registry``: :class:`ToolRegistry`, the synchronous facade over one asyncio loop on its own
   thread (``loop``) that owns every MCP session (``mcp_server``) and runs the built-ins
   (``builtin``): start in the background, list, call with a timeout and cancellation, close;
-- ``results`` / ``schema``: every outcome as a :class:`~localchat.toolcalls.ToolResult` (inert,
+- ``results`` / ``schema``: every outcome as a :class:`~localchat.reply.calls.ToolResult` (inert,
   capped, an error the model reads and a notice the user sees), arguments checked first;
 - ``approval``: may this call run? once / always (this session) / always (saved) / deny, and
   ``--allow-tool`` rules, as plain logic; the question travels as an object carrying a Future.
 
-The words shared with the rest of localchat are ``localchat.toolcalls`` (``ToolCall``,
-``ToolResult``, the families' call formats) and ``localchat.toolcall_stream`` (calls in a reply).
+The words shared with the rest of localchat are ``localchat.reply.calls`` (``ToolCall``,
+``ToolResult``, the families' call formats) and ``localchat.reply.call_stream`` (calls in a reply).
 
 How phase 2 wires it in (the chat loop, with constrained sampling):
 
@@ -23,7 +23,7 @@ How phase 2 wires it in (the chat loop, with constrained sampling):
 2. For a turn: ``specs = registry.specs()``. The engine renders them with
    ``engine.tool_templates.with_tools(render, tool_rendering(template, render), specs)``
    (probe once per model), detokenizes the format's ``preserved_tokens`` as text, and
-   constrains a call from ``ToolFormat.triggers`` / ``toolcalls.start_trigger(format, names)``
+   constrains a call from ``ToolFormat.triggers`` / ``reply.calls.start_trigger(format, names)``
    on. The answer (after ``ReasoningSplitter``) goes through ``ToolCallSplitter(format, names)``;
    ``in_call`` tells when a call has begun.
 3. For each ``ToolCall``: one with a ``problem`` never runs, the model gets
@@ -33,7 +33,7 @@ How phase 2 wires it in (the chat loop, with constrained sampling):
    waits on ``request.future``, and ``DENY`` gives ``results.denied_result(call, tool.label)``.
    Then ``registry.call(call, cancel=esc_event, max_chars=settings.tools.result_chars(n_ctx))``
    returns a ``ToolResult`` whatever happens; its ``notice`` is the user's line.
-4. The history gains ``toolcalls.assistant_message(text, calls)`` and each
+4. The history gains ``reply.calls.assistant_message(text, calls)`` and each
    ``ToolResult.to_message()``; at most ``settings.tools.max_rounds`` rounds; a remote model's
    OpenAI ``tool_calls`` become calls through ``ToolCall.from_openai``; ``registry.close()`` at
    exit ends every server.

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localchat.errors import UserError
+from localchat.reply.calls import ToolCall
 from localchat.settings.tools import ANY_TOOL, BUILTIN_SERVER, ToolsSettings, save_always_allow
 from localchat.terminal import visible
-from localchat.toolcalls import ToolCall
 from localchat.tools.mcp_server import ToolInfo
 
 log = logging.getLogger("localchat.tools.approval")

@@ -9,8 +9,8 @@
 - :meth:`~ToolRegistry.tools` / :meth:`~ToolRegistry.specs` list what can be called now, as
   :class:`ToolInfo` and as OpenAI function specs (a tool keeps its own name unless two servers
   offer the same one, then both are ``server_tool``);
-- :meth:`~ToolRegistry.call` runs one :class:`~localchat.toolcalls.ToolCall` and always returns
-  a :class:`~localchat.toolcalls.ToolResult`, whatever happens: a call that cannot run, a tool
+- :meth:`~ToolRegistry.call` runs one :class:`~localchat.reply.calls.ToolCall` and always returns
+  a :class:`~localchat.reply.calls.ToolResult`, whatever happens: a call that cannot run, a tool
   that does not exist, arguments that do not fit its input schema (checked before anything
   runs), a timeout, Esc (``cancel``), a server that crashes, hangs or answers garbage each become
   an error result for the model with a one-line notice for the user. :meth:`~ToolRegistry.submit`
@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from localchat import logs
+from localchat.reply.calls import ToolCall, ToolResult, failed_call_result
 from localchat.settings import Settings
 from localchat.settings.tools import BUILTIN_SERVER, ToolsSettings, secret_env_names
-from localchat.toolcalls import ToolCall, ToolResult, failed_call_result
 from localchat.tools.builtin import builtin_tools, run_builtin
 from localchat.tools.config import ServerConfig, load_mcp_config
 from localchat.tools.loop import ToolLoop

@@ -2,7 +2,7 @@
 
 A tool's output is data from outside: a server may answer with 10 MB, with terminal escapes that
 would clear the screen or write the clipboard (OSC 52), with images. :func:`make_result` turns any
-output into the :class:`~localchat.toolcalls.ToolResult` the model reads and the user sees:
+output into the :class:`~localchat.reply.calls.ToolResult` the model reads and the user sees:
 escape sequences removed and other controls shown inert (``terminal.visible``), the size capped
 with a note that says so, and a one-line notice for the user whenever something was changed or
 went wrong. :func:`error_result` is the shape of every failure (a timeout, a crash, a tool that
@@ -15,8 +15,8 @@ import json
 import re
 from typing import Any
 
+from localchat.reply.calls import ToolCall, ToolResult
 from localchat.terminal import visible
-from localchat.toolcalls import ToolCall, ToolResult
 
 # ANSI/VT escape sequences: CSI (colours, cursor moves), OSC (titles, clipboard, hyperlinks)
 # ended by BEL or ST or cut off, DCS/SOS/PM/APC strings, two-character escapes, 8-bit CSI/OSC.

@@ -18,7 +18,7 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Static
 
-from localchat.reasoning import split_reply
+from localchat.reply.reasoning import split_reply
 from localchat.store import TurnRecord
 from localchat.tui.laid_out_once import LaidOutOnce
 from localchat.tui.pictures import Picture

@@ -20,7 +20,7 @@ from textual.app import SuspendNotSupported
 
 from localchat.chat.conversation import code_blocks
 from localchat.errors import UserError
-from localchat.reasoning import strip_reasoning
+from localchat.reply.reasoning import strip_reasoning
 from localchat.store import branches
 from localchat.tui.chat_log import ChatLog, ReplyView, UserMessage
 from localchat.tui.clipboard import copy_text

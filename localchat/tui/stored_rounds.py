@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 from textual.widget import Widget
 
-from localchat.reasoning import split_reply
+from localchat.reply.calls import ToolCall, ToolResult
+from localchat.reply.reasoning import split_reply
 from localchat.store import TurnRecord
-from localchat.toolcalls import ToolCall, ToolResult
 from localchat.tui.json_block import as_markdown
 from localchat.tui.reply_view import RoundText
 from localchat.tui.thinking import ThinkingBlock

@@ -18,8 +18,8 @@ from typing import cast
 from textual.content import Content
 from textual.widgets import Collapsible, Static
 
+from localchat.reply.calls import ToolCall, ToolResult
 from localchat.terminal import visible
-from localchat.toolcalls import ToolCall, ToolResult
 from localchat.tools.approval import call_line
 
 DENIED = "denied by the user"  # what the model reads for a denied call (tools.results)

@@ -1,6 +1,6 @@
 """Reading one tool call's body, once its opening has been found in the reply.
 
-``toolcall_stream`` finds where a call opens (``toolcall_patterns``) and hands the text from
+``reply.call_stream`` finds where a call opens (``reply.call_openers``) and hands the text from
 there to the reader for that opening: a JSON value then optional closing tags (hermes, Llama 3's
 bare object, Mistral's array), Llama 3's ``<|python_tag|>`` forms, or Mistral's
 ``name[ARGS]{...}``. A reader is fed the whole text of the call so far each time more arrives
@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from typing import Protocol
 
-from localchat import lenient_json
-from localchat.toolcall_patterns import MISTRAL_NAMED, PARTIAL, Match, Opener, match
-from localchat.toolcalls import (
+from localchat.reply import lenient_json
+from localchat.reply.call_openers import MISTRAL_NAMED, PARTIAL, Match, Opener, match
+from localchat.reply.calls import (
     ToolCall,
     call_from_object,
     calls_from_json,

@@ -26,7 +26,7 @@ by :func:`detect_format` the way llama.cpp's ``common/chat.cpp`` chooses its han
 constrained sampling switches its lazy grammar on (llama.cpp's trigger words and full-match
 patterns). ``preserved_tokens`` are the special tokens that must be detokenized as text for the
 parser to see them (``<|python_tag|>`` and ``[TOOL_CALLS]`` are special tokens, which llama.cpp
-renders as nothing by default). The streaming parser is ``toolcall_stream``.
+renders as nothing by default). The streaming parser is ``reply.call_stream``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from localchat import lenient_json
+from localchat.reply import lenient_json
 
 FormatName = Literal["hermes", "llama3", "mistral", "generic"]
 

@@ -2,11 +2,11 @@
 
 :class:`ToolCallSplitter` is to tool calls what ``reasoning.ReasoningSplitter`` is to thinking
 (and runs after it, on the answer): feed it each piece of the reply as it arrives and it returns,
-in order, answer text and parsed :class:`~localchat.toolcalls.ToolCall` objects. The call's
+in order, answer text and parsed :class:`~localchat.reply.calls.ToolCall` objects. The call's
 marker and its raw JSON never come out as answer text; only what may still be the start of a
 marker (``<tool_`` at the end of what arrived) is held back, plus trailing whitespace. How a
-family opens a call is ``toolcall_patterns``; its JSON is read by ``lenient_json``, once, however
-small the pieces; a call's body is read by ``toolcall_readers``.
+family opens a call is ``reply.call_openers``; its JSON is read by ``lenient_json``, once, however
+small the pieces; a call's body is read by ``reply.call_readers``.
 
 At the end of the reply :meth:`~ToolCallSplitter.flush` releases what is held: a call still open
 (the reply reached ``max_tokens``) comes out as a ToolCall marked incomplete, which must not run.
@@ -15,9 +15,9 @@ The same calls come out whatever the split points of the stream.
 
 from __future__ import annotations
 
-from localchat.toolcall_patterns import PARTIAL, Match, Opener, Partial, match, openers_for
-from localchat.toolcall_readers import Reader, reader_for
-from localchat.toolcalls import FORMATS, ToolCall, ToolFormat
+from localchat.reply.call_openers import PARTIAL, Match, Opener, Partial, match, openers_for
+from localchat.reply.call_readers import Reader, reader_for
+from localchat.reply.calls import FORMATS, ToolCall, ToolFormat
 
 Piece = str | ToolCall
 
