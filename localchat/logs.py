@@ -29,6 +29,10 @@ from localchat import paths
 from localchat.errors import UserError
 
 MAX_BYTES = 1_000_000
+# One record at most this long: a 20 MB line on a tool server's stderr made a 20 MB log file (a
+# record is written whole, past the cap). A longer one keeps its head and its tail (a traceback's
+# last line says what went wrong), with how much was cut between them.
+MAX_RECORD_BYTES = 16_384
 BACKUPS = 2  # localchat.log.1 and .2: three files of MAX_BYTES at most
 LOCK_WAIT_S = 2.0  # past this, the record is written without rotating rather than lost
 
@@ -84,7 +88,7 @@ class SharedLogFile(logging.Handler):
         from filelock import Timeout
 
         try:
-            data = (self.format(record) + "\n").encode("utf-8", errors="replace")
+            data = cut_record(self.format(record).encode("utf-8", errors="replace")) + b"\n"
             try:
                 with self._file_lock:
                     self._rotate_for(len(data))
@@ -115,6 +119,17 @@ class SharedLogFile(logging.Handler):
 
     def __repr__(self) -> str:
         return f"<SharedLogFile {self.path} max {self.max_bytes} bytes, {self.backups} backups>"
+
+
+def cut_record(data: bytes, limit: int | None = None) -> bytes:
+    """``data`` if it is at most ``limit`` bytes (MAX_RECORD_BYTES), else its head and tail with
+    the number of bytes cut between them."""
+    limit = MAX_RECORD_BYTES if limit is None else limit
+    if len(data) <= limit:
+        return data
+    half = limit // 2
+    cut = len(data) - 2 * half
+    return data[:half] + f" [… {cut:,} bytes cut …] ".encode() + data[-half:]
 
 
 def route(*names: str) -> None:

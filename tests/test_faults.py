@@ -1833,3 +1833,26 @@ def test_38_7b_processes_logging_at_once_never_print_logging_errors(tmp_path):
     for log in logs:  # each within the cap, and made of whole records
         assert log.stat().st_size <= 400
         assert all(record.match(line) for line in log.read_text().splitlines()), log
+
+
+# --- round 5 (issue 46) --------------------------------------------------------------------------
+
+
+def test_46_10_a_huge_line_on_a_tool_servers_stderr_stays_within_the_log_cap():
+    import asyncio
+    import logging
+
+    from localchat import logs, paths
+    from localchat.tools.mcp_server import StderrTail
+
+    tail = StderrTail("blob")
+    assert tail.writer is not None
+    tail.writer.write("x" * 20_000_000 + "\nlast words\n")
+    tail.spawned()  # our end closed: the reading ends with the pipe
+    assert asyncio.run(tail.last_line(wait=30)) == "last words"
+    logging.getLogger("localchat.test").warning("%s", "y" * 5_000_000)  # any record, not only stderr
+    files = sorted(paths.log_file().parent.glob("localchat.log*"))
+    assert files and all(f.stat().st_size <= logs.MAX_BYTES for f in files)
+    logged = "".join(f.read_text() for f in files)
+    assert "x" * 4000 in logged and "more characters" in logged and "last words" in logged
+    assert "bytes cut" in logged and len(logged) < 100_000

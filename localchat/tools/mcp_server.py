@@ -36,6 +36,7 @@ State = Literal["starting", "running", "failed", "disabled", "stopped"]
 
 MAX_EVENT_BYTES = 64 * 1024 * 1024  # one streamed HTTP message; larger ones end the connection
 STDERR_LINES = 20
+STDERR_LINE_CHARS = 8192  # a longer line is cut (the rest of it is counted, not kept)
 SERVER_NICENESS = 10  # a stdio server's CPU priority below localchat's (see lowered_priority)
 STOP_S = 5.0  # closing a server: the SDK's own shutdown takes up to 4 s (stdin close, TERM, KILL)
 
@@ -94,7 +95,15 @@ class StderrTail:
 
     def _read(self, fd: int) -> None:
         with os.fdopen(fd, encoding="utf-8", errors="replace") as stream:
-            for line in stream:
+            while line := stream.readline(STDERR_LINE_CHARS):
+                if not line.endswith("\n") and len(line) == STDERR_LINE_CHARS:
+                    # A line without end (a server dumping a blob): keep its start, skip the rest,
+                    # so that neither this thread's memory nor the log grows with it.
+                    skipped = 0
+                    while (rest := stream.readline(STDERR_LINE_CHARS)) and not rest.endswith("\n"):
+                        skipped += len(rest)
+                    skipped += len(rest)
+                    line = f"{line} [… {skipped:,} more characters]"
                 line = line.rstrip("\n")
                 if line.strip():
                     self._lines.append(line)
