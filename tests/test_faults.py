@@ -1856,3 +1856,78 @@ def test_46_10_a_huge_line_on_a_tool_servers_stderr_stays_within_the_log_cap():
     logged = "".join(f.read_text() for f in files)
     assert "x" * 4000 in logged and "more characters" in logged and "last words" in logged
     assert "bytes cut" in logged and len(logged) < 100_000
+
+
+def _ask_on_a_terminal(model: Path, home: Path, script: list, config: str, *args: str):
+    """``ask`` in a subprocess whose controlling terminal is a pseudo-terminal we hold (its stdin
+    too), against a scripted remote; yields (proc, controller fd)."""
+    import fcntl
+    import pty
+    import termios
+
+    from fault_server import FaultServer
+
+    def take_the_terminal() -> None:
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    @contextlib.contextmanager
+    def running():
+        with FaultServer(script) as server:
+            home.mkdir(parents=True, exist_ok=True)
+            (home / "config.toml").write_text(
+                f'[remote]\nmode = "auto"\nbase_url = "{server.base_url}"\n\n{config}')
+            controller, terminal = pty.openpty()
+            env = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO)}
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "localchat", "ask", "--route", "remote", "--model", str(model),
+                 "--max-tokens", "16", "--json", *args, "Go."],
+                stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                start_new_session=True, preexec_fn=take_the_terminal)
+            os.close(terminal)
+            try:
+                yield proc, controller
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+                os.close(controller)
+
+    return running()
+
+
+def _read_until(fd: int, text: bytes, timeout: float = 60) -> bytes:
+    import select
+    import time
+
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while text not in seen:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise AssertionError(f"the terminal never showed {text!r}: {seen!r}")
+        try:
+            seen += os.read(fd, 4096)
+        except OSError:  # the process closed the terminal
+            raise AssertionError(f"the terminal closed before {text!r}: {seen!r}") from None
+    return seen
+
+
+def test_46_1a_ask_puts_the_question_on_its_controlling_terminal(test_model_path, tmp_path):
+    from test_remote_tools import calls_stream
+
+    from fault_server import reply
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("tangerine")
+    script = [calls_stream(("call_1", "read_file", json.dumps({"path": str(notes)}))),
+              reply("It is tangerine.")]
+    with _ask_on_a_terminal(test_model_path, tmp_path / "home", script,
+                            '[tools]\nbuiltins = ["read_file"]\n') as (proc, controller):
+        asked = _read_until(controller, b"[n] no: ")
+        assert b"builtin.read_file" in asked and str(notes).encode() in asked
+        os.write(controller, b"y\r")
+        out, err = proc.communicate(timeout=60)
+    events = [json.loads(line) for line in out.splitlines()]
+    results = [e["content"] for e in events if e["event"] == "tool_result"]
+    assert proc.returncode == 0 and results == ["tangerine"], err.decode()[-2000:]
+    assert b"no terminal to ask" not in err

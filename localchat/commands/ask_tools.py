@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import threading
 from collections.abc import Callable
-from typing import TextIO
+from typing import Protocol
 
 from localchat.events import Notice, ToolApproval
 from localchat.terminal import visible
@@ -41,10 +42,43 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    "denied without one")
 
 
-def open_tty() -> TextIO | None:
+class Terminal(Protocol):
+    """Where a question is put and its answer read (a ``Tty``; a script in tests)."""
+
+    def write(self, text: str) -> int: ...
+    def flush(self) -> None: ...
+    def readline(self) -> str: ...
+    def close(self) -> None: ...
+
+
+class Tty:
+    """The controlling terminal, read and written as text. A terminal cannot seek, and Python's
+    read-write text mode (``open("/dev/tty", "r+")``) needs a stream that can: it raised
+    ``io.UnsupportedOperation`` on every real terminal, so every call was denied as if there
+    were none. One descriptor, a reader and a writer over it."""
+
+    def __init__(self, fd: int) -> None:
+        self._reader = open(fd, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115 - kept open for the run
+        self._writer = open(fd, "w", encoding="utf-8", errors="replace")  # noqa: SIM115 - owns fd
+
+    def write(self, text: str) -> int:
+        return self._writer.write(text)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def readline(self) -> str:
+        return self._reader.readline()
+
+    def close(self) -> None:
+        self._reader.close()
+        self._writer.close()
+
+
+def open_tty() -> Tty | None:
     """The controlling terminal for a question, or None when there is none."""
     try:
-        return open("/dev/tty", "r+", encoding="utf-8", errors="replace")  # noqa: SIM115 - kept open for the run
+        return Tty(os.open("/dev/tty", os.O_RDWR | getattr(os, "O_NOCTTY", 0)))
     except OSError:
         return None
 
@@ -52,9 +86,9 @@ def open_tty() -> TextIO | None:
 class Approver:
     """Answers each ``ToolApproval`` of an ``ask`` run (see the module)."""
 
-    def __init__(self, tty_opener: Callable[[], TextIO | None] | None = None) -> None:
+    def __init__(self, tty_opener: Callable[[], Terminal | None] | None = None) -> None:
         self._open = tty_opener or (lambda: open_tty())
-        self._tty: TextIO | None = None
+        self._tty: Terminal | None = None
         self._opened = False
 
     def close(self) -> None:
@@ -85,7 +119,7 @@ class Approver:
         notice = request.answer(picked.result())
         return Notice(notice, kind="tools") if notice else None
 
-    def _ask(self, tty: TextIO, request: ApprovalRequest,
+    def _ask(self, tty: Terminal, request: ApprovalRequest,
              picked: concurrent.futures.Future[Decision]) -> None:
         choices = "[y] once, [a] always this run" + (", [s] always, saved" if request.can_save
                                                       else "") + ", [n] no"
