@@ -1913,9 +1913,8 @@ def _read_until(fd: int, text: bytes, timeout: float = 60) -> bytes:
 
 
 def test_46_1a_ask_puts_the_question_on_its_controlling_terminal(test_model_path, tmp_path):
-    from test_remote_tools import calls_stream
-
     from fault_server import reply
+    from test_remote_tools import calls_stream
 
     notes = tmp_path / "notes.txt"
     notes.write_text("tangerine")
