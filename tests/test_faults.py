@@ -1930,3 +1930,30 @@ def test_46_1a_ask_puts_the_question_on_its_controlling_terminal(test_model_path
     results = [e["content"] for e in events if e["event"] == "tool_result"]
     assert proc.returncode == 0 and results == ["tangerine"], err.decode()[-2000:]
     assert b"no terminal to ask" not in err
+
+
+def test_46_3_a_small_ram_cache_restores_a_conversation_its_save_would_evict(engine, fresh):
+    # `serve --cache-ram 12`: conversation A saved, B live, then A continued. Saving B (to take A
+    # back) must evict A to fit; the pool picked A first and then failed to remove it (a 500).
+    from oracle import GREEDY, assert_matches_fresh, reply_tokens
+
+    from localchat.engine.state_pool import StatePool
+
+    pool = StatePool(12 * 1024**2)
+
+    def chat(topic: str) -> list[dict]:
+        return [{"role": "user", "content": f"Tell me about the {topic}. " * 45}]
+
+    def turn(messages: list[dict]) -> list[int]:
+        tokens, _ = reply_tokens(engine.submit(messages, GREEDY, pool=pool))
+        assert pool.size_bytes <= pool.cap_bytes
+        return tokens
+
+    a, b = chat("sea"), chat("mountains")
+    first = turn(a)
+    turn(b)  # A saved to the pool
+    assert len(pool) == 1
+    a_again = a + [{"role": "assistant", "content": engine.detokenize(first)},
+                   {"role": "user", "content": "And the fish?"}]
+    assert_matches_fresh(turn(a_again), fresh, a_again)
+    assert pool.restored == 1 and len(pool) == 1  # A taken back, B saved in its place

@@ -106,3 +106,16 @@ def test_least_recently_saved_states_go_first_beyond_the_cap():
     assert [s.records for s in pool._entries] == states[1:]
     assert pool.size_bytes == 200
     assert not pool.save(snapshot(conversation("d", 1), state_bytes=300))  # larger than the cap
+
+
+def test_the_state_taken_back_is_out_before_saving_the_live_one_evicts_it():
+    # --cache-ram 12 with two ~7 MiB conversations: A saved, B live, A again. Saving B must
+    # evict A to fit, and A is the one to restore (issue 46: a ValueError from list.remove).
+    pool = StatePool(120)
+    a, b = conversation("a", 2), conversation("b", 2)
+    pool.save(snapshot(a, state_bytes=70))
+
+    chosen = pool.swap(live_of(b), messages_of(a, "more"), False, lambda: snapshot(b, state_bytes=70))
+
+    assert chosen is not None and chosen.records == a
+    assert [s.records for s in pool._entries] == [b] and pool.size_bytes <= pool.cap_bytes

@@ -97,11 +97,13 @@ class StatePool:
         (``export_live``) whenever the turn would drop some of it, restored or not."""
         live_kept = live.kept(messages)
         best = self._best(live, live_kept, messages, rolls_back)
-        if self.cap_bytes > 0 and live_kept < live.n_tokens:
-            self.save(export_live())
         if best is not None:
+            # Out before the live state is saved: saving may evict the oldest entries, the one
+            # to restore among them (a ValueError from ``remove`` once, a 500 in serve).
             self._entries.remove(best)
             self.restored += 1
+        if self.cap_bytes > 0 and live_kept < live.n_tokens:
+            self.save(export_live())
         return best
 
     def _best(self, live: StateView, live_kept: int, messages: Sequence[dict],
