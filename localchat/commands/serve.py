@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 def _model_host(args: argparse.Namespace, config):
     """The served models, with the first one loaded (so the first request does not wait)."""
     from localchat.models.registry import require_local, resolve_model
-    from localchat.serve.errors import ApiError
+    from localchat.serve.http_errors import ApiError
     from localchat.serve.model_host import ModelHost
 
     pinned = None

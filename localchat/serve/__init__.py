@@ -15,11 +15,11 @@ inwards:
 - ``openai_api`` and ``ollama_api``: each API's shapes only (request fields -> ``ChatRequest``,
   reply pieces and ending -> bytes, errors -> bodies, model listings);
 - ``chat_request``: a chat request as the engine takes it, and the table of sampling fields
-  both APIs read; ``fields``: the JSON checks (400s name the field); ``messages`` and
+  both APIs read; ``fields``: the JSON checks (400s name the field); ``request_messages`` and
   ``tool_fields``: the messages, tools, tool calls and answer formats of both APIs;
 - ``pieces``: a job's events as text pieces, stop strings applied, one ending;
 - ``scheduler``: the queue that runs requests in arrival order on the engine's thread;
 - ``model_host``: which models are served and the one loaded, with its state pool
   (``engine.state_pool``: every conversation's cache found again however they interleave);
-- ``errors``: every error the server answers with, in one hierarchy.
+- ``http_errors``: every error the server answers with, in one hierarchy.
 """

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from localchat.serve import routes
-from localchat.serve.errors import ApiError, Unreadable
 from localchat.serve.exchange import Exchange
 from localchat.serve.http import Connection, Limits, Request, serve_connection
+from localchat.serve.http_errors import ApiError, Unreadable
 from localchat.serve.model_host import ModelHost
 from localchat.serve.respond import Responder, json_bytes
 from localchat.serve.safety import Gate

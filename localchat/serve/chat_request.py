@@ -2,7 +2,7 @@
 and the one table of sampling values both APIs read (:data:`SAMPLING_FIELDS`): OpenAI's at the
 top level of the body, Ollama's under ``options``, with the same names and ranges.
 
-The messages are the app's own ``{"role", "content"}`` dicts (``messages``), laid out by the
+The messages are the app's own ``{"role", "content"}`` dicts (``request_messages``), laid out by the
 engine exactly as the app lays them out; nothing in a request can name a file.
 """
 

@@ -7,7 +7,7 @@ As llama-server picks ``to_json_oaicompat_chat_stream()`` or ``..._chat()`` by t
 type fixed at parse time, one loop here serves every API: an API module gives a
 :class:`ReplyShape` (how one reply's pieces, ending and errors are written) and nothing else.
 
-A failure before the first piece is raised (an ``errors.ApiError``) while the answer can still
+A failure before the first piece is raised (an ``http_errors.ApiError``) while the answer can still
 be an HTTP error; after it, the shape writes it as the stream's last event.
 """
 

@@ -1,7 +1,7 @@
 """The checks that turn a client's JSON into Python values: every problem is a 400
-(``errors.BadRequest``) naming the field (``messages[2].role``, ``options.top_k``), never a
+(``http_errors.BadRequest``) naming the field (``messages[2].role``, ``options.top_k``), never a
 traceback. Both APIs read their own shapes with these (``openai_api``, ``ollama_api``,
-``chat_request``, ``messages``, ``tool_fields``).
+``chat_request``, ``request_messages``, ``tool_fields``).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from localchat.serve.errors import BadRequest, bad
+from localchat.serve.http_errors import BadRequest, bad
 
 MAX_STOPS = 16
 

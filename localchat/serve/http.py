@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
 
-from localchat.serve.errors import Unreadable
+from localchat.serve.http_errors import Unreadable
 
 MAX_HEAD_BYTES = 64 * 1024
 _READ_SIZE = 64 * 1024

@@ -33,7 +33,7 @@ from localchat.models.registry import (
     load_registry,
     local_path,
 )
-from localchat.serve.errors import NotFound
+from localchat.serve.http_errors import NotFound
 from localchat.settings import Settings
 
 

@@ -33,11 +33,11 @@ from typing import Any
 
 from localchat.events import Timings
 from localchat.serve.chat_request import ChatRequest, read_sampling
-from localchat.serve.errors import BadRequest, ServeError, bad
 from localchat.serve.fields import field_of, integer, stops, thinking_switch
-from localchat.serve.messages import message_list
+from localchat.serve.http_errors import BadRequest, ServeError, bad
 from localchat.serve.model_host import ServedModel
 from localchat.serve.pieces import Ending, Piece
+from localchat.serve.request_messages import message_list
 from localchat.serve.tool_fields import answer_format, tool_choice_of, tools_of
 
 

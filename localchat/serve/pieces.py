@@ -1,6 +1,6 @@
 """One request's reply as both APIs write it: the job's events read on the event loop as text
 pieces (reasoning apart from the answer), stop strings applied, and one ending with the finish
-reason and timings. A failure before any text is raised (``errors.ReplyFailed``), so it can
+reason and timings. A failure before any text is raised (``http_errors.ReplyFailed``), so it can
 still be an HTTP error status; ``exchange`` hands what comes here to the API's shape.
 
 Stop strings (OpenAI's and Ollama's ``stop``) end the answer where one first appears: the text
@@ -22,8 +22,8 @@ from typing import Literal
 
 from localchat.events import Done, Failed, Thinking, Timings, Token
 from localchat.reply.calls import ToolCall
-from localchat.serve.errors import ApiError, ReplyFailed, ShuttingDown
 from localchat.serve.http import Connection
+from localchat.serve.http_errors import ApiError, ReplyFailed, ShuttingDown
 from localchat.serve.scheduler import Job, Started
 
 

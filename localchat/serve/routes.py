@@ -11,10 +11,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from localchat.serve import ollama_api, openai_api
-from localchat.serve.errors import MethodNotAllowed, NotFound, ServeError
 from localchat.serve.exchange import Exchange
 from localchat.serve.fields import json_object
 from localchat.serve.http import Request
+from localchat.serve.http_errors import MethodNotAllowed, NotFound, ServeError
 from localchat.serve.respond import Responder
 
 Route = Callable[[Exchange, Responder], Awaitable[None]]

@@ -22,8 +22,8 @@ import hmac
 import ipaddress
 import socket
 
-from localchat.serve.errors import Refused
 from localchat.serve.http import Request
+from localchat.serve.http_errors import Refused
 
 # Routes a load balancer or a client's "is it up?" probe calls without a key.
 PUBLIC_PATHS = frozenset({"/", "/health", "/v1/health"})

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from localchat.errors import UserError
 from localchat.events import Done, Failed, Thinking, Token, Turn
 from localchat.serve.chat_request import ChatRequest
-from localchat.serve.errors import SHUTTING_DOWN, Busy, ShuttingDown
+from localchat.serve.http_errors import SHUTTING_DOWN, Busy, ShuttingDown
 from localchat.serve.model_host import ModelHost, ServedModel
 
 log = logging.getLogger(__name__)

@@ -32,8 +32,8 @@ from typing import Any
 from localchat.errors import FormatError
 from localchat.formats import AnswerFormat, json_format, schema_format
 from localchat.reply.calls import ToolCall, nine_character_id
-from localchat.serve.errors import BadRequest, bad
 from localchat.serve.fields import field_of
+from localchat.serve.http_errors import BadRequest, bad
 
 MAX_TOOLS = 128
 REMEMBERED = 1024  # replies with calls kept for exact rendering (a few KB each)

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from localchat.serve.errors import bad
 from localchat.serve.fields import field_of, shown
+from localchat.serve.http_errors import bad
 from localchat.serve.tool_fields import calls_of, tool_result
 
 ROLES = ("system", "user", "assistant", "tool")
