@@ -14,7 +14,7 @@ from pathlib import Path
 from localchat.models.registry import resolve_model
 from localchat.serve.app import ServeApp, ServeOptions
 from localchat.serve.http import Limits
-from localchat.serve.models import ModelHost
+from localchat.serve.model_host import ModelHost
 from localchat.settings import Settings
 
 MODEL = "smollm2-135m"

@@ -123,7 +123,7 @@ def test_beyond_max_queue_503_and_a_queued_request_whose_client_left_never_runs(
 def test_a_request_for_another_model_switches_after_the_requests_before_it(test_model_path,
                                                                               isolated_home):
     from localchat import paths
-    from localchat.serve.models import ModelHost
+    from localchat.serve.model_host import ModelHost
     from localchat.settings import Settings
 
     paths.user_registry_file().parent.mkdir(parents=True, exist_ok=True)

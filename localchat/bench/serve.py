@@ -216,7 +216,7 @@ def http_overhead(model: str, config: Settings, n_ctx: int, rounds: int,
     from localchat.models.registry import resolve_model
     from localchat.serve.app import ServeApp, ServeOptions
     from localchat.serve.http import Limits
-    from localchat.serve.models import ModelHost
+    from localchat.serve.model_host import ModelHost
 
     engine = open_engine(model, config, n_ctx=n_ctx)
     engine.load()

@@ -80,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
 def _model_host(args: argparse.Namespace, config):
     """The served models, with the first one loaded (so the first request does not wait)."""
     from localchat.models.registry import require_local, resolve_model
-    from localchat.serve.models import ModelHost
-    from localchat.serve.request import ApiError
+    from localchat.serve.http_errors import ApiError
+    from localchat.serve.model_host import ModelHost
 
     pinned = None
     if args.model:

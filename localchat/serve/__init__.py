@@ -8,11 +8,18 @@ inwards:
 - ``http``: HTTP/1.1 on asyncio streams, with the limits a local server needs (deadlines for a
   request's head and body, a body cap, disconnects seen at once);
 - ``safety``: the gate every request passes (Host, Origin/CORS, the API key);
-- ``app``: the routes, the error shapes, the listening loop and its shutdown;
-- ``openai_api`` and ``ollama_api``: each API's request fields and answer shapes;
-- ``request``: the checks that turn a client's JSON into a ``ChatRequest`` (400s name the field);
-- ``reply``: a job's events as text pieces, stop strings applied, one ending;
+- ``app``: the gate, then the route; the listening loop and its shutdown;
+- ``routes``: what each path answers, and which API's shape its errors take;
+- ``respond``: the way back to one client (a whole answer or a stream, with its CORS headers);
+- ``exchange``: one chat request run as a job, its reply streamed or gathered in an API's shape;
+- ``openai_api`` and ``ollama_api``: each API's shapes only (request fields -> ``ChatRequest``,
+  reply pieces and ending -> bytes, errors -> bodies, model listings);
+- ``chat_request``: a chat request as the engine takes it, and the table of sampling fields
+  both APIs read; ``fields``: the JSON checks (400s name the field); ``request_messages`` and
+  ``tool_fields``: the messages, tools, tool calls and answer formats of both APIs;
+- ``pieces``: a job's events as text pieces, stop strings applied, one ending;
 - ``scheduler``: the queue that runs requests in arrival order on the engine's thread;
-- ``models``: which models are served and the one loaded, with its state pool
-  (``engine.state_pool``: every conversation's cache found again however they interleave).
+- ``model_host``: which models are served and the one loaded, with its state pool
+  (``engine.state_pool``: every conversation's cache found again however they interleave);
+- ``http_errors``: every error the server answers with, in one hierarchy.
 """

@@ -1,11 +1,7 @@
-"""``localchat serve``'s server: the routes, the safety gate before them, and the asyncio loop that
-listens until Ctrl+C or SIGTERM.
-
-Routes: ``GET /``, ``GET /health`` (llama-server's), the OpenAI API (``GET /v1/models``, ``POST
-/v1/chat/completions``, also without ``/v1``) and the Ollama API (``GET /api/tags``, ``GET
-/api/version``, ``POST /api/show``, ``POST /api/chat``). Errors take the shape of the API the path
-belongs to (Ollama's under ``/api/``, OpenAI's elsewhere). Every request passes the gate
-(``safety``) first; answers to an allowed browser origin carry its CORS headers.
+"""``localchat serve``'s server: the safety gate every request passes first, then its route
+(``routes``: both APIs over the one ``exchange``), and the asyncio loop that listens until
+Ctrl+C or SIGTERM. An error raised while answering is caught here once and answered in the shape
+of the API the path belongs to; answers to an allowed browser origin carry its CORS headers.
 
 Shutting down (``stop``, from a signal): no new connections; waiting requests end with a 503;
 the running one is stopped within a token and its stream ends with an error event saying the
@@ -17,23 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from localchat.serve import ollama_api, openai_api
-from localchat.serve.http import Connection, HttpError, Limits, Request, serve_connection
-from localchat.serve.models import ModelHost
-from localchat.serve.reply import Ending
-from localchat.serve.request import ApiError, json_object
+from localchat.serve import routes
+from localchat.serve.exchange import Exchange
+from localchat.serve.http import Connection, Limits, Request, serve_connection
+from localchat.serve.http_errors import ApiError, Unreadable
+from localchat.serve.model_host import ModelHost
+from localchat.serve.respond import Responder, json_bytes
 from localchat.serve.safety import Gate
-from localchat.serve.scheduler import Job, Scheduler
-from localchat.serve.tool_fields import RawCalls
+from localchat.serve.scheduler import Scheduler
 from localchat.settings import ServeSection
-
-Route = Callable[["ServeApp", Request, Connection], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -57,126 +50,48 @@ class ServeOptions:
             limits=Limits(section.max_body_bytes, section.request_timeout_s, section.idle_timeout_s))
 
 
-async def _root(app: ServeApp, request: Request, connection: Connection) -> None:
-    await app.send(request, connection, 200, b"localchat is running", "text/plain; charset=utf-8")
-
-
-async def _health(app: ServeApp, request: Request, connection: Connection) -> None:
-    await app.send_json(request, connection, 200, {"status": "ok"})
-
-
-async def _models(app: ServeApp, request: Request, connection: Connection) -> None:
-    await app.send_json(request, connection, 200, openai_api.models_body(app))
-
-
-async def _tags(app: ServeApp, request: Request, connection: Connection) -> None:
-    await app.send_json(request, connection, 200, ollama_api.tags_body(app))
-
-
-async def _version(app: ServeApp, request: Request, connection: Connection) -> None:
-    await app.send_json(request, connection, 200, ollama_api.version_body())
-
-
-async def _show(app: ServeApp, request: Request, connection: Connection) -> None:
-    body = ollama_api.show_body(app, json_object(request.body))
-    await app.send_json(request, connection, 200, body)
-
-
-ROUTES: dict[str, dict[str, Route]] = {
-    "/": {"GET": _root, "HEAD": _root},
-    "/health": {"GET": _health}, "/v1/health": {"GET": _health},
-    "/v1/models": {"GET": _models}, "/models": {"GET": _models},
-    "/v1/chat/completions": {"POST": openai_api.chat_completions},
-    "/chat/completions": {"POST": openai_api.chat_completions},
-    "/api/tags": {"GET": _tags}, "/api/version": {"GET": _version},
-    "/api/show": {"POST": _show}, "/api/chat": {"POST": ollama_api.chat},
-}
-
-
 class ServeApp:
-    """The server: a gate, the routes, the scheduler over the model host."""
+    """The server: a gate, the routes, the exchange over the model host."""
 
     def __init__(self, host: ModelHost, options: ServeOptions) -> None:
         self.host = host
         self.options = options
         self.gate = Gate(options.host, options.api_key, options.cors_origins)
-        self.scheduler = Scheduler(host, options.max_queue)
-        self.raw_calls = RawCalls()
+        self.exchange = Exchange(host, options.max_queue)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._connections: dict[asyncio.Task, Connection] = {}
         self.port = options.port
 
-    # -- helpers for the API modules ------------------------------------------------------------
-
-    def start_job(self, chat: Any, connection: Connection) -> Job:
-        """Queue ``chat`` for the model it names (ApiError 404/503), and watch for its client
-        leaving while it waits or streams."""
-        assert self._loop is not None
-        chat.messages = self.raw_calls.restore(chat.messages)
-        job = Job(chat, self.host.resolve(chat.model), self._loop)
-        self.scheduler.submit(job)
-        connection.watch()
-        return job
-
-    def remember_calls(self, ending: Ending) -> None:
-        """A reply that called tools, kept so that the client's next request renders it as the
-        model wrote it (``tool_fields.RawCalls``)."""
-        if ending.error is None:
-            self.raw_calls.remember(ending.content, ending.tool_calls, ending.reply)
-
-    async def send(self, request: Request, connection: Connection, status: int, body: bytes,
-                   content_type: str, headers: dict[str, str] | None = None) -> None:
-        await connection.send(status, b"" if request.method == "HEAD" else body, content_type,
-                              {**self.gate.cors_headers(request), **(headers or {})})
-
-    async def send_json(self, request: Request, connection: Connection, status: int,
-                        body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        await self.send(request, connection, status, json.dumps(body, ensure_ascii=False).encode(),
-                        "application/json", headers)
-
-    async def start_stream(self, request: Request, connection: Connection, content_type: str) -> None:
-        await connection.start_stream(200, content_type, self.gate.cors_headers(request))
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.exchange.scheduler
 
     # -- one request ----------------------------------------------------------------------------
 
     async def handle(self, request: Request, connection: Connection) -> None:
+        out = Responder(request, connection, self.gate.cors_headers(request))
         try:
-            await self._route(request, connection)
+            await self._route(out)
         except ApiError as error:
             if connection.responded:  # a stream had begun: all that is left is to close it
                 connection.keep_alive = False
                 return
-            await self.send_error(request, connection, error)
+            await out.send_json(error.status, routes.error_body(error, request.path), error.headers)
 
-    async def _route(self, request: Request, connection: Connection) -> None:
+    async def _route(self, out: Responder) -> None:
+        request = out.request
         refusal = self.gate.refuse(request)
         if refusal is not None:
-            raise ApiError(refusal.status, refusal.message, code=refusal.code,
-                           kind="authentication_error" if refusal.status == 401 else "forbidden",
-                           headers=refusal.headers)
-        methods = ROUTES.get(request.path)
+            raise refusal
         if request.method == "OPTIONS":
-            await connection.send(204, b"", "text/plain", self.gate.preflight_headers(request))
+            await out.connection.send(204, b"", "text/plain", self.gate.preflight_headers(request))
             return
-        if methods is None:
-            raise ApiError(404, f"no such route: {request.method} {request.path}", code="not_found")
-        route = methods.get(request.method)
-        if route is None:
-            raise ApiError(405, f"{request.path} takes {', '.join(methods)}, not {request.method}",
-                           code="method_not_allowed", headers={"Allow": ", ".join(methods)})
-        await route(self, request, connection)
+        await routes.route_for(request)(self.exchange, out)
 
-    async def send_error(self, request: Request, connection: Connection, error: ApiError) -> None:
-        body = (ollama_api.error_body(error) if request.path.startswith("/api/")
-                else openai_api.error_body(error))
-        await self.send_json(request, connection, error.status, body, error.headers)
-
-    async def _unreadable(self, connection: Connection, error: HttpError) -> None:
-        body = json.dumps({"error": {"message": error.message, "type": "invalid_request_error",
-                                     "param": None, "code": None}}).encode()
+    async def _unreadable(self, connection: Connection, error: Unreadable) -> None:
         with contextlib.suppress(ConnectionError, OSError):
-            await connection.send(error.status, body)
+            await connection.send(error.status, json_bytes(routes.error_body(error)))
 
     # -- the loop -------------------------------------------------------------------------------
 

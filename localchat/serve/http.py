@@ -26,17 +26,10 @@ from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
 
+from localchat.serve.http_errors import Unreadable
+
 MAX_HEAD_BYTES = 64 * 1024
 _READ_SIZE = 64 * 1024
-
-
-class HttpError(Exception):
-    """A request that cannot be read: answered with ``status`` and the connection closed."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -92,7 +85,7 @@ class Connection:
 
     async def next_request(self) -> Request | None:
         """The next request; None when the client closed the connection or left it idle. Raises
-        HttpError for one that is malformed, too large or too slow."""
+        Unreadable for one that is malformed, too large or too slow."""
         if not self._buffer:
             try:
                 await asyncio.wait_for(self._fill(), self._limits.idle_timeout_s)
@@ -103,7 +96,7 @@ class Connection:
         try:
             return await asyncio.wait_for(self._read_request(), self._limits.request_timeout_s)
         except TimeoutError:
-            raise HttpError(408, "the request did not arrive in time") from None
+            raise Unreadable(408, "the request did not arrive in time") from None
 
     async def _fill(self) -> None:
         data = await self._reader.read(_READ_SIZE)
@@ -115,12 +108,12 @@ class Connection:
     async def _read_request(self) -> Request:
         while (end := self._buffer.find(b"\r\n\r\n")) < 0:
             if len(self._buffer) > MAX_HEAD_BYTES:
-                raise HttpError(431, "the request's headers are too large")
+                raise Unreadable(431, "the request's headers are too large")
             if self._eof:
-                raise HttpError(400, "the connection closed in the middle of a request")
+                raise Unreadable(400, "the connection closed in the middle of a request")
             await self._fill()
         if end > MAX_HEAD_BYTES:
-            raise HttpError(431, "the request's headers are too large")
+            raise Unreadable(431, "the request's headers are too large")
         head = bytes(self._buffer[:end]).decode("latin-1")
         del self._buffer[:end + 4]
         request = _parse_head(head)
@@ -131,18 +124,18 @@ class Connection:
         headers = request.headers
         if "transfer-encoding" in headers:
             if "content-length" in headers:
-                raise HttpError(400, "a request may not have both Content-Length and "
+                raise Unreadable(400, "a request may not have both Content-Length and "
                                      "Transfer-Encoding")
             if headers["transfer-encoding"].lower() != "chunked":
-                raise HttpError(501, "only the chunked transfer encoding is supported")
+                raise Unreadable(501, "only the chunked transfer encoding is supported")
             await self._continue(request)
             return await self._read_chunked()
         length_text = headers.get("content-length", "0").strip()
         if not length_text.isdigit():
-            raise HttpError(400, "Content-Length is not a number")
+            raise Unreadable(400, "Content-Length is not a number")
         length = int(length_text)
         if length > self._limits.max_body_bytes:
-            raise HttpError(413, f"the request body is {length} bytes; the limit is "
+            raise Unreadable(413, f"the request body is {length} bytes; the limit is "
                                  f"{self._limits.max_body_bytes}")
         if length:
             await self._continue(request)
@@ -157,7 +150,7 @@ class Connection:
     async def _take(self, n: int) -> bytes:
         while len(self._buffer) < n:
             if self._eof:
-                raise HttpError(400, "the connection closed in the middle of a request body")
+                raise Unreadable(400, "the connection closed in the middle of a request body")
             await self._fill()
         data = bytes(self._buffer[:n])
         del self._buffer[:n]
@@ -166,9 +159,9 @@ class Connection:
     async def _line(self) -> bytes:
         while (end := self._buffer.find(b"\r\n")) < 0:
             if len(self._buffer) > 1024:
-                raise HttpError(400, "a malformed chunk in the request body")
+                raise Unreadable(400, "a malformed chunk in the request body")
             if self._eof:
-                raise HttpError(400, "the connection closed in the middle of a request body")
+                raise Unreadable(400, "the connection closed in the middle of a request body")
             await self._fill()
         line = bytes(self._buffer[:end])
         del self._buffer[:end + 2]
@@ -181,19 +174,19 @@ class Connection:
             try:
                 size = int(size_text, 16)
             except ValueError:
-                raise HttpError(400, "a malformed chunk size in the request body") from None
+                raise Unreadable(400, "a malformed chunk size in the request body") from None
             if size < 0:
-                raise HttpError(400, "a malformed chunk size in the request body")
+                raise Unreadable(400, "a malformed chunk size in the request body")
             if size == 0:
                 while await self._line():  # trailers, up to the empty line
                     pass
                 return bytes(body)
             if len(body) + size > self._limits.max_body_bytes:
-                raise HttpError(413, f"the request body is over the limit of "
+                raise Unreadable(413, f"the request body is over the limit of "
                                      f"{self._limits.max_body_bytes} bytes")
             body += await self._take(size)
             if await self._take(2) != b"\r\n":
-                raise HttpError(400, "a malformed chunk in the request body")
+                raise Unreadable(400, "a malformed chunk in the request body")
 
     # -- watching for the client leaving ------------------------------------------------------
 
@@ -302,21 +295,21 @@ def _parse_head(head: str) -> Request:
     request_line, *header_lines = head.split("\r\n")
     parts = request_line.split(" ")
     if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0") or not parts[1].startswith("/"):
-        raise HttpError(400, "a malformed request line")
+        raise Unreadable(400, "a malformed request line")
     headers: dict[str, str] = {}
     for line in header_lines:
         name, sep, value = line.partition(":")
         if not sep or not name or name != name.strip():
-            raise HttpError(400, "a malformed header line")
+            raise Unreadable(400, "a malformed header line")
         name = name.lower()
         if name in headers:
             if name in ("host", "content-length", "transfer-encoding", "authorization"):
-                raise HttpError(400, f"the {name} header is repeated")
+                raise Unreadable(400, f"the {name} header is repeated")
             headers[name] += ", " + value.strip()
         else:
             headers[name] = value.strip()
     if parts[2] == "HTTP/1.1" and "host" not in headers:
-        raise HttpError(400, "the Host header is missing")
+        raise Unreadable(400, "the Host header is missing")
     return Request(parts[0], parts[1], parts[2], headers)
 
 
@@ -324,13 +317,13 @@ Handler = Callable[[Request, Connection], Awaitable[None]]
 
 
 async def serve_connection(connection: Connection, handler: Handler,
-                           on_error: Callable[[Connection, HttpError], Awaitable[None]]) -> None:
+                           on_error: Callable[[Connection, Unreadable], Awaitable[None]]) -> None:
     """Answer the requests of one connection in turn until it closes, idles out or fails."""
     try:
         while connection.keep_alive:
             try:
                 request = await connection.next_request()
-            except HttpError as exc:
+            except Unreadable as exc:
                 connection.keep_alive = False
                 await on_error(connection, exc)
                 break

@@ -14,6 +14,10 @@ unchanged.
   the counts and durations (ns) Ollama reports; ``prompt_eval_count`` is what was evaluated, as
   in Ollama (the cached part is not counted again). ``images`` are refused with a 400.
 - Errors: ``{"error": "message"}`` with the HTTP status.
+
+Only the shapes live here (a request's fields -> ``ChatRequest``, a reply's pieces and ending ->
+bytes, an error -> a body, the model listings); ``exchange`` runs the request and ``routes``
+wires the paths.
 """
 
 from __future__ import annotations
@@ -21,29 +25,16 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from localchat import __version__
-from localchat.serve.http import Connection, Request
-from localchat.serve.messages import message_list
-from localchat.serve.reply import Ending, Piece, read_reply
-from localchat.serve.request import (
-    ApiError,
-    ChatRequest,
-    bad,
-    field_of,
-    integer,
-    json_object,
-    number,
-    stops,
-    thinking_switch,
-)
+from localchat.serve.chat_request import ChatRequest, read_sampling
+from localchat.serve.fields import field_of, integer, stops, thinking_switch
+from localchat.serve.http_errors import BadRequest, ServeError, bad
+from localchat.serve.model_host import ModelHost, ServedModel
+from localchat.serve.pieces import Ending, Piece
+from localchat.serve.request_messages import message_list
 from localchat.serve.tool_fields import answer_format, tools_of
-
-if TYPE_CHECKING:
-    from localchat.serve.app import ServeApp
-    from localchat.serve.models import ServedModel
-    from localchat.serve.scheduler import Job
 
 # The Ollama API version these routes follow (clients compare it to enable features such as
 # ``think``); localchat's own version is reported beside it.
@@ -51,7 +42,7 @@ OLLAMA_API_VERSION = "0.12.0"
 
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
-    """An ``/api/chat`` body as a ChatRequest (ApiError 400 naming the field)."""
+    """An ``/api/chat`` body as a ChatRequest (BadRequest naming the field)."""
     shape = answer_format(body.get("format"), "format")
     options = field_of(body, "options", dict) or {}
     num_predict = integer(options, "num_predict", -2, "options.")
@@ -60,15 +51,8 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         model=field_of(body, "model", str),
         messages=message_list(body, _content),
         stream=True if stream is None else stream,
-        max_tokens=num_predict if num_predict is not None and num_predict > 0 else None,
-        temperature=number(options, "temperature", 0, 2, "options."),
-        top_p=number(options, "top_p", 0, 1, "options."),
-        top_k=integer(options, "top_k", 0, "options."),
-        min_p=number(options, "min_p", 0, 1, "options."),
-        repeat_penalty=number(options, "repeat_penalty", 0.01, 10, "options."),
-        frequency_penalty=number(options, "frequency_penalty", -2, 2, "options."),
-        presence_penalty=number(options, "presence_penalty", -2, 2, "options."),
-        seed=integer(options, "seed", -(2**63), "options.", high=2**63 - 1),
+        sampling=read_sampling(options, "options.", num_predict if num_predict is not None
+                               and num_predict > 0 else None),
         stop=stops(options, "stop", "options."),
         thinking=thinking_switch(body.get("think"), "think"),
         tools=tools_of(body),
@@ -78,12 +62,12 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
 
 def _content(message: dict[str, Any], where: str) -> str:
     if message.get("images"):
-        raise ApiError(400, f"{where}images: images are not supported by localchat serve",
-                       param=where + "images")
+        raise BadRequest(f"{where}images: images are not supported by localchat serve",
+                         where + "images")
     return field_of(message, "content", str, where) or ""
 
 
-def error_body(error: ApiError) -> dict[str, Any]:
+def error_body(error: ServeError) -> dict[str, Any]:
     return {"error": error.message}
 
 
@@ -93,8 +77,8 @@ def _now() -> str:
 
 # -- model listings ----------------------------------------------------------------------------
 
-def tags_body(app: ServeApp) -> dict[str, Any]:
-    return {"models": [_listing(model) for model in app.host.refresh()]}
+def tags_body(models: list[ServedModel]) -> dict[str, Any]:
+    return {"models": [_listing(model) for model in models]}
 
 
 def version_body() -> dict[str, Any]:
@@ -138,11 +122,11 @@ def _params(n: int) -> str:
     return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
 
-def show_body(app: ServeApp, body: dict[str, Any]) -> dict[str, Any]:
+def show_body(host: ModelHost, body: dict[str, Any]) -> dict[str, Any]:
     asked = field_of(body, "model", str) or field_of(body, "name", str)
     if not asked:
         raise bad("model", "is missing")
-    model = app.host.resolve(asked)
+    model = host.resolve(asked)
     header = _header(str(model.path))
     arch = header.get("architecture", "")
     capabilities = ["completion"] + (["thinking"] if model.spec.thinking != "no" else [])
@@ -156,54 +140,60 @@ def show_body(app: ServeApp, body: dict[str, Any]) -> dict[str, Any]:
 
 # -- chat --------------------------------------------------------------------------------------
 
-async def chat(app: ServeApp, request: Request, connection: Connection) -> None:
-    chat_request = parse_chat(json_object(request.body))
-    job = app.start_job(chat_request, connection)
-    if chat_request.stream:
-        await _stream(app, request, connection, job)
-    else:
-        await _whole(app, request, connection, job)
-
-
 def _line(body: dict[str, Any]) -> bytes:
     return json.dumps(body, ensure_ascii=False).encode("utf-8") + b"\n"
 
 
-def _final(job: Job, ending: Ending, message: dict[str, Any]) -> dict[str, Any]:
-    t = ending.timings
-    total_ms = ending.load_ms + t.prompt_ms + t.predicted_ms
-    return {"model": job.model.tag, "created_at": _now(), "message": message, "done": True,
-            "done_reason": "stop" if ending.finish_reason == "tool_calls" else ending.finish_reason,
-            "total_duration": int(total_ms * 1e6),
-            "load_duration": int(ending.load_ms * 1e6), "prompt_eval_count": t.prompt_n,
-            "prompt_eval_duration": int(t.prompt_ms * 1e6), "eval_count": t.predicted_n,
-            "eval_duration": int(t.predicted_ms * 1e6)}
+class ChatShape:
+    """One ``/api/chat`` reply (NDJSON lines, or one body) for ``chat``, answered by ``model``
+    (``exchange.ReplyShape``)."""
 
+    stream_type = "application/x-ndjson"
 
-async def _stream(app: ServeApp, request: Request, connection: Connection, job: Job) -> None:
-    started = False
-    async for item in read_reply(job, connection):
-        if not started:
-            await app.start_stream(request, connection, "application/x-ndjson")
-            started = True
-        if isinstance(item, Piece):
-            message = {"role": "assistant", "content": item.text if item.kind == "content" else ""}
-            if item.kind == "thinking":
-                message["thinking"] = item.text
-            await connection.write(_line({"model": job.model.tag, "created_at": _now(),
-                                          "message": message, "done": False}))
-            continue
-        app.remember_calls(item)
-        if item.error is not None:
-            await connection.write(_line(error_body(item.error)))
-        else:
-            if item.tool_calls:
-                await connection.write(_line({
-                    "model": job.model.tag, "created_at": _now(), "done": False,
-                    "message": {"role": "assistant", "content": "",
-                                "tool_calls": _calls(item)}}))
-            await connection.write(_line(_final(job, item, {"role": "assistant", "content": ""})))
-        await connection.end_stream()
+    def __init__(self, chat: ChatRequest, model: ServedModel) -> None:
+        self._model = model.tag
+
+    def _message_line(self, message: dict[str, Any]) -> bytes:
+        return _line({"model": self._model, "created_at": _now(), "message": message,
+                      "done": False})
+
+    def opening(self) -> bytes:
+        return b""
+
+    def piece(self, piece: Piece) -> bytes:
+        message = {"role": "assistant", "content": piece.text if piece.kind == "content" else ""}
+        if piece.kind == "thinking":
+            message["thinking"] = piece.text
+        return self._message_line(message)
+
+    def ending(self, ending: Ending) -> list[bytes]:
+        if ending.error is not None:
+            return [_line(error_body(ending.error))]
+        lines = []
+        if ending.tool_calls:  # in a line of their own before the last
+            lines.append(_line({"model": self._model, "created_at": _now(), "done": False,
+                                "message": {"role": "assistant", "content": "",
+                                            "tool_calls": _calls(ending)}}))
+        lines.append(_line(self._final(ending, {"role": "assistant", "content": ""})))
+        return lines
+
+    def whole(self, ending: Ending) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": ending.content}
+        if ending.thinking:
+            message["thinking"] = ending.thinking
+        if ending.tool_calls:
+            message["tool_calls"] = _calls(ending)
+        return self._final(ending, message)
+
+    def _final(self, ending: Ending, message: dict[str, Any]) -> dict[str, Any]:
+        t = ending.timings
+        total_ms = ending.load_ms + t.prompt_ms + t.predicted_ms
+        return {"model": self._model, "created_at": _now(), "message": message, "done": True,
+                "done_reason": "stop" if ending.finish_reason == "tool_calls" else ending.finish_reason,
+                "total_duration": int(total_ms * 1e6),
+                "load_duration": int(ending.load_ms * 1e6), "prompt_eval_count": t.prompt_n,
+                "prompt_eval_duration": int(t.prompt_ms * 1e6), "eval_count": t.predicted_n,
+                "eval_duration": int(t.predicted_ms * 1e6)}
 
 
 def _calls(ending: Ending) -> list[dict[str, Any]]:
@@ -211,18 +201,3 @@ def _calls(ending: Ending) -> list[dict[str, Any]]:
     read and older ones ignore)."""
     return [{"id": call.id, "function": {"name": call.name, "arguments": call.arguments}}
             for call in ending.tool_calls]
-
-
-async def _whole(app: ServeApp, request: Request, connection: Connection, job: Job) -> None:
-    async for item in read_reply(job, connection):
-        if not isinstance(item, Ending):
-            continue
-        if item.error is not None:
-            raise item.error
-        app.remember_calls(item)
-        message: dict[str, Any] = {"role": "assistant", "content": item.content}
-        if item.thinking:
-            message["thinking"] = item.thinking
-        if item.tool_calls:
-            message["tool_calls"] = _calls(item)
-        await app.send_json(request, connection, 200, _final(job, item, message))

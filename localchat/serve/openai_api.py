@@ -16,7 +16,11 @@ additions where clients read them.
   ``tool_calls``) and llama-server's ``timings``, with ``include_usage`` one more chunk with
   ``choices: []`` and the usage, then ``data: [DONE]``. The server never runs a tool.
 - ``usage.prompt_tokens_details.cached_tokens``: the prompt tokens the cache served.
-- Errors: ``{"error": {"message", "type", "param", "code"}}`` with the HTTP status.
+- Errors: ``{"error": {"message", "type", "param", "code"}}`` with the HTTP status (also for a
+  request that cannot be read, whatever its path).
+
+Only the shapes live here (a request's fields -> ``ChatRequest``, a reply's pieces and ending ->
+bytes, an error -> a body); ``exchange`` runs the request and ``routes`` wires the paths.
 """
 
 from __future__ import annotations
@@ -24,36 +28,25 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from localchat.events import Timings
-from localchat.serve.http import Connection, Request
-from localchat.serve.messages import message_list
-from localchat.serve.reply import Ending, Piece, read_reply
-from localchat.serve.request import (
-    ApiError,
-    ChatRequest,
-    bad,
-    field_of,
-    integer,
-    json_object,
-    number,
-    stops,
-    thinking_switch,
-)
+from localchat.serve.chat_request import ChatRequest, read_sampling
+from localchat.serve.fields import field_of, integer, stops, thinking_switch
+from localchat.serve.http_errors import BadRequest, ServeError, bad
+from localchat.serve.model_host import ServedModel
+from localchat.serve.pieces import Ending, Piece
+from localchat.serve.request_messages import message_list
 from localchat.serve.tool_fields import answer_format, tool_choice_of, tools_of
-
-if TYPE_CHECKING:
-    from localchat.serve.app import ServeApp
-    from localchat.serve.scheduler import Job
 
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
-    """A ``/v1/chat/completions`` body as a ChatRequest (ApiError 400 naming the field)."""
+    """A ``/v1/chat/completions`` body as a ChatRequest (BadRequest naming the field)."""
     if body.get("n") not in (None, 1):
         raise bad("n", "must be 1: localchat serve answers with one choice")
     if body.get("logprobs"):
-        raise ApiError(400, "logprobs are not supported by localchat serve", param="logprobs")
+        raise BadRequest("logprobs are not supported by localchat serve", "logprobs")
     shape = answer_format(field_of(body, "response_format", dict), "response_format")
     tools = tools_of(body)
     options = field_of(body, "stream_options", dict) or {}
@@ -63,15 +56,8 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         model=field_of(body, "model", str),
         messages=message_list(body, _content),
         stream=bool(field_of(body, "stream", bool)),
-        max_tokens=max_tokens if max_tokens is not None else integer(body, "max_tokens", 1),
-        temperature=number(body, "temperature", 0, 2),
-        top_p=number(body, "top_p", 0, 1),
-        top_k=integer(body, "top_k", 0),
-        min_p=number(body, "min_p", 0, 1),
-        repeat_penalty=number(body, "repeat_penalty", 0.01, 10),
-        frequency_penalty=number(body, "frequency_penalty", -2, 2),
-        presence_penalty=number(body, "presence_penalty", -2, 2),
-        seed=integer(body, "seed", -(2**63), high=2**63 - 1),
+        sampling=read_sampling(body, "", max_tokens if max_tokens is not None
+                               else integer(body, "max_tokens", 1)),
         stop=stops(body, "stop"),
         thinking=thinking_switch(template_kwargs.get("enable_thinking"),
                                  "chat_template_kwargs.enable_thinking"),
@@ -97,8 +83,8 @@ def _content(message: dict[str, Any], where: str) -> str:
             raise bad(at, "must be an object such as {\"type\": \"text\", \"text\": ...}")
         kind = part.get("type")
         if kind != "text":
-            raise ApiError(400, f"{at}: content of type {kind!r} is not supported by localchat "
-                                "serve (text only)", param=at + ".type")
+            raise BadRequest(f"{at}: content of type {kind!r} is not supported by localchat "
+                             "serve (text only)", at + ".type")
         text = field_of(part, "text", str, at + ".")
         texts.append(text or "")
     return "".join(texts)
@@ -106,18 +92,18 @@ def _content(message: dict[str, Any], where: str) -> str:
 
 # -- answers -----------------------------------------------------------------------------------
 
-def error_body(error: ApiError) -> dict[str, Any]:
+def error_body(error: ServeError) -> dict[str, Any]:
     return {"error": {"message": error.message, "type": error.kind, "param": error.param,
                       "code": error.code}}
 
 
-def models_body(app: ServeApp) -> dict[str, Any]:
+def models_body(models: list[ServedModel]) -> dict[str, Any]:
     return {"object": "list", "data": [
         {"id": model.name, "object": "model", "created": _mtime(model.path),
-         "owned_by": "localchat"} for model in app.host.refresh()]}
+         "owned_by": "localchat"} for model in models]}
 
 
-def _mtime(path: Any) -> int:
+def _mtime(path: Path) -> int:
     try:
         return int(path.stat().st_mtime)
     except OSError:
@@ -141,76 +127,53 @@ def server_timings(t: Timings) -> dict[str, Any]:
             "predicted_per_second": round(t.predicted_per_second, 3)}
 
 
-async def chat_completions(app: ServeApp, request: Request, connection: Connection) -> None:
-    chat = parse_chat(json_object(request.body))
-    job = app.start_job(chat, connection)
-    ids = (f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), job.model.name)
-    if chat.stream:
-        await _stream(app, request, connection, job, ids)
-    else:
-        await _whole(app, request, connection, job, ids)
-
-
-def _chunk(ids: tuple[str, int, str], delta: dict[str, Any], finish: str | None = None,
-           **extra: Any) -> bytes:
-    body = {"id": ids[0], "object": "chat.completion.chunk", "created": ids[1], "model": ids[2],
-            "system_fingerprint": "localchat",
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-            **extra}
-    return _event(body)
-
-
 def _event(body: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(body, ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
-async def _stream(app: ServeApp, request: Request, connection: Connection, job: Job,
-                  ids: tuple[str, int, str]) -> None:
-    started = False
-    async for item in read_reply(job, connection):
-        if not started:
-            await app.start_stream(request, connection, "text/event-stream")
-            await connection.write(_chunk(ids, {"role": "assistant", "content": ""}))
-            started = True
-        if isinstance(item, Piece):
-            key = "content" if item.kind == "content" else "reasoning_content"
-            await connection.write(_chunk(ids, {key: item.text}))
-            continue
-        app.remember_calls(item)
-        for index, call in enumerate(item.tool_calls):
-            await connection.write(_chunk(ids, {"tool_calls": [{"index": index, **call.to_openai()}]}))
-        await connection.write(_last_chunks(ids, item, job.request.include_usage))
-        await connection.end_stream()
+_DONE = b"data: [DONE]\n\n"
 
 
-def _last_chunks(ids: tuple[str, int, str], ending: Ending, include_usage: bool) -> bytes:
-    if ending.error is not None:
-        return _event(error_body(ending.error)) + b"data: [DONE]\n\n"
-    out = _chunk(ids, {}, ending.finish_reason, timings=server_timings(ending.timings))
-    if include_usage:
-        out += _event({"id": ids[0], "object": "chat.completion.chunk", "created": ids[1],
-                       "model": ids[2], "system_fingerprint": "localchat", "choices": [],
-                       "usage": usage(ending.timings)})
-    return out + b"data: [DONE]\n\n"
+class ChatShape:
+    """One ``chat.completion`` (or its chunks) for ``chat``, answered by ``model``
+    (``exchange.ReplyShape``)."""
 
+    stream_type = "text/event-stream"
 
-async def _whole(app: ServeApp, request: Request, connection: Connection, job: Job,
-                 ids: tuple[str, int, str]) -> None:
-    async for item in read_reply(job, connection):
-        if not isinstance(item, Ending):
-            continue
-        if item.error is not None:
-            raise item.error
-        app.remember_calls(item)
+    def __init__(self, chat: ChatRequest, model: ServedModel) -> None:
+        self._head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion.chunk",
+                      "created": int(time.time()), "model": model.name,
+                      "system_fingerprint": "localchat"}
+        self._include_usage = chat.include_usage
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        return _event({**self._head, "choices": [
+            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra})
+
+    def opening(self) -> bytes:
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def piece(self, piece: Piece) -> bytes:
+        return self._chunk({"content" if piece.kind == "content" else "reasoning_content": piece.text})
+
+    def ending(self, ending: Ending) -> list[bytes]:
+        calls = [self._chunk({"tool_calls": [{"index": index, **call.to_openai()}]})
+                 for index, call in enumerate(ending.tool_calls)]
+        if ending.error is not None:
+            return [*calls, _event(error_body(ending.error)) + _DONE]
+        last = self._chunk({}, ending.finish_reason, timings=server_timings(ending.timings))
+        if self._include_usage:
+            last += _event({**self._head, "choices": [], "usage": usage(ending.timings)})
+        return [*calls, last + _DONE]
+
+    def whole(self, ending: Ending) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant",
-                                   "content": item.content or (None if item.tool_calls else "")}
-        if item.thinking:
-            message["reasoning_content"] = item.thinking
-        if item.tool_calls:
-            message["tool_calls"] = [call.to_openai() for call in item.tool_calls]
-        body = {"id": ids[0], "object": "chat.completion", "created": ids[1], "model": ids[2],
-                "system_fingerprint": "localchat",
+                                   "content": ending.content or (None if ending.tool_calls else "")}
+        if ending.thinking:
+            message["reasoning_content"] = ending.thinking
+        if ending.tool_calls:
+            message["tool_calls"] = [call.to_openai() for call in ending.tool_calls]
+        return {**self._head, "object": "chat.completion",
                 "choices": [{"index": 0, "message": message, "logprobs": None,
-                             "finish_reason": item.finish_reason}],
-                "usage": usage(item.timings), "timings": server_timings(item.timings)}
-        await app.send_json(request, connection, 200, body)
+                             "finish_reason": ending.finish_reason}],
+                "usage": usage(ending.timings), "timings": server_timings(ending.timings)}

@@ -21,20 +21,12 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import socket
-from dataclasses import dataclass
 
 from localchat.serve.http import Request
+from localchat.serve.http_errors import Refused
 
 # Routes a load balancer or a client's "is it up?" probe calls without a key.
 PUBLIC_PATHS = frozenset({"/", "/health", "/v1/health"})
-
-
-@dataclass(frozen=True)
-class Refusal:
-    status: int
-    message: str
-    code: str
-    headers: dict[str, str]
 
 
 def is_loopback(host: str) -> bool:
@@ -77,21 +69,21 @@ class Gate:
     def has_key(self) -> bool:
         return self._key is not None
 
-    def refuse(self, request: Request) -> Refusal | None:
+    def refuse(self, request: Request) -> Refused | None:
         """Why ``request`` must not be served (403 or 401), or None."""
         host = host_of(request.headers.get("host", "")).lower()
         if request.headers.get("host") is not None and not self._host_allowed(host):
-            return Refusal(403, f"the Host header {host!r} is not this server's (requests must "
-                                "name localhost or a loopback address)", "forbidden_host", {})
+            return Refused(403, f"the Host header {host!r} is not this server's (requests must "
+                               "name localhost or a loopback address)", "forbidden_host")
         origin = request.headers.get("origin")
         if origin is not None and not self.origin_allowed(origin):
-            return Refusal(403, f"requests from the web origin {origin!r} are not allowed; start "
-                                f"serve with --cors-origin {origin} to allow them",
-                           "forbidden_origin", {})
+            return Refused(403, f"requests from the web origin {origin!r} are not allowed; start "
+                               f"serve with --cors-origin {origin} to allow them",
+                           "forbidden_origin")
         needs_key = (self._key is not None and request.path not in PUBLIC_PATHS
                      and request.method != "OPTIONS")
         if needs_key and not self._key_matches(request.headers.get("authorization", "")):
-            return Refusal(401, "a valid API key is required: send Authorization: Bearer KEY",
+            return Refused(401, "a valid API key is required: send Authorization: Bearer KEY",
                            "invalid_api_key", {"WWW-Authenticate": "Bearer"})
         return None
 

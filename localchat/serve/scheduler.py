@@ -27,12 +27,11 @@ from dataclasses import dataclass
 
 from localchat.errors import UserError
 from localchat.events import Done, Failed, Thinking, Token, Turn
-from localchat.serve.models import ModelHost, ServedModel
-from localchat.serve.request import ApiError, ChatRequest
+from localchat.serve.chat_request import ChatRequest
+from localchat.serve.http_errors import SHUTTING_DOWN, Busy, ShuttingDown
+from localchat.serve.model_host import ModelHost, ServedModel
 
 log = logging.getLogger(__name__)
-
-SHUTTING_DOWN = "the server is shutting down"
 
 
 @dataclass(frozen=True)
@@ -121,17 +120,14 @@ class Scheduler:
             return self._running is None and not any(not j.cancelled for j in self._waiting)
 
     def submit(self, job: Job) -> None:
-        """Queue ``job``; ApiError 503 (with Retry-After) when ``max_queue`` already wait, or
-        when the server is shutting down."""
+        """Queue ``job``; Busy (503, with Retry-After) when ``max_queue`` already wait,
+        ShuttingDown when the server is stopping."""
         with self._cond:
             if self._closed:
-                raise ApiError(503, SHUTTING_DOWN, code="shutting_down", kind="server_error")
+                raise ShuttingDown()
             waiting = sum(1 for j in self._waiting if not j.cancelled)
             if waiting + (self._running is not None) > self.max_queue:  # one runs, the rest wait
-                seconds = self._retry_after(waiting)
-                raise ApiError(503, f"the server is busy: {waiting} requests are waiting; try "
-                                    f"again in {seconds} s", code="queue_full", kind="server_error",
-                               headers={"Retry-After": str(seconds)})
+                raise Busy(waiting, self._retry_after(waiting))
             self._waiting.append(job)
             self._cond.notify()
 
@@ -190,7 +186,7 @@ class Scheduler:
             job.deliver(Failed(str(exc), code="model_not_loaded"))
             return
         job.deliver(Started(job.model.name, load_ms))
-        sampling = job.request.sampling(self.host.sampling)
+        sampling = job.request.sampling_over(self.host.sampling)
         turn = engine.submit(job.request.messages, sampling, pool=pool)
         job.attach(turn)
         for event in turn:

@@ -32,7 +32,8 @@ from typing import Any
 from localchat.errors import FormatError
 from localchat.formats import AnswerFormat, json_format, schema_format
 from localchat.reply.calls import ToolCall, nine_character_id
-from localchat.serve.request import ApiError, bad, field_of
+from localchat.serve.fields import field_of
+from localchat.serve.http_errors import BadRequest, bad
 
 MAX_TOOLS = 128
 REMEMBERED = 1024  # replies with calls kept for exact rendering (a few KB each)
@@ -162,7 +163,7 @@ def answer_format(value: Any, param: str) -> AnswerFormat | None:
         if isinstance(value, dict):  # Ollama: the schema itself
             return schema_format(value)
     except FormatError as exc:
-        raise ApiError(400, f"{param}: {exc}", param=param) from None
+        raise BadRequest(f"{param}: {exc}", param) from None
     raise bad(param, f"must be \"json\" or a JSON Schema object, not {json.dumps(value)[:40]}")
 
 

@@ -33,7 +33,7 @@ from localchat.models.registry import (
     load_registry,
     local_path,
 )
-from localchat.serve.request import ApiError
+from localchat.serve.http_errors import NotFound
 from localchat.settings import Settings
 
 
@@ -108,7 +108,7 @@ class ModelHost:
         return self.resolve(self.pinned.name if self.pinned else self.config.default_model)
 
     def resolve(self, asked: str | None) -> ServedModel:
-        """The served model ``asked`` names (None or "": the default); ApiError 404 otherwise."""
+        """The served model ``asked`` names (None or "": the default); NotFound (404) otherwise."""
         if not asked:
             return self.default()
         for refreshed in (False, True):
@@ -117,7 +117,7 @@ class ModelHost:
             for model in self.catalogue:
                 if model.answers_to(asked):
                     return model
-        raise ApiError(404, self._not_found(asked), param="model", code="model_not_found")
+        raise NotFound(self._not_found(asked), code="model_not_found", param="model")
 
     def _not_found(self, asked: str) -> str:
         if asked.startswith(HF_PREFIX) or "/" in asked or "\\" in asked or asked.endswith(".gguf"):

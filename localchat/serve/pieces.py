@@ -1,7 +1,7 @@
 """One request's reply as both APIs write it: the job's events read on the event loop as text
 pieces (reasoning apart from the answer), stop strings applied, and one ending with the finish
-reason and timings. A failure before any text is an :class:`ApiError`, so it can still be an
-HTTP error status; the API modules only format what they get here.
+reason and timings. A failure before any text is raised (``http_errors.ReplyFailed``), so it can
+still be an HTTP error status; ``exchange`` hands what comes here to the API's shape.
 
 Stop strings (OpenAI's and Ollama's ``stop``) end the answer where one first appears: the text
 that could be the start of one is held back until it is clear, the stop string itself is never
@@ -23,11 +23,8 @@ from typing import Literal
 from localchat.events import Done, Failed, Thinking, Timings, Token
 from localchat.reply.calls import ToolCall
 from localchat.serve.http import Connection
-from localchat.serve.request import ApiError
-from localchat.serve.scheduler import SHUTTING_DOWN, Job, Started
-
-# Failure codes (events.Failed.code) and the HTTP status each answers with.
-_STATUS = {"context_length_exceeded": 400, "shutting_down": 503, "model_not_loaded": 500}
+from localchat.serve.http_errors import ApiError, ReplyFailed, ShuttingDown
+from localchat.serve.scheduler import Job, Started
 
 
 @dataclass(frozen=True)
@@ -76,18 +73,11 @@ class StopMatcher:
         return held
 
 
-def failure(event: Failed) -> ApiError:
-    status = _STATUS.get(event.code, 500)
-    kind = "invalid_request_error" if status == 400 else "server_error"
-    return ApiError(status, event.message, code=event.code or None, kind=kind,
-                    param="messages" if event.code == "context_length_exceeded" else None)
-
-
 GONE = object()  # put on a job's queue when its client has gone
 
 
 async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | Ending]:
-    """The reply's pieces, then its Ending. Raises ApiError for a failure before any piece, and
+    """The reply's pieces, then its Ending. Raises ReplyFailed for a failure before any piece, and
     ConnectionResetError when the client has gone (the job is cancelled then)."""
     def gone() -> None:
         job.cancel()
@@ -121,8 +111,9 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
                     yield Piece("content", text)
             elif isinstance(event, Failed):
                 if not sent_any:
-                    raise failure(event)
-                yield _ending(event, Timings(), content, thinking, started, failure(event))
+                    raise ReplyFailed(event.message, event.code)
+                yield _ending(event, Timings(), content, thinking, started,
+                              ReplyFailed(event.message, event.code))
                 return
             elif isinstance(event, Done):
                 if not stopped and (rest := stops.flush()):
@@ -134,7 +125,7 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
                     yield Piece("content", broken)
                 error = None
                 if event.finish_reason == "aborted" and not stopped and job.shutting_down:
-                    error = ApiError(503, SHUTTING_DOWN, code="shutting_down", kind="server_error")
+                    error = ShuttingDown()
                 yield _ending(event, event.timings, content, thinking, started, error, stopped)
                 return
     finally:

@@ -1,17 +1,22 @@
 """A request's ``messages`` as the chat history's dicts: the API's own content shapes read by the
 caller, an assistant message's ``tool_calls`` and each ``tool`` result checked against the calls
-it answers (``tool_fields``). Apart from ``request`` so that ``tool_fields`` can use its checkers
-without an import cycle."""
+it answers (``tool_fields``).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from localchat.serve.request import ROLES, bad, field_of, shown
+from localchat.serve.fields import field_of, shown
+from localchat.serve.http_errors import bad
 from localchat.serve.tool_fields import calls_of, tool_result
 
+ROLES = ("system", "user", "assistant", "tool")
 
-def message_list(obj: dict[str, Any], content_of: Any) -> list[dict[str, Any]]:
+
+def message_list(obj: dict[str, Any],
+                 content_of: Callable[[dict[str, Any], str], str]) -> list[dict[str, Any]]:
     """``messages``: a non-empty array of ``{"role", "content"}`` with known roles; each
     message's text is ``content_of(message, "messages[i].")`` (the API's own content shapes);
     an assistant message may carry ``tool_calls`` and a ``tool`` message answers one."""

@@ -1,0 +1,84 @@
+"""What each path answers: ``GET /``, ``GET /health`` (llama-server's), the OpenAI API (``GET
+/v1/models``, ``POST /v1/chat/completions``, also without ``/v1``) and the Ollama API (``GET
+/api/tags``, ``GET /api/version``, ``POST /api/show``, ``POST /api/chat``). The chats run
+through the one ``exchange``, each in its API's shape; errors take the shape of the API the
+path belongs to (:func:`error_body`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from localchat.serve import ollama_api, openai_api
+from localchat.serve.exchange import Exchange
+from localchat.serve.fields import json_object
+from localchat.serve.http import Request
+from localchat.serve.http_errors import MethodNotAllowed, NotFound, ServeError
+from localchat.serve.respond import Responder
+
+Route = Callable[[Exchange, Responder], Awaitable[None]]
+
+
+async def _root(exchange: Exchange, out: Responder) -> None:
+    await out.send(200, b"localchat is running", "text/plain; charset=utf-8")
+
+
+async def _health(exchange: Exchange, out: Responder) -> None:
+    await out.send_json(200, {"status": "ok"})
+
+
+async def _models(exchange: Exchange, out: Responder) -> None:
+    await out.send_json(200, openai_api.models_body(exchange.host.refresh()))
+
+
+async def _tags(exchange: Exchange, out: Responder) -> None:
+    await out.send_json(200, ollama_api.tags_body(exchange.host.refresh()))
+
+
+async def _version(exchange: Exchange, out: Responder) -> None:
+    await out.send_json(200, ollama_api.version_body())
+
+
+async def _show(exchange: Exchange, out: Responder) -> None:
+    await out.send_json(200, ollama_api.show_body(exchange.host, json_object(out.request.body)))
+
+
+async def _chat_completions(exchange: Exchange, out: Responder) -> None:
+    chat = openai_api.parse_chat(json_object(out.request.body))
+    await exchange.answer(chat, openai_api.ChatShape, out)
+
+
+async def _ollama_chat(exchange: Exchange, out: Responder) -> None:
+    chat = ollama_api.parse_chat(json_object(out.request.body))
+    await exchange.answer(chat, ollama_api.ChatShape, out)
+
+
+ROUTES: dict[str, dict[str, Route]] = {
+    "/": {"GET": _root, "HEAD": _root},
+    "/health": {"GET": _health}, "/v1/health": {"GET": _health},
+    "/v1/models": {"GET": _models}, "/models": {"GET": _models},
+    "/v1/chat/completions": {"POST": _chat_completions},
+    "/chat/completions": {"POST": _chat_completions},
+    "/api/tags": {"GET": _tags}, "/api/version": {"GET": _version},
+    "/api/show": {"POST": _show}, "/api/chat": {"POST": _ollama_chat},
+}
+
+
+def route_for(request: Request) -> Route:
+    """What answers ``request``: NotFound (404) for no such path, MethodNotAllowed (405)."""
+    methods = ROUTES.get(request.path)
+    if methods is None:
+        raise NotFound(f"no such route: {request.method} {request.path}", code="not_found")
+    route = methods.get(request.method)
+    if route is None:
+        raise MethodNotAllowed(request.path, request.method, list(methods))
+    return route
+
+
+def error_body(error: ServeError, path: str = "") -> dict[str, Any]:
+    """``error`` in the shape of the API ``path`` belongs to: Ollama's under ``/api/``, OpenAI's
+    elsewhere (and for a request that could not be read, which has no path)."""
+    if path.startswith("/api/"):
+        return ollama_api.error_body(error)
+    return openai_api.error_body(error)
