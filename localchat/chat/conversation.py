@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict, cast
 from localchat.chat import tool_turn
 from localchat.chat.escalation import Escalation
 from localchat.chat.snapshots import SnapshotEngine
-from localchat.context.chat_context import ChatContext, Message
+from localchat.context.chat_context import ChatContext
 from localchat.context.keeper import ContextEngine
+from localchat.context.message import Message
 from localchat.errors import UserError
 from localchat.events import Done, Failed, Notice, Timings, Turn
 from localchat.reply.reasoning import strip_reasoning

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the escalator itself pulls in httpx: only the caller that has one imports it
-    from localchat.context.chat_context import TurnEngine
+    from localchat.context.turn_engine import TurnEngine
     from localchat.engine.options import Sampling
     from localchat.events import Turn
     from localchat.remote.escalate import Escalator, Route

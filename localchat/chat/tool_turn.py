@@ -41,7 +41,8 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING
 
-from localchat.context.chat_context import ChatContext, Message, TurnRouter
+from localchat.context.chat_context import ChatContext, TurnRouter
+from localchat.context.message import Message
 from localchat.events import (
     Done,
     Event,

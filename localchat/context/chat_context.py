@@ -10,56 +10,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from localchat.context.budget import draft_may_be_prefilled
 from localchat.context.draft import DraftPrefill
+from localchat.context.keeper import ContextKeeper
+from localchat.context.message import Message
+from localchat.context.turn_engine import TurnEngine
 from localchat.engine.options import Sampling
 from localchat.engine.turn import TurnHandle
 from localchat.events import Done, Failed, Turn
-from localchat.reply.calls import ToolCall, ToolResult, assistant_message
-
-if TYPE_CHECKING:
-    from localchat.context.keeper import ContextKeeper
-
-
-@dataclass
-class Message:
-    role: str  # "user" | "assistant" | "tool"
-    content: str  # a reply as the model wrote it (calls and markers included); a tool's result
-    stopped: bool = False  # a reply the user interrupted (kept, marked)
-    tool_calls: tuple[ToolCall, ...] = ()  # the calls an assistant reply asked for
-    tool_call_id: str = ""  # a tool result: the call it answers
-    name: str = ""  # a tool result: the tool's name
-
-    def as_dict(self) -> dict[str, Any]:
-        """The message as templates and OpenAI's API take it (``tool_calls``, ``tool`` role)."""
-        if self.role == "tool":
-            return ToolResult(self.tool_call_id, self.name, self.content).to_message()
-        if self.tool_calls:
-            return assistant_message(self.content, list(self.tool_calls))
-        return {"role": self.role, "content": self.content}
-
-
-class TurnEngine(Protocol):
-    """What a ChatContext needs from an engine: turns, and the cache prepared ahead of one.
-    ``engine.Engine`` implements it, and so does the scripted fake of the UI tests; the context
-    keeper (``keeper.ContextEngine``) and the KV snapshots (``chat.snapshots.SnapshotEngine``)
-    need more of the same engine."""
-
-    @property
-    def n_params(self) -> int | None:
-        """The local model's parameter count, which sets how readily a turn escalates (None:
-        unknown)."""
-        ...
-
-    def submit(self, messages: list[dict[str, str]], sampling: Sampling | None = None) -> Turn: ...
-
-    def prepare(self, messages: list[dict[str, str]],
-                tools: tuple[dict[str, Any], ...] = ()) -> TurnHandle: ...
-
-    def stop(self) -> None: ...
+from localchat.reply.calls import ToolResult
 
 
 class TurnRouter(Protocol):

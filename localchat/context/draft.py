@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
+from localchat.context.turn_engine import TurnEngine
 from localchat.events import Done, Failed
 
 if TYPE_CHECKING:
-    from localchat.context.chat_context import ChatContext
     from localchat.engine.turn import TurnHandle
 
 log = logging.getLogger(__name__)
@@ -41,10 +41,22 @@ MAX_STEP_CHARS = 8000
 CHARS_PER_TOKEN = 4  # English prose; only step sizes depend on it, never what is reused
 
 
+class DraftHost(Protocol):
+    """What a draft's prefill needs from its conversation (``ChatContext`` is one): the engine
+    whose cache it prepares, the messages a draft means (None: not now) and the tools to render."""
+
+    @property
+    def engine(self) -> TurnEngine: ...
+
+    def draft_messages(self, draft: str) -> list[dict[str, str]] | None: ...
+
+    def tools_for_prefill(self) -> tuple[dict[str, Any], ...]: ...
+
+
 class DraftPrefill:
     """The background prefill of one session's draft. ``update`` and ``cancel`` from any thread."""
 
-    def __init__(self, session: ChatContext) -> None:
+    def __init__(self, session: DraftHost) -> None:
         self.session = session
         self._lock = threading.Lock()
         self._wanted = ""  # the draft as last typed

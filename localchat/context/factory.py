@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from localchat.context.budget import ContextSettings
-from localchat.context.chat_context import ChatContext, Message
+from localchat.context.chat_context import ChatContext
 from localchat.context.keeper import ContextEngine, ContextKeeper
+from localchat.context.message import Message
 from localchat.engine.options import Sampling
 from localchat.settings import ContextSection, Settings
 

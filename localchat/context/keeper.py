@@ -1,5 +1,8 @@
 """ContextKeeper: applies the budget policy (budget.py) to a live ChatContext and engine.
 
+It takes the conversation as a ``ConversationWindow`` (what it reads and moves of a
+``ChatContext``), so the ``ChatContext`` that holds a keeper is not imported here.
+
 Before each turn it measures the context from the engine's exact per-message token records,
 asks ``plan_turn`` what to drop, and moves the session's window (the engine then removes those
 turns from its KV cache by shifting: the one approximation, used by this conversation only).
@@ -12,8 +15,10 @@ prompt; the engine prefills from there in the background (see ``_install``).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from localchat.context.budget import (
     ContextLayout,
@@ -24,13 +29,13 @@ from localchat.context.budget import (
     plan_turn,
     should_prepare_summary,
 )
-from localchat.context.chat_context import TurnEngine
+from localchat.context.message import Message
 from localchat.context.oversized_message import head_tail_cut, marker_text
+from localchat.context.turn_engine import TurnEngine
 from localchat.engine.options import Sampling
 from localchat.events import Done, Failed, Timings, Turn
 
 if TYPE_CHECKING:
-    from localchat.context.chat_context import ChatContext
     from localchat.engine.layout import CachedMessage
 
 SUMMARY_INSTRUCTION = (
@@ -80,6 +85,31 @@ class ContextEngine(TurnEngine, Protocol):
                background: bool = False) -> Turn: ...
 
 
+class ConversationWindow(Protocol):
+    """What the keeper reads and moves of a conversation (``ChatContext`` is one): its history,
+    the window the model sees of it (the first visible message, the summary and whether the
+    summary is shown), and the lock that guards them against a background summary swap."""
+
+    summary: str
+    summary_in_context: bool
+    first_visible: int
+
+    @property
+    def system(self) -> str: ...
+
+    @property
+    def history(self) -> Sequence[Message]: ...
+
+    @property
+    def state_lock(self) -> AbstractContextManager[Any]: ...
+
+    def model_messages(self) -> list[dict[str, str]]:
+        """What the model is shown now: system prompt, summary, the visible turns."""
+        ...
+
+    def tools_for_prefill(self) -> tuple[dict[str, Any], ...]: ...
+
+
 class ContextKeeper:
     def __init__(self, engine: ContextEngine, settings: ContextSettings) -> None:
         self.engine = engine
@@ -107,7 +137,7 @@ class ContextKeeper:
 
     # -- before a turn ---------------------------------------------------------------------------
 
-    def make_room(self, session: ChatContext, text: str) -> tuple[str, str | None]:
+    def make_room(self, session: ConversationWindow, text: str) -> tuple[str, str | None]:
         """Trim the session's window so ``text`` and its reply fit. Returns (text to send, which
         may carry a visible cut marker; a refusal message or None)."""
         overhead = self.engine.template_overhead()
@@ -130,7 +160,7 @@ class ContextKeeper:
         self.last_plan = plan
         return text, None
 
-    def _apply(self, session: ChatContext, plan: TurnPlan) -> None:
+    def _apply(self, session: ConversationWindow, plan: TurnPlan) -> None:
         if plan.drop:
             session.first_visible = _position_of_exchange(session, plan.drop.stop)
         if plan.summary_action == "remove":
@@ -146,7 +176,7 @@ class ContextKeeper:
 
     # -- measuring -------------------------------------------------------------------------------
 
-    def _exact_layout(self, session: ChatContext, text: str, new_tokens: int) -> ContextLayout:
+    def _exact_layout(self, session: ConversationWindow, text: str, new_tokens: int) -> ContextLayout:
         """The layout, corrected to the exact prompt length when the KV records cannot give it
         (first turn, after a restore): per-message estimates miss what a template adds on its
         own, such as a default system prompt when none is set."""
@@ -160,12 +190,12 @@ class ContextKeeper:
             return layout
         return replace(layout, system_tokens=layout.system_tokens + exact - estimate)
 
-    def layout(self, session: ChatContext) -> ContextLayout:
+    def layout(self, session: ConversationWindow) -> ContextLayout:
         """The context as the policy sees it: exact token counts from the engine's KV records
         when they match the session's window, estimates otherwise (e.g. right after a restore)."""
         return self._measure(session)[0]
 
-    def _measure(self, session: ChatContext) -> tuple[ContextLayout, bool, list[dict[str, str]]]:
+    def _measure(self, session: ConversationWindow) -> tuple[ContextLayout, bool, list[dict[str, str]]]:
         """(layout, whether its counts came from the KV records, the window it measured)."""
         messages = session.model_messages()
         records = self.engine.cached_messages()
@@ -195,7 +225,7 @@ class ContextKeeper:
 
     # -- after a turn ----------------------------------------------------------------------------
 
-    def after_reply(self, session: ChatContext) -> None:
+    def after_reply(self, session: ConversationWindow) -> None:
         """After a reply: start writing the next summary if one is due (it is swapped in as
         soon as it is written, see ``_install``)."""
         with self._lock:
@@ -214,7 +244,7 @@ class ContextKeeper:
         handle = self.engine.submit(messages, sampling, background=True)
         handle.on_finish(lambda event: self._summary_finished(session, request, event, generation))
 
-    def _summary_finished(self, session: ChatContext, request: SummaryRequest,
+    def _summary_finished(self, session: ConversationWindow, request: SummaryRequest,
                           event: Done | Failed, generation: int) -> None:
         text = event.answer.strip() if isinstance(event, Done) and event.finish_reason != "aborted" else ""
         if text:
@@ -228,7 +258,7 @@ class ContextKeeper:
                 return
         self._install(session, request.through, text, self.engine.count_tokens(text), generation)
 
-    def _install(self, session: ChatContext, through: int, text: str, tokens: int,
+    def _install(self, session: ConversationWindow, through: int, text: str, tokens: int,
                  generation: int) -> None:
         """Swap the prepared summary in: the window drops the turns it covers and shows the
         summary after the system prompt. Nothing is inserted before cached cells (they would not
@@ -250,7 +280,7 @@ class ContextKeeper:
             tools = session.tools_for_prefill()
         self.engine.prepare(messages, tools).on_finish(self._installed)
 
-    def _trim_ahead(self, session: ChatContext) -> None:
+    def _trim_ahead(self, session: ConversationWindow) -> None:
         """For a model whose memory cannot drop turns (recurrent, hybrid), a trim means
         prefilling the kept turns again. Do it now, in the background, when the next message
         of the usual size would not fit, so that message does not wait for it."""
@@ -302,7 +332,7 @@ def _records_match(records: list, messages: list[dict[str, str]]) -> bool:
     return len(records) >= len(messages) and all(r.matches(m) for r, m in zip(records, messages))
 
 
-def _position_of_exchange(session: ChatContext, exchange: int) -> int:
+def _position_of_exchange(session: ConversationWindow, exchange: int) -> int:
     """History index of the ``exchange``-th user message (len(history) when there is none)."""
     seen = -1
     for position, message in enumerate(session.history):
@@ -313,5 +343,5 @@ def _position_of_exchange(session: ChatContext, exchange: int) -> int:
     return len(session.history)
 
 
-def _exchange_of_position(session: ChatContext, position: int) -> int:
+def _exchange_of_position(session: ConversationWindow, position: int) -> int:
     return sum(1 for m in session.history[:position] if m.role == "user")

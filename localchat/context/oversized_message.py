@@ -10,18 +10,34 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, overload
+from typing import Protocol, overload
 
 from localchat.settings import OverlongPolicy
-
-if TYPE_CHECKING:  # budget imports this module; the settings are only read here
-    from localchat.context.budget import ContextSettings
 
 # Tokens budgeted for the cut marker when the caller has not measured it. "[… 12,345 tokens cut …]"
 # on its own line is 10-14 tokens with common BPE vocabularies; 16 leaves slack.
 DEFAULT_MARKER_TOKENS = 16
 # Fewer kept tokens than this would be a marker with almost nothing around it: refuse instead.
 MIN_KEPT_TOKENS = 2
+
+
+class OverlongSettings(Protocol):
+    """The context settings an oversized message is judged by (``budget.ContextSettings`` has
+    them): the context size, the reply reserve, the user's policy and the cut marker's text."""
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def reply_reserve(self) -> int: ...
+
+    @property
+    def overlong(self) -> OverlongPolicy: ...
+
+    @property
+    def overlong_marker(self) -> str:
+        """The marker's text; ``{cut}`` in it stands for the number of tokens cut."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -68,7 +84,7 @@ class OverlongDecision:
 
 
 def overlong_message(
-    settings: ContextSettings,
+    settings: OverlongSettings,
     system_tokens: int,
     message_tokens: int,
     *,
@@ -102,7 +118,7 @@ def overlong_message(
     return OverlongDecision("refuse", **numbers)
 
 
-def marker_text(settings: ContextSettings, cut_tokens: int) -> str:
+def marker_text(settings: OverlongSettings, cut_tokens: int) -> str:
     """The visible marker for a cut of ``cut_tokens`` tokens, on its own line.
 
     Tokenize this text to learn ``marker_tokens``; measuring it with the message's full length
