@@ -99,8 +99,10 @@ class ActiveTurn:
 
 
 class Turns:
-    """The turn in flight: sending a message, running it on a worker thread, showing its events
-    as they arrive (paced to the frame rate), and stopping it. At most one runs at a time.
+    """The turn in flight: sending a message (or queueing it in ``queue`` while a reply streams
+    or the model loads, and sending the oldest when the engine is free), running it on a worker
+    thread, showing its events as they arrive (paced to the frame rate), and stopping it. At
+    most one runs at a time.
 
     Threads: the generation worker also commits the finished reply to the store before the UI
     hears that it is done, so the screen never shows as saved what is not.
