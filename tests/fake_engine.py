@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from fake_tools import ToolRound
 
     from localchat.engine.engine import Engine
-    from localchat.tui.model_state import AppEngine
+    from localchat.tui.app_engine import AppEngine
 
 ReplyScript = str | Callable[[list[dict[str, str]]], str]
 

@@ -327,8 +327,8 @@ async def test_the_chosen_theme_is_remembered(store):
 
 
 async def test_help_opens_with_f1_and_lists_every_command(store):
-    from localchat.tui.commands import COMMANDS
     from localchat.tui.screens import HelpScreen
+    from localchat.tui.slash_commands import COMMANDS
 
     app = make_app(store, FakeEngine())
     async with app.run_test(size=SIZE) as pilot:

@@ -128,7 +128,7 @@ async def test_a_stored_json_reply_reopens_as_a_json_block(store):
 
 
 async def test_format_completes_its_keywords(store):
-    from localchat.tui.commands import completions
+    from localchat.tui.slash_commands import completions
 
     assert [c.text for c in completions("/format j")] == ["/format json"]
     assert [c.text for c in completions("/format ")] == ["/format json", "/format off"]

@@ -11,7 +11,7 @@ from localchat.chat.conversation import Conversation
 from localchat.errors import UserError
 from localchat.events import Loaded, Notice, PrefillProgress, Timings, Token
 from localchat.store import Store
-from localchat.tui import commands
+from localchat.tui import slash_commands as commands
 from localchat.tui.messages import TokenRun, TurnMailbox
 from localchat.tui.pacing import FrameBudget, FramePacer
 from localchat.tui.status import LiveMeter, StatusInfo, backend_label, render_status

@@ -1,7 +1,7 @@
 """A stand-in engine that streams a fixed reply at a set speed, for measuring what the app does
 with replies the test model would never write (2,000 tokens of Markdown with code, lists and
 tables). No model is loaded and its thread sleeps between tokens, so what is measured is the
-app's side. It implements the app's engine protocols (``tui.model_state.AppEngine``): its
+app's side. It implements the app's engine protocols (``tui.app_engine.AppEngine``): its
 "tokenizer" is the token-sized pieces below, and its "KV cache" holds the last turn's pieces, as
 a record the context keeper and the snapshots can read.
 
@@ -26,7 +26,7 @@ from localchat.events import Done, Loaded, PrefillProgress, RouteChanged, Timing
 
 if TYPE_CHECKING:
     from localchat.store import Store
-    from localchat.tui.model_state import AppEngine
+    from localchat.tui.app_engine import AppEngine
 
 # Pieces of up to 4 characters, a leading space kept: about the size of a BPE token, so that a
 # reply arrives at the characters per second of a real model at the same tokens per second.

@@ -1,8 +1,11 @@
 """The localchat app: a chat log streaming Markdown, a prompt, a live status bar, sessions.
 
 ``LocalChatApp`` keeps the layout, the key bindings, mounting and unmounting, and the routing of
-Textual's messages and actions to the collaborators that own the app's state (listed in the
-package's docstring, ``localchat.tui``), each with all its state set in its own ``__init__``.
+Textual's messages and actions to the parts that own the app's state (listed in the package's
+docstring, ``localchat.tui``), each with all its state set in its own ``__init__``. It is the one
+place that knows all parts: it builds them, hands each the siblings it uses, and is their
+``host.Host``; what one part's event means for another (a model ready sends the queue, Esc ends
+an edit or a queued message before the reply) is decided here.
 
 Threads: the UI thread only renders and reacts. Loading a model and running a turn happen in
 thread workers that report through typed messages (``localchat.tui.messages``).
@@ -28,9 +31,11 @@ from localchat.chat.services import ChatServices, build_services
 from localchat.ending import detach_lost_terminal, exit_status
 from localchat.errors import UserError
 from localchat.store import Store
+from localchat.tui import clipboard
+from localchat.tui.app_engine import EngineFactory
+from localchat.tui.attached_files import AttachedFiles, AttachmentChips
 from localchat.tui.chat_log import ChatLog
-from localchat.tui.commands import Commands
-from localchat.tui.composer import AttachmentChips, Composer
+from localchat.tui.composer import Composer
 from localchat.tui.download import Downloads, ModelDownloads, RegistryDownloads
 from localchat.tui.draft import DraftHandOver
 from localchat.tui.engine_factories import build_engine, default_sampling, model_choices
@@ -43,10 +48,12 @@ from localchat.tui.messages import (
     TurnsArrived,
     TurnWake,
 )
-from localchat.tui.model_state import EngineFactory, ModelState
+from localchat.tui.model_state import ModelState
 from localchat.tui.prompt import CommandHints, PromptInput
+from localchat.tui.session_view import refresh_sidebar
 from localchat.tui.sessions import SessionRequest, Sessions
 from localchat.tui.sidebar import SessionSidebar
+from localchat.tui.slash_commands import Commands
 from localchat.tui.status import StatusBar
 from localchat.tui.tool_servers import ToolServerChanged, ToolServers
 from localchat.tui.turn import Turns
@@ -100,16 +107,27 @@ class LocalChatApp(App[int]):
         self.conversation: Conversation | None = None  # the open session's (see ``Sessions.open``)
         self._notices_by_cause: dict[str, list[Notification]] = {}
         self._hung_up = False  # SIGHUP (or its driver's failed write) was heard: quitting already
+        # The parts, each given the siblings it uses (``host.Host`` is what they ask of the app).
         self.models = ModelState(self, model, engine_factory, sampling_factory)
         self.downloads = ModelDownloads(self, downloads or RegistryDownloads(), self.models.load)
-        self.turns = Turns(self)
-        self.queue = TypeAhead(self, self.turns, self.models)
-        self.draft = DraftHandOver(self)
-        self.composer = Composer(self, list_models)
-        self.message_actions = MessageActions(self)
-        self.sessions = Sessions(self, services_factory, continue_last, session)
-        self.commands = Commands(self)
+        self.queue = TypeAhead(self)
+        self.files = AttachedFiles(self, self.models)
+        self.draft = DraftHandOver(self, self.files, busy=self._message_on_its_way)
+        self.turns = Turns(self, self.models, self.queue, self.draft)
+        self.message_actions = MessageActions(self, self.turns, self.queue)
         self.tool_servers = ToolServers(self)
+        self.sessions = Sessions(self, services_factory, continue_last, session, models=self.models,
+                                 turns=self.turns, queue=self.queue, draft=self.draft,
+                                 message_actions=self.message_actions, tool_servers=self.tool_servers)
+        self.commands = Commands(self, sessions=self.sessions, models=self.models, turns=self.turns,
+                                 message_actions=self.message_actions, tool_servers=self.tool_servers,
+                                 files=self.files, draft=self.draft)
+        self.composer = Composer(self, list_models, commands=self.commands, files=self.files,
+                                 draft=self.draft, turns=self.turns, message_actions=self.message_actions)
+
+    def _message_on_its_way(self) -> bool:
+        """A reply streams or typed-ahead messages wait: the draft in the input is not next."""
+        return self.turns.current is not None or bool(self.queue.items)
 
     # --- layout -----------------------------------------------------------------------------
 
@@ -185,6 +203,10 @@ class LocalChatApp(App[int]):
             self._notices_by_cause.setdefault(cause, []).append(notification)
         self.post_message(Notify(notification))
 
+    def copy_text(self, text: str) -> None:
+        """Copy ``text`` out of the app (OSC 52, then a fallback that says where it went)."""
+        clipboard.copy_text(self, text)
+
     def withdraw_notices(self, cause: str) -> None:
         for notification in self._notices_by_cause.pop(cause, []):
             if notification in self._notifications:
@@ -209,7 +231,7 @@ class LocalChatApp(App[int]):
         await self.sessions.request(request)
 
     def on_session_changed(self, message: SessionChanged) -> None:
-        self.sessions.refresh_sidebar()
+        refresh_sidebar(self)
 
     async def on_turns_arrived(self, message: TurnsArrived) -> None:
         await self.turns.show_arrived(message)
@@ -225,9 +247,15 @@ class LocalChatApp(App[int]):
 
     async def on_model_ready(self, message: ModelReady) -> None:
         await self.models.ready(message)
+        await self.turns.send_queued()
 
     async def on_model_failed(self, message: ModelFailed) -> None:
-        await self.models.failed(message)
+        if not self.models.failed(message):  # the model in use (or the one coming back) stays
+            return
+        if self.downloads.offer(message.model_ref):  # not downloaded: offered here, no need to quit
+            return
+        await self.queue.drop("No model is loaded, so it was not sent.")
+        await self.models.show_unloaded(message)
 
     # --- actions ----------------------------------------------------------------------------
 
@@ -238,7 +266,13 @@ class LocalChatApp(App[int]):
         return True
 
     async def action_stop_reply(self) -> None:
-        await self.turns.escape()
+        """Esc: cancel an edit, or take back the newest queued message, else stop the reply."""
+        if self.message_actions.editing is not None:
+            self.message_actions.cancel_edit()
+        elif self.queue.items:
+            await self.queue.remove_last()
+        else:
+            self.turns.stop()
 
     def action_interrupt(self) -> None:
         self.turns.interrupt()

@@ -10,9 +10,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
@@ -23,6 +23,7 @@ from localchat.tui.screens import ConfirmScreen
 
 if TYPE_CHECKING:
     from localchat.models.progress import ProgressCallback
+    from localchat.tui.host import Host
 
 
 class DownloadCancelled(DownloadError):
@@ -103,9 +104,9 @@ class ModelDownloads:
     """The app's side of a download: the question, the dialog, the pull off the UI thread, then
     ``load_model`` with the model's name."""
 
-    def __init__(self, app: App[Any], downloads: Downloads,
+    def __init__(self, host: Host, downloads: Downloads,
                  load_model: Callable[[str | None], None]) -> None:
-        self._app = app
+        self._host = host
         self._downloads = downloads
         self._load_model = load_model
 
@@ -117,16 +118,16 @@ class ModelDownloads:
         from localchat.models.progress import format_bytes
 
         size = f" ({format_bytes(offer.size_bytes)})" if offer.size_bytes else ""
-        self._app.push_screen(ConfirmScreen(f"{offer.model}{size} is not downloaded yet. Download it now?",
-                                            yes="Download", no="Not now"),
-                              lambda yes: self._start_download(offer, model_ref) if yes else None)
+        self._host.push_screen(ConfirmScreen(f"{offer.model}{size} is not downloaded yet. Download it now?",
+                                             yes="Download", no="Not now"),
+                               lambda yes: self._start_download(offer, model_ref) if yes else None)
         return True
 
     def _start_download(self, offer: Offer, model_ref: str | None) -> None:
         screen = DownloadScreen(offer)
-        self._app.push_screen(screen, lambda error: self._downloaded(offer, model_ref, error))
-        self._app.run_worker(functools.partial(self._download, screen), thread=True, group="download",
-                             exit_on_error=False)
+        self._host.push_screen(screen, lambda error: self._downloaded(offer, model_ref, error))
+        self._host.run_worker(functools.partial(self._download, screen), thread=True, group="download",
+                              exit_on_error=False)
 
     def _download(self, screen: DownloadScreen) -> None:
         last, last_step = [0.0], [""]
@@ -138,18 +139,18 @@ class ModelDownloads:
             # A repaint per chunk is too many; a new step and a step's end are always shown.
             if now - last[0] > 0.1 or (total and done >= total) or step != last_step[0]:
                 last[0], last_step[0] = now, step
-                self._app.call_from_thread(screen.show_progress, done, total, step)
+                self._host.call_from_thread(screen.show_progress, done, total, step)
 
         try:
             self._downloads.pull(screen.offer.model, progress)
             error = None
         except UserError as exc:
             error = str(exc)
-        self._app.call_from_thread(screen.dismiss, error)
+        self._host.call_from_thread(screen.dismiss, error)
 
     async def _downloaded(self, offer: Offer, model_ref: str | None, error: str | None) -> None:
         if error is not None:
-            self._app.notify(error, title="Download stopped", severity="warning", timeout=10)
+            self._host.notify(error, title="Download stopped", severity="warning", timeout=10)
             return
-        self._app.notify(f"{offer.model} is downloaded.")
+        self._host.notify(f"{offer.model} is downloaded.")
         self._load_model(model_ref)

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from localchat.errors import UserError
-from localchat.tui.commands import is_command, message_text
+from localchat.tui.prompt import is_command, message_text
 
 if TYPE_CHECKING:
     from textual.timer import Timer
 
-    from localchat.chat.conversation import Conversation
-    from localchat.tui.composer import Composer
-    from localchat.tui.prompt import PromptInput
-    from localchat.tui.turn import Turns
-    from localchat.tui.typeahead import TypeAhead
+    from localchat.tui.attached_files import AttachedFiles
+    from localchat.tui.host import Host
 
 # A pause this long ends a burst of typing (a keystroke every 100-250 ms keeps it waiting).
 TYPING_PAUSE_S = 0.3
@@ -32,36 +29,14 @@ TYPING_MAX_WAIT_S = 1.0
 _clock = time.monotonic  # tests replace it
 
 
-class DraftHost(Protocol):
-    """What the hand-over reads of the app: the input and its files, whether a reply runs or
-    waits, the open conversation, and the app's timers and workers."""
-
-    conversation: Conversation | None
-    composer: Composer
-    turns: Turns
-    queue: TypeAhead
-
-    @property
-    def prompt(self) -> PromptInput: ...
-
-    @property
-    def closed(self) -> bool: ...
-
-    @property
-    def is_running(self) -> bool: ...
-
-    def set_timer(self, delay: float, callback: Callable[[], None]) -> Timer: ...
-
-    def run_worker(self, work: Callable[[], None], *, thread: bool, group: str,
-                   exit_on_error: bool) -> object: ...
-
-
 class DraftHandOver:
     """When the draft in the input is handed to the open session's ``DraftPrefill`` (which
     prefills it, step by step)."""
 
-    def __init__(self, app: DraftHost) -> None:
-        self._app = app
+    def __init__(self, host: Host, files: AttachedFiles, busy: Callable[[], bool]) -> None:
+        self._host = host
+        self._files = files
+        self._busy = busy  # a reply streams or messages wait to be sent: no draft then
         self._timer: Timer | None = None
         self._seen = ""
         self._waiting_since: float | None = None  # the first change not yet handed over
@@ -79,25 +54,24 @@ class DraftHandOver:
         if pasted or now - self._waiting_since >= TYPING_MAX_WAIT_S:
             self._prefill()
         else:
-            self._timer = self._app.set_timer(TYPING_PAUSE_S, self._prefill)
+            self._timer = self._host.set_timer(TYPING_PAUSE_S, self._prefill)
 
     def _prefill(self) -> None:
         self._timer = None
         self._waiting_since = None
-        app = self._app
-        chat = app.conversation.chat if app.conversation is not None else None
-        if chat is None or app.closed or not app.is_running:
+        host = self._host
+        chat = host.conversation.chat if host.conversation is not None else None
+        if chat is None or host.closed or not host.is_running:
             return
-        text = app.prompt.text
-        attachments = app.composer.attachments
-        if (not text.strip() and not attachments) or is_command(text) or app.turns.current is not None \
-                or app.queue.items:
+        text = host.prompt.text
+        attachments = self._files.attachments
+        if (not text.strip() and not attachments) or is_command(text) or self._busy():
             chat.draft.cancel()
             return
         # As it will be sent (attached and @mentioned files first), so that Enter reuses it all.
         # Off the event loop: that reads the files, and sizing a step tokenizes the draft,
         # which a long paste would make keypresses wait for.
-        outgoing = app.composer.outgoing(message_text(text), draft=True)
+        outgoing = self._files.outgoing(message_text(text), draft=True)
 
         def update() -> None:
             try:
@@ -107,14 +81,14 @@ class DraftHandOver:
                 return
             chat.draft.update(draft)
 
-        app.run_worker(update, thread=True, group="draft", exit_on_error=False)
+        host.run_worker(update, thread=True, group="draft", exit_on_error=False)
 
     def cancel(self) -> None:
         if self._timer is not None:
             self._timer.stop()
             self._timer = None
         self._waiting_since = None
-        app = self._app
-        chat = app.conversation.chat if app.conversation is not None else None
+        conversation = self._host.conversation
+        chat = conversation.chat if conversation is not None else None
         if chat is not None:
             chat.draft.cancel()

@@ -18,7 +18,7 @@ from localchat.events import Done, Event, Loaded, Thinking, Token
 if TYPE_CHECKING:
     from localchat.engine.options import Sampling
     from localchat.store import TurnRecord
-    from localchat.tui.model_state import AppEngine
+    from localchat.tui.app_engine import AppEngine
 
 
 @dataclass

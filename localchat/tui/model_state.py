@@ -11,39 +11,17 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from localchat.chat.conversation import ChatEngine
 from localchat.errors import UserError
+from localchat.tui.app_engine import AppEngine, EngineFactory
 from localchat.tui.messages import ModelFailed, ModelLoading, ModelReady
 
 if TYPE_CHECKING:
     from localchat.engine.options import Sampling
-    from localchat.events import Loaded
     from localchat.formats import AnswerFormat
-    from localchat.tui.app import LocalChatApp
+    from localchat.tui.host import Host
 
-
-class AppEngine(ChatEngine, Protocol):
-    """What the app needs from an engine besides a conversation's turns: the model checked, then
-    loaded off the UI thread, its name, whether it has a thinking switch, and its memory freed."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def supports_thinking(self) -> bool: ...
-
-    def preflight(self) -> object:
-        """Check without loading weights that the model can be loaded (raises ``UserError``)."""
-        ...
-
-    def load(self, on_progress: Callable[[float], None] | None = None) -> Loaded: ...
-
-    def close(self) -> None: ...
-
-
-EngineFactory = Callable[[str | None], AppEngine]
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +35,9 @@ class ModelState:
     outlives a model switch. The status bar's model name is only the display of these.
     """
 
-    def __init__(self, app: LocalChatApp, model_ref: str | None, engine_factory: EngineFactory,
+    def __init__(self, host: Host, model_ref: str | None, engine_factory: EngineFactory,
                  sampling_factory: Callable[[], Sampling | None]) -> None:
-        self._app = app
+        self._host = host
         self._engine_factory = engine_factory
         self._sampling_factory = sampling_factory
         # What the loaded model was called (``--model`` at start; reloaded if a switch fails).
@@ -75,13 +53,11 @@ class ModelState:
         """Load ``model_ref`` off the UI thread; the model in use stays until ``model_ref`` is
         known to be loadable, and comes back if loading it fails."""
         self.loading = model_ref or "default model"
-        self._app.set_state("loading model")
+        self._host.set_state("loading model")
         self._load_in_background(model_ref, self.loaded_ref)
 
     def switch(self, name: str) -> None:
-        """``/model NAME``."""
-        if self._app.turns.current is not None:
-            raise UserError("Stop the reply (Esc) before switching models.")
+        """``/model NAME`` (the caller has checked that no reply is streaming)."""
         if self.loading:
             raise UserError(f"{self.loading} is still loading; switch when it is ready.")
         self.load(name)
@@ -89,55 +65,55 @@ class ModelState:
     def _release_engine(self) -> AppEngine | None:
         """Detach the current engine from the UI (called on the UI thread before it closes)."""
         previous, self.engine = self.engine, None
-        if self._app.conversation is not None:
-            self._app.conversation.chat = None
+        if self._host.conversation is not None:
+            self._host.conversation.chat = None
         return previous
 
     def _load_in_background(self, model_ref: str | None, previous_ref: str | None) -> None:
-        self._app.run_worker(functools.partial(self._load, model_ref, previous_ref), thread=True,
-                             group="model", exit_on_error=False)
+        self._host.run_worker(functools.partial(self._load, model_ref, previous_ref), thread=True,
+                              group="model", exit_on_error=False)
 
     def _load(self, model_ref: str | None, previous_ref: str | None) -> None:
-        app = self._app
+        host = self._host
         label = model_ref or "default model"
         try:
             sampling = self._sampling_factory()
             engine = self._engine_factory(model_ref)  # a name that is not downloaded stops here
             engine.preflight()  # and a GGUF without a usable chat template (or n_ctx) here
         except UserError as exc:
-            app.post_message(ModelFailed(label, str(exc), kept=self.engine is not None, model_ref=model_ref))
+            host.post_message(ModelFailed(label, str(exc), kept=self.engine is not None, model_ref=model_ref))
             return
-        previous = app.call_from_thread(self._release_engine)
+        previous = host.call_from_thread(self._release_engine)
         if previous is not None:
             previous.close()  # free its memory before the next model takes its share
         try:
             def progress(fraction: float) -> None:
-                app.post_message(ModelLoading(engine.name, fraction))
+                host.post_message(ModelLoading(engine.name, fraction))
 
             loaded = engine.load(on_progress=progress)
         except Exception as exc:  # out of memory, a corrupt file: shown as a notice, not a traceback
             if not isinstance(exc, UserError):
                 log.exception("loading %s failed", label)
             message = str(exc) if isinstance(exc, UserError) else f"could not load {label}: {exc}"
-            if previous is not None and not app.closed:
-                app.post_message(ModelFailed(label, message, kept=True))
-                app.call_from_thread(self._load_in_background, previous_ref, previous_ref)  # the old one back
+            if previous is not None and not host.closed:
+                host.post_message(ModelFailed(label, message, kept=True))
+                host.call_from_thread(self._load_in_background, previous_ref, previous_ref)  # the old one back
             else:
-                app.post_message(ModelFailed(label, message))
+                host.post_message(ModelFailed(label, message))
             return
-        if app.closed:  # the user quit while it loaded
+        if host.closed:  # the user quit while it loaded
             engine.close()
             return
-        app.post_message(ModelReady(engine, loaded, sampling, model_ref))
+        host.post_message(ModelReady(engine, loaded, sampling, model_ref))
 
     def show_progress(self, message: ModelLoading) -> None:
-        self._app.status.info.model = message.model
-        self._app.set_state(f"loading {message.fraction:.0%}")
+        self._host.status.info.model = message.model
+        self._host.set_state(f"loading {message.fraction:.0%}")
 
     async def ready(self, message: ModelReady) -> None:
-        app = self._app
-        await app.chat_log.clear_notices()  # an earlier "model not loaded" no longer applies
-        app.withdraw_notices("model")
+        host = self._host
+        await host.chat_log.clear_notices()  # an earlier "model not loaded" no longer applies
+        host.withdraw_notices("model")
         self.engine, self.loading, self.error = message.engine, None, ""
         self.loaded_ref = message.model_ref
         self.sampling = message.sampling
@@ -150,29 +126,33 @@ class ModelState:
             from localchat.engine.options import Sampling, shaped
 
             self.sampling = shaped(self.sampling or Sampling(), self.answer_format)
-        app.status.info.show_loaded(message.loaded)
-        app.set_state("idle")
-        if app.conversation is not None:
-            app.conversation.attach(self.engine, self.sampling)
-        await app.queue.send_next()
+        host.status.info.show_loaded(message.loaded)
+        host.set_state("idle")
+        if host.conversation is not None:
+            host.conversation.attach(self.engine, self.sampling)
 
-    async def failed(self, message: ModelFailed) -> None:
-        app = self._app
-        if message.kept:  # the model in use (or the one coming back) stays
-            app.notify(f"{message.message}. Keeping {app.status.info.model or 'the current model'}.",
-                       title="Model not switched", severity="error", timeout=15)
+    def failed(self, message: ModelFailed) -> bool:
+        """The model did not load. False: the model in use stays (or the one coming back);
+        True: the app has no model now, and the caller offers to download it or gives up
+        (``show_unloaded``)."""
+        host = self._host
+        if message.kept:
+            host.notify(f"{message.message}. Keeping {host.status.info.model or 'the current model'}.",
+                        title="Model not switched", severity="error", timeout=15)
             if self.engine is not None:
                 self.loading = None
-                app.set_state("idle")
-            return
+                host.set_state("idle")
+            return False
         self.loading, self.error = None, message.message
-        app.status.info.model = message.model
-        app.set_state("no model")
-        if app.downloads.offer(message.model_ref):  # not downloaded: offered here, no need to quit
-            return
-        await app.queue.drop("No model is loaded, so it was not sent.")
-        await app.chat_log.add_notice(f"{message.message}. Pick another with /model NAME.")
-        app.notify(message.message, title="Model not loaded", severity="error", timeout=15, cause="model")
+        host.status.info.model = message.model
+        host.set_state("no model")
+        return True
+
+    async def show_unloaded(self, message: ModelFailed) -> None:
+        """Say that no model is loaded, and why (a notice in the log and a toast)."""
+        await self._host.chat_log.add_notice(f"{message.message}. Pick another with /model NAME.")
+        self._host.notify(message.message, title="Model not loaded", severity="error", timeout=15,
+                          cause="model")
 
     def close(self) -> None:
         """At unmount: the loaded model's memory is freed."""
@@ -201,11 +181,11 @@ class ModelState:
             shape = schema_format(read_schema(text))
         self.answer_format = shape
         self.sampling = shaped(self.sampling or Sampling(), shape)
-        chat = self._app.conversation.chat if self._app.conversation is not None else None
+        chat = self._host.conversation.chat if self._host.conversation is not None else None
         if chat is not None:
             chat.sampling = shaped(chat.sampling, shape)
-        self._app.status.info.answer_format = shape.name if shape is not None else ""
-        self._app.status.refresh()
+        self._host.status.info.answer_format = shape.name if shape is not None else ""
+        self._host.status.refresh()
         if shape is None:
             return "Answers as the model writes them from the next message."
         return f"Answers in the shape {shape.name} from the next message."
@@ -227,7 +207,7 @@ class ModelState:
         if self.sampling is None:
             self.sampling = Sampling()
         self.sampling.thinking = self.thinking_mode = mode
-        chat = self._app.conversation.chat if self._app.conversation is not None else None
+        chat = self._host.conversation.chat if self._host.conversation is not None else None
         if chat is not None:
             chat.sampling.thinking = mode
         if mode != "auto" and not has_switch:

@@ -3,6 +3,9 @@
 Most terminals send the same bytes for Enter and Shift+Enter, so a newline needs a key of its
 own: Ctrl+J (a line feed, distinct from Enter's carriage return everywhere). Shift+Enter and
 Alt+Enter also work where the terminal reports them. Pasted text keeps its newlines.
+
+Input that starts with ``/`` is a command (``slash_commands``); ``//`` sends a message that
+starts with ``/``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,16 @@ BORDER_CHROME = 6  # "╰─ " and " ─╯" around a border subtitle
 def key_hint(width: int) -> str:
     """The longest of ``KEY_HINTS`` that fits a prompt ``width`` columns wide, or ""."""
     return next((hint for hint in KEY_HINTS if len(hint) <= width - BORDER_CHROME), "")
+
+
+def is_command(text: str) -> bool:
+    """True for input meant as a command: ``/word``. ``//text`` sends ``/text`` as a message."""
+    return text.startswith("/") and not text.startswith("//")
+
+
+def message_text(text: str) -> str:
+    """The message that input which is not a command sends: ``//text`` sends ``/text``."""
+    return text[1:] if text.startswith("//") else text
 
 
 @dataclass(frozen=True)

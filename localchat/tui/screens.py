@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.text import Text
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Markdown, OptionList
 from textual.widgets.option_list import Option
+
+if TYPE_CHECKING:
+    from localchat.tui.host import Host
 
 KEYS = (
     ("Enter", "send the message"),
@@ -127,7 +130,7 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(yes)
 
 
-def ask_from_worker(app: App[Any], question: str, yes: str, no: str) -> bool:
+def ask_from_worker(host: Host, question: str, yes: str, no: str) -> bool:
     """Ask ``question`` with a ``ConfirmScreen`` from a worker thread, and wait for the answer
     while the UI stays live."""
     answered, answer = threading.Event(), []
@@ -136,7 +139,7 @@ def ask_from_worker(app: App[Any], question: str, yes: str, no: str) -> bool:
         answer.append(bool(choice))
         answered.set()
 
-    app.call_from_thread(app.push_screen, ConfirmScreen(question, yes=yes, no=no), record)
+    host.call_from_thread(host.push_screen, ConfirmScreen(question, yes=yes, no=no), record)
     answered.wait()
     return answer[0]
 

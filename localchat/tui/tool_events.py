@@ -22,7 +22,7 @@ from localchat.tui.approval import ApprovalScreen
 from localchat.tui.tool_calls import ToolCallView
 
 if TYPE_CHECKING:
-    from localchat.tui.app import LocalChatApp
+    from localchat.tui.host import Host
     from localchat.tui.reply_view import ReplyView
 
 
@@ -36,8 +36,8 @@ class OpenQuestion:
 class ToolActivity:
     """Tool events of the turn in flight, on screen (see the module)."""
 
-    def __init__(self, app: LocalChatApp) -> None:
-        self._app = app
+    def __init__(self, host: Host) -> None:
+        self._host = host
         self._questions: list[OpenQuestion] = []
 
     @property
@@ -47,9 +47,9 @@ class ToolActivity:
 
     async def show(self, reply: ReplyView | None,
                    event: ToolCalled | ToolApproval | ToolReturned) -> None:
-        app = self._app
+        host = self._host
         if isinstance(event, ToolCalled):
-            app.set_state(f"calling {event.label}")
+            host.set_state(f"calling {event.label}")
             if reply is not None:
                 view = ToolCallView(event.call, event.label)
                 await reply.add_call(view)
@@ -63,9 +63,9 @@ class ToolActivity:
             if returned is not None:
                 returned.show_result(event.result, event.elapsed_ms)
             if event.result.notice:
-                app.notify(event.result.notice, severity="warning" if event.result.is_error
-                           else "information")
-            app.set_state("prefilling")
+                host.notify(event.result.notice, severity="warning" if event.result.is_error
+                            else "information")
+            host.set_state("prefilling")
 
     def ask(self, event: ToolApproval, view: ToolCallView | None) -> None:
         request = event.request
@@ -78,12 +78,12 @@ class ToolActivity:
         self._questions.append(question)
         if view is not None:
             view.asking()
-        self._app.set_state("waiting for your answer")
+        self._host.set_state("waiting for your answer")
 
         def answered(decision: Decision | None) -> None:
             self._answer(question, decision or Decision.DENY)
 
-        self._app.push_screen(screen, answered)
+        self._host.push_screen(screen, answered)
 
     def _answer(self, question: OpenQuestion, decision: Decision) -> None:
         if question in self._questions:
@@ -93,14 +93,14 @@ class ToolActivity:
         notice = question.request.answer(decision)
         if question.view is not None:
             question.view.answered(decision.allows)
-        self._app.set_state("running tool" if decision.allows else "prefilling")
+        self._host.set_state("running tool" if decision.allows else "prefilling")
         if notice:
-            self._app.notify(notice)
+            self._host.notify(notice)
 
     def deny_open_questions(self) -> None:
         """The turn is stopping or gone: every open question is answered "deny" and its screen
         taken down, so that the tool loop never waits on it."""
         for question in list(self._questions):
             self._answer(question, Decision.DENY)
-            if self._app.screen is question.screen:
-                self._app.pop_screen()
+            if self._host.screen is question.screen:
+                self._host.pop_screen()

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from localchat.chat.conversation import Conversation
     from localchat.chat.services import ChatServices
     from localchat.tools import ServerStatus, ToolRegistry
-    from localchat.tui.app import LocalChatApp
+    from localchat.tui.host import Host
 
 FAILURE_NOTICE_S = 15
 
@@ -68,8 +68,8 @@ def services_registry(services: ChatServices | None) -> ToolRegistry | None:
 class ToolServers:
     """The registry's servers, as notices (see the module)."""
 
-    def __init__(self, app: LocalChatApp) -> None:
-        self._app = app
+    def __init__(self, host: Host) -> None:
+        self._host = host
         self.registry: ToolRegistry | None = None
         self._shown: dict[str, str] = {}  # server -> the state last told
 
@@ -79,8 +79,8 @@ class ToolServers:
             return
         self.registry = registry
         for problem in registry.problems:
-            self._app.notify(visible(problem, newlines=False), title="mcp.json", severity="error",
-                             timeout=FAILURE_NOTICE_S)
+            self._host.notify(visible(problem, newlines=False), title="mcp.json", severity="error",
+                              timeout=FAILURE_NOTICE_S)
         registry.add_listener(self._changed)
         registry.start()
         for status in registry.statuses():  # a registry started before the app listened
@@ -129,8 +129,8 @@ class ToolServers:
 
     def _changed(self, status: ServerStatus) -> None:
         """On the registry's thread: hand over to the UI thread (unless the app is gone)."""
-        if not self._app.closed:
-            self._app.post_message(ToolServerChanged(status))
+        if not self._host.closed:
+            self._host.post_message(ToolServerChanged(status))
 
     def show(self, status: ServerStatus) -> None:
         if self._shown.get(status.name) == status.state:
@@ -141,4 +141,4 @@ class ToolServers:
             return
         message, severity = told
         timeout = FAILURE_NOTICE_S if severity == "error" else None
-        self._app.notify(message, severity=severity, timeout=timeout)
+        self._host.notify(message, severity=severity, timeout=timeout)

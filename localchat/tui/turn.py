@@ -38,13 +38,17 @@ from localchat.tui.pacing import FramePacer, FullCollectionsPaused, route_budget
 from localchat.tui.prompt import PromptInput
 from localchat.tui.reply_view import ReplyView, reply_caption
 from localchat.tui.screens import ConfirmScreen
+from localchat.tui.session_view import refresh_sidebar
 from localchat.tui.status import LiveMeter, StatusInfo
 from localchat.tui.tool_events import ToolActivity
 
 if TYPE_CHECKING:
     from localchat.events import Turn
     from localchat.formats import AnswerFormat
-    from localchat.tui.app import LocalChatApp
+    from localchat.tui.draft import DraftHandOver
+    from localchat.tui.host import Host
+    from localchat.tui.model_state import ModelState
+    from localchat.tui.typeahead import TypeAhead
 
 log = logging.getLogger(__name__)
 
@@ -95,15 +99,20 @@ class ActiveTurn:
 
 
 class Turns:
-    """The turn in flight: sending a message, running it on a worker thread, showing its events
-    as they arrive (paced to the frame rate), and stopping it. At most one runs at a time.
+    """The turn in flight: sending a message (or queueing it in ``queue`` while a reply streams
+    or the model loads, and sending the oldest when the engine is free), running it on a worker
+    thread, showing its events as they arrive (paced to the frame rate), and stopping it. At
+    most one runs at a time.
 
     Threads: the generation worker also commits the finished reply to the store before the UI
     hears that it is done, so the screen never shows as saved what is not.
     """
 
-    def __init__(self, app: LocalChatApp) -> None:
-        self._app = app
+    def __init__(self, host: Host, models: ModelState, queue: TypeAhead, draft: DraftHandOver) -> None:
+        self._host = host
+        self._models = models
+        self._queue = queue
+        self._draft = draft
         self._current: ActiveTurn | None = None
         self._ids = itertools.count(1)
         self.pacer = FramePacer()
@@ -112,7 +121,7 @@ class Turns:
         self._quit_status = 0  # the exit status of that quit (a signal's: localchat.ending)
         self._previous_switch_interval = sys.getswitchinterval()
         self._status_shown_at = 0.0
-        self.tools = ToolActivity(app)
+        self.tools = ToolActivity(host)
 
     def start(self) -> None:
         """At mount. The engine thread needs the GIL back after every llama_decode; with Python's
@@ -135,7 +144,7 @@ class Turns:
         # Only here: refreshing bindings re-renders the footer, too costly to do per update.
         if (turn is None) != (self._current is None):
             self._current = turn
-            self._app.refresh_bindings()  # the footer's Stop key is live only while a reply runs
+            self._host.refresh_bindings()  # the footer's Stop key is live only while a reply runs
             self._steady_cursor(turn is not None)
             if turn is None:
                 self.collections.resume()
@@ -146,19 +155,19 @@ class Turns:
     def _steady_cursor(self, streaming: bool) -> None:
         """The prompt's cursor stops blinking while a reply streams: each blink repaints its line
         (~3 ms of UI time, twice a second), time the pacer would take from the reply's frames."""
-        self._app.prompt.cursor_blink = not streaming
+        self._host.prompt.cursor_blink = not streaming
 
     # --- sending and streaming --------------------------------------------------------------
 
     def ready(self) -> bool:
         """Whether a prompt can be sent now; if not, say why (the prompt stays in the input)."""
-        app, models = self._app, self._app.models
+        host, models = self._host, self._models
         if self.current is not None:
-            app.notify("A reply is still streaming. Press Esc to stop it first.", severity="warning")
+            host.notify("A reply is still streaming. Press Esc to stop it first.", severity="warning")
         elif models.engine is None:
-            why = (f"The model is still loading ({app.status.info.state})." if models.loading
+            why = (f"The model is still loading ({host.status.info.state})." if models.loading
                    else f"No model is loaded: {models.error}")
-            app.notify(why + " Your message stays in the input.", severity="warning")
+            host.notify(why + " Your message stays in the input.", severity="warning")
         else:
             return True
         return False
@@ -168,64 +177,78 @@ class Turns:
         """Send ``text`` now, or queue it (type-ahead) while a reply streams or the model loads.
         With no model and none loading it stays in the input, with a notice saying why.
         ``recall``: what Up brings back (the typed text, without attached files)."""
-        app = self._app
+        host = self._host
         recall = text if recall is None else recall
-        conversation = app.conversation
+        conversation = host.conversation
         if conversation is None:
             return
-        if not queued and app.queue.must_queue():
-            app.prompt.remember(recall)
-            app.prompt.clear()
-            await app.queue.add(text, route)
+        if not queued and self.must_queue():
+            host.prompt.remember(recall)
+            host.prompt.clear()
+            await self._queue.add(text, route)
             return
         if not self.ready():
             return
-        engine = app.models.engine
+        engine = self._models.engine
         assert engine is not None  # checked by ready()
         if not queued:
-            app.prompt.remember(recall)
-            app.prompt.clear()
-        app.draft.cancel()
+            host.prompt.remember(recall)
+            host.prompt.clear()
+        self._draft.cancel()
         self._answered_by(route)
         turn_id = next(self._ids)
 
         def wake() -> None:
-            app.post_message(TurnWake(turn_id))
+            host.post_message(TurnWake(turn_id))
 
         mailbox = TurnMailbox(wake)
         turn = ActiveTurn(turn_id, conversation, None, mailbox, LiveMeter(),
-                          context_before=app.status.info.n_ctx_used, shape=app.models.answer_format)
+                          context_before=host.status.info.n_ctx_used, shape=self._models.answer_format)
         self.current = turn
-        app.set_state("prefilling")
+        host.set_state("prefilling")
         # The model starts first: mounting the prompt and its empty reply takes tens of ms of UI
         # time, which prefill overlaps (no event is shown before this handler returns).
-        app.run_worker(functools.partial(self._generate, turn, text, engine.name, route), thread=True,
-                       group="turn", exit_on_error=False)
+        host.run_worker(functools.partial(self._generate, turn, text, engine.name, route), thread=True,
+                        group="turn", exit_on_error=False)
         await asyncio.sleep(0)  # lets the worker's task hand the turn to its thread now
-        turn.reply = await app.chat_log.add_prompt(text)
+        turn.reply = await host.chat_log.add_prompt(text)
         turn.reply.body.slack_rows = self.pacer.budget.slack_rows
         turn.reply.json_block = turn.shape is not None and turn.shape.is_json
+
+    def must_queue(self) -> bool:
+        """Whether a message sent now waits in the queue: a reply streams, the model is loading,
+        or earlier messages are still waiting (order is kept)."""
+        models = self._models
+        return self.current is not None or bool(self._queue.items) \
+            or (models.engine is None and bool(models.loading))
+
+    async def send_queued(self) -> None:
+        """Send the oldest queued message if the engine is free (after a reply or a load)."""
+        if not self._queue.items or self.current is not None or self._models.engine is None:
+            return
+        item = await self._queue.take_oldest()
+        await self.send(item.text, item.route, queued=True)
 
     def _answered_by(self, route: str) -> None:
         """The reply now comes from ``route`` (a send's, or a hand-over's): the frames' budget,
         and the status bar's route field, which names the model answering now."""
-        app = self._app
-        self.pacer.budget = route_budget(app.models.engine, route)
-        app.status.info.route = "remote" if route == "remote" else "local"
-        app.status.refresh()
+        host = self._host
+        self.pacer.budget = route_budget(self._models.engine, route)
+        host.status.info.route = "remote" if route == "remote" else "local"
+        host.status.refresh()
 
     def _generate(self, turn: ActiveTurn, text: str, model: str, route: str = "auto") -> None:
-        app = self._app
+        host = self._host
         try:
             with turn.conversation.turn_lock() as arrived:
                 if arrived:  # before any event of this turn: shown above its prompt
-                    app.post_message(TurnsArrived(turn.id, arrived))
+                    host.post_message(TurnsArrived(turn.id, arrived))
                 turn.handle = turn.conversation.send(text, route)
                 for notice in turn.conversation.take_notices():
                     turn.mailbox.put(notice)
                 if turn.stop_requested:
                     turn.handle.stop()
-                app.post_message(SessionChanged())  # the first prompt gives the session its title
+                host.post_message(SessionChanged())  # the first prompt gives the session its title
                 # A Done is the turn's final event only if nothing follows it: one that a tool
                 # round follows (the reply called tools) is shown as that round's end.
                 held: Done | None = None
@@ -250,7 +273,7 @@ class Turns:
         """Turns another process stored meanwhile: shown above the prompt of the turn they preceded."""
         turn = self.current
         if turn is not None and turn.id == message.turn_id and turn.reply is not None:
-            await self._app.chat_log.add_turns_before_prompt(message.turns, turn.reply)
+            await self._host.chat_log.add_turns_before_prompt(message.turns, turn.reply)
 
     async def wake(self, message: TurnWake) -> None:
         """The worker put events in the mailbox: show them now, or at the next frame."""
@@ -260,7 +283,7 @@ class Turns:
         # The first token is never held back: TTFT is what the user feels most.
         wait = self.pacer.wait() if turn.meter.first_token_at is not None else 0.0
         if wait > 0:
-            self._app.set_timer(wait, lambda: self._show_events(turn))
+            self._host.set_timer(wait, lambda: self._show_events(turn))
         else:
             await self._show_events(turn)
 
@@ -275,31 +298,31 @@ class Turns:
         for event in turn.mailbox.take():
             await self._show_event(turn, event)
         if turn is self.current and turn.reply is not None:
-            await self._app.chat_log.fold_scrolled_away(turn.reply)
+            await self._host.chat_log.fold_scrolled_away(turn.reply)
 
     async def _show_event(self, turn: ActiveTurn,
                           event: Event | TokenRun | ThinkingRun | ToolRoundDone) -> None:
-        app = self._app
+        host = self._host
         if isinstance(event, TokenRun | ThinkingRun | PrefillProgress):
-            state = app.status.info.state
-            await turn.show_progress(event, app.status.info)
+            state = host.status.info.state
+            await turn.show_progress(event, host.status.info)
             now = time.perf_counter()
-            if app.status.info.state != state or now - self._status_shown_at >= STATUS_REFRESH_S:
+            if host.status.info.state != state or now - self._status_shown_at >= STATUS_REFRESH_S:
                 self._status_shown_at = now
-                app.status.refresh()
+                host.status.refresh()
         elif isinstance(event, RouteChanged):
             self._answered_by(event.route)
             if turn.reply is not None:
                 await (turn.reply.supersede(event.message) if event.route == "remote"
                        else turn.reply.unsupersede())
                 turn.reply.body.slack_rows = self.pacer.budget.slack_rows
-            app.notify(event.message)
+            host.notify(event.message)
         elif isinstance(event, Notice):
-            app.notify(event.message, severity="warning" if event.kind == "warning" else "information")
+            host.notify(event.message, severity="warning" if event.kind == "warning" else "information")
         elif isinstance(event, ToolCalled | ToolApproval | ToolReturned):
             await self.tools.show(turn.reply, event)
         elif isinstance(event, ToolRoundDone):
-            app.status.info.show_timings(event.done.timings)
+            host.status.info.show_timings(event.done.timings)
             if turn.reply is not None:
                 await turn.reply.end_round()
         elif isinstance(event, Done):
@@ -308,85 +331,75 @@ class Turns:
             await self._fail(turn, event)
 
     async def _finish(self, turn: ActiveTurn, done: Done) -> None:
-        app = self._app
+        host = self._host
         self.current = None
         self.tools.deny_open_questions()
         stopped = done.finish_reason == "aborted"
-        app.status.info.show_timings(done.timings)
-        app.set_state("stopped" if stopped else "idle")
-        app.chat_log.unfold_reply()
+        host.status.info.show_timings(done.timings)
+        host.set_state("stopped" if stopped else "idle")
+        host.chat_log.unfold_reply()
         if turn.reply is not None:
             if stopped:
                 for view in turn.reply.calls:
                     view.stopped()
-            model = done.timings.model or app.status.info.model
+            model = done.timings.model or host.status.info.model
             await turn.reply.finish(turn.reply.final_answer(done), reply_caption(model, done.timings, stopped=stopped),
                                     stopped=stopped, thinking=done.thinking, timings=done.timings)
         problem = turn.shape.verdict(done.answer, done.finish_reason) if turn.shape else None
         if problem is not None:
-            app.notify(problem[0].upper() + problem[1:] + ".", severity="warning", timeout=10)
+            host.notify(problem[0].upper() + problem[1:] + ".", severity="warning", timeout=10)
         elif done.finish_reason == "length":
-            app.notify("The reply reached the max_tokens limit.", severity="warning")
+            host.notify("The reply reached the max_tokens limit.", severity="warning")
         if not stopped:
-            app.withdraw_notices("turn")  # an earlier failure no longer applies
+            host.withdraw_notices("turn")  # an earlier failure no longer applies
         await self._after()
 
     async def _fail(self, turn: ActiveTurn, failed: Failed) -> None:
-        app = self._app
+        host = self._host
         self.current = None
         self.tools.deny_open_questions()
-        app.set_state("idle")
-        app.chat_log.unfold_reply()
+        host.set_state("idle")
+        host.chat_log.unfold_reply()
         if turn.reply is not None:
             for view in turn.reply.calls:
                 view.stopped()
             await turn.reply.fail(failed.message)
-        app.notify(failed.message, title="The reply failed", severity="error", timeout=10, cause="turn")
+        host.notify(failed.message, title="The reply failed", severity="error", timeout=10, cause="turn")
         await self._after()
 
     async def _after(self) -> None:
-        app = self._app
-        app.sessions.refresh_sidebar()
+        host = self._host
+        refresh_sidebar(host)
         if self.quit_when_idle:
-            app.exit(return_code=self._quit_status)
+            host.exit(return_code=self._quit_status)
             return
-        await app.queue.send_next()
-        if self.current is None and app.prompt.text:
-            app.draft.schedule(app.prompt.text)  # typed while the reply streamed
+        await self.send_queued()
+        if self.current is None and host.prompt.text:
+            self._draft.schedule(host.prompt.text)  # typed while the reply streamed
 
     # --- stopping ---------------------------------------------------------------------------
 
-    async def escape(self) -> None:
-        """Esc: cancel an edit, or take back the newest queued message, else stop the reply."""
-        app = self._app
-        if app.message_actions.editing is not None:
-            app.message_actions.cancel_edit()
-        elif app.queue.items:
-            await app.queue.remove_last()
-        else:
-            self.stop()
-
     def interrupt(self) -> None:
         """Ctrl+C: stop a streaming reply; when idle, ask before quitting."""
-        app = self._app
+        host = self._host
         if self.current is not None:
             self.stop()
-        elif isinstance(app.screen, ConfirmScreen):
-            app.screen.dismiss(True)
-        elif isinstance(app.focused, PromptInput) and app.focused.selected_text:
-            app.copy_to_clipboard(app.focused.selected_text)
+        elif isinstance(host.screen, ConfirmScreen):
+            host.screen.dismiss(True)
+        elif isinstance(host.focused, PromptInput) and host.focused.selected_text:
+            host.copy_to_clipboard(host.focused.selected_text)
         else:
-            app.push_screen(ConfirmScreen("Quit localchat?", yes="Quit"), self._quit_if)
+            host.push_screen(ConfirmScreen("Quit localchat?", yes="Quit"), self._quit_if)
 
     async def _quit_if(self, confirmed: bool | None) -> None:
         if confirmed:
-            await self._app.action_quit()
+            await self.quit()
 
     def stop(self) -> None:
         if self.current is not None:
             self.current.stop()
             self.tools.deny_open_questions()
-            self._app.set_state("stopping")
+            self._host.set_state("stopping")
 
     async def quit(self, status: int = 0) -> None:
         """Quit with exit status ``status``; a streaming reply is stopped first so that it is
@@ -394,7 +407,7 @@ class Turns:
         if self.current is None or self.quit_when_idle:
             # A second quit while the reply has not ended (a worker stuck in a template render,
             # say) exits anyway: tui/shutdown.py gives the worker its grace period, then ends.
-            self._app.exit(return_code=status or self._quit_status)
+            self._host.exit(return_code=status or self._quit_status)
             return
         self.quit_when_idle = True
         self._quit_status = status

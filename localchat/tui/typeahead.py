@@ -9,16 +9,12 @@ the input rather than sending it to another conversation or dropping it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from textual.app import App
-
-from localchat.tui.chat_log import ChatLog, QueuedPrompt
-from localchat.tui.prompt import PromptInput
+from localchat.tui.chat_log import QueuedPrompt
 
 if TYPE_CHECKING:
-    from localchat.tui.model_state import ModelState
-    from localchat.tui.turn import Turns
+    from localchat.tui.host import Host
 
 
 @dataclass
@@ -29,46 +25,35 @@ class Queued:
 
 
 class TypeAhead:
-    """The queue of messages waiting for the engine, oldest first, each shown under the log:
-    they wait for ``turns`` to be idle and ``models`` to have an engine."""
+    """The queue of messages waiting for the engine, oldest first, each shown under the log.
+    When one waits and when the oldest goes is the turns' call (``Turns.send``)."""
 
-    def __init__(self, app: App[Any], turns: Turns, models: ModelState) -> None:
-        self._app = app
-        self._turns = turns
-        self._models = models
+    def __init__(self, host: Host) -> None:
+        self._host = host
         self.items: list[Queued] = []
 
-    def must_queue(self) -> bool:
-        """Whether a message sent now waits: a reply streams, the model is loading, or earlier
-        messages are still waiting (order is kept)."""
-        models = self._models
-        return self._turns.current is not None or bool(self.items) \
-            or (models.engine is None and bool(models.loading))
-
     async def add(self, text: str, route: str) -> None:
-        view = await self._app.query_one(ChatLog).add_queued(text, len(self.items) + 1)
+        view = await self._host.chat_log.add_queued(text, len(self.items) + 1)
         self.items.append(Queued(text, route, view))
-        self._app.refresh_bindings()  # Esc now removes a queued message
+        self._host.refresh_bindings()  # Esc now removes a queued message
 
-    async def send_next(self) -> None:
-        """Send the oldest queued message if the engine is free (after a reply or a load)."""
-        if not self.items or self._turns.current is not None or self._models.engine is None:
-            return
+    async def take_oldest(self) -> Queued:
+        """The oldest queued message, off the queue and the screen, to be sent now."""
         item = self.items.pop(0)
         await item.view.remove()
         self._renumber()
-        await self._turns.send(item.text, item.route, queued=True)
+        return item
 
     async def remove_last(self) -> None:
         """Esc: take back the newest queued message (its text returns to an empty input)."""
         item = self.items.pop()
         await item.view.remove()
-        prompt = self._app.query_one(PromptInput)
+        prompt = self._host.prompt
         if not prompt.text:
             prompt.text = item.text
             prompt.move_cursor(prompt.document.end)
-        self._app.refresh_bindings()
-        self._app.notify("Queued message removed.")
+        self._host.refresh_bindings()
+        self._host.notify("Queued message removed.")
 
     async def drop(self, why: str) -> None:
         """Nothing can send the queue (the model failed, the session was left): its texts go back
@@ -79,12 +64,12 @@ class TypeAhead:
         for item in self.items:
             await item.view.remove()
         self.items.clear()
-        prompt = self._app.query_one(PromptInput)
+        prompt = self._host.prompt
         prompt.text = "\n\n".join([*texts, prompt.text] if prompt.text else texts)
         prompt.move_cursor(prompt.document.end)
-        self._app.refresh_bindings()
-        self._app.notify(f"{why} Your queued message{'s are' if len(texts) > 1 else ' is'} back in the input.",
-                         severity="warning")
+        self._host.refresh_bindings()
+        self._host.notify(f"{why} Your queued message{'s are' if len(texts) > 1 else ' is'} back in the input.",
+                          severity="warning")
 
     def _renumber(self) -> None:
         for position, item in enumerate(self.items, 1):

@@ -25,13 +25,20 @@ from localchat.atomic import write_text_atomic
 from localchat.errors import UserError
 from localchat.store import SessionRecord
 from localchat.store.export import quote
-from localchat.tui.clipboard import copy_text
-from localchat.tui.prompt import Completion
+from localchat.tui.host import shows_user_errors
+from localchat.tui.prompt import Completion, is_command
 from localchat.tui.screens import ConfirmScreen, HelpScreen, PageScreen, SearchScreen
-from localchat.tui.sessions import shows_user_errors
+from localchat.tui.session_view import refresh_sidebar, require, show_conversation, show_numbers
 
 if TYPE_CHECKING:
-    from localchat.tui.app import LocalChatApp
+    from localchat.tui.attached_files import AttachedFiles
+    from localchat.tui.draft import DraftHandOver
+    from localchat.tui.host import Host
+    from localchat.tui.message_actions import MessageActions
+    from localchat.tui.model_state import ModelState
+    from localchat.tui.sessions import Sessions
+    from localchat.tui.tool_servers import ToolServers
+    from localchat.tui.turn import Turns
 
 
 @dataclass(frozen=True)
@@ -61,10 +68,19 @@ class Command:
 
 
 class Commands:
-    """The app's side of ``COMMANDS``: their handlers, and the command palette."""
+    """The host's side of ``COMMANDS``: their handlers, and the command palette."""
 
-    def __init__(self, app: LocalChatApp) -> None:
-        self._app = app
+    def __init__(self, host: Host, *, sessions: Sessions, models: ModelState, turns: Turns,
+                 message_actions: MessageActions, tool_servers: ToolServers, files: AttachedFiles,
+                 draft: DraftHandOver) -> None:
+        self._host = host
+        self._sessions = sessions
+        self._models = models
+        self._turns = turns
+        self._message_actions = message_actions
+        self._tool_servers = tool_servers
+        self._files = files
+        self._draft = draft
 
     @shows_user_errors
     async def run(self, text: str) -> None:
@@ -73,90 +89,92 @@ class Commands:
 
     def show_help(self) -> None:
         """F1, ``?`` or ``/help``: the keys and the commands (not over itself)."""
-        if not isinstance(self._app.screen, HelpScreen):
-            self._app.push_screen(HelpScreen([(c.usage, c.help) for c in COMMANDS]))
+        if not isinstance(self._host.screen, HelpScreen):
+            self._host.push_screen(HelpScreen([(c.usage, c.help) for c in COMMANDS]))
 
     async def _new(self, argument: str) -> None:
-        await self._app.sessions.new()
+        await self._sessions.new()
 
     async def _model(self, name: str) -> None:
-        self._app.models.switch(name)
+        if self._turns.current is not None:
+            raise UserError("Stop the reply (Esc) before switching models.")
+        self._models.switch(name)
 
     async def _system(self, text: str) -> None:
         """``/system TEXT`` sets the prompt from the next turn on, ``/system`` shows it,
         ``/system clear`` removes it."""
-        conversation = self._app.sessions.require()
+        conversation = require(self._host)
         if not text:
             current = conversation.record.system
-            self._app.push_screen(PageScreen("# System prompt\n\n" + (
+            self._host.push_screen(PageScreen("# System prompt\n\n" + (
                 quote(current) + "\n\n_Change it with `/system TEXT`, remove it with `/system clear`._"
                 if current else "_None set. Set one with `/system TEXT`._")))
             return
         cleared = text.lower() == "clear"
         conversation.set_system("" if cleared else text)
-        self._app.notify("System prompt cleared." if cleared
-                         else "System prompt set; it applies from the next message.")
+        self._host.notify("System prompt cleared." if cleared
+                          else "System prompt set; it applies from the next message.")
 
     async def _clear(self, argument: str) -> None:
-        self._app.push_screen(ConfirmScreen("Forget all messages of this session?", yes="Clear"),
-                              self._clear_confirmed)
+        self._host.push_screen(ConfirmScreen("Forget all messages of this session?", yes="Clear"),
+                               self._clear_confirmed)
 
     @shows_user_errors
     async def _clear_confirmed(self, confirmed: bool | None) -> None:
         if not confirmed:
             return
-        if self._app.turns.current is not None:
+        if self._turns.current is not None:
             raise UserError("Stop the reply (Esc) before clearing.")
-        self._app.sessions.require().clear()
-        await self._app.chat_log.show_turns([])
-        self._app.sessions.show_numbers([])
-        self._app.sessions.refresh_sidebar()
+        require(self._host).clear()
+        await self._host.chat_log.show_turns([])
+        show_numbers(self._host, [])
+        refresh_sidebar(self._host)
 
     async def _retry(self, argument: str) -> None:
-        app = self._app
-        if not app.turns.ready():
+        host = self._host
+        if not self._turns.ready():
             return
-        conversation = app.sessions.require()
+        conversation = require(host)
         seq = conversation.last_prompt().seq
         prompt = conversation.take_back_last_prompt()  # the old reply stays a branch
-        await app.sessions.show_conversation()
-        await app.turns.send(prompt)
-        app.message_actions.mark_new_version(seq)
+        await show_conversation(host)
+        await self._turns.send(prompt)
+        self._message_actions.mark_new_version(seq)
 
     async def _copy(self, argument: str) -> None:
         if argument not in ("", "code"):
             raise UserError("Usage: /copy [code] — the last reply, or its last code block.")
-        conversation = self._app.sessions.require()
+        conversation = require(self._host)
         text = conversation.last_code_block() if argument == "code" else conversation.last_reply()
-        copy_text(self._app, text)
+        self._host.copy_text(text)
 
-    async def _sessions(self, argument: str) -> None:
-        self._app.sessions.toggle_sidebar()
+    async def _sidebar(self, argument: str) -> None:
+        self._sessions.toggle_sidebar()
 
     async def _search(self, text: str) -> None:
-        store = self._app.store
+        store = self._host.store
         hits = store.search(text)
         if not hits:
             raise UserError(f"No message contains “{text}”.")
         labels = {s.id: s.label for s in store.list_sessions()}
         rows = [(h.session_id, labels.get(h.session_id, "?"),
                  ("you: " if h.role == "user" else "reply: ") + " ".join(h.snippet.split())) for h in hits]
-        self._app.push_screen(SearchScreen(text, rows), self._open_found)
+        self._host.push_screen(SearchScreen(text, rows), self._open_found)
 
     @shows_user_errors
     async def _open_found(self, session_id: int | None) -> None:
-        conversation = self._app.conversation
+        conversation = self._host.conversation
         if session_id is not None and (conversation is None or conversation.session_id != session_id):
-            await self._app.sessions.open(self._app.store.session(session_id))
-        self._app.prompt.focus()
+            await self._sessions.open(self._host.store.session(session_id))
+        self._host.prompt.focus()
 
     async def _rename(self, name: str) -> None:
-        record = self._app.sessions.require().rename(name)
-        self._app.sessions.refresh_sidebar()
-        self._app.notify(f"Session renamed to “{record.label}”.")
+        record = require(self._host).rename(name)
+        refresh_sidebar(self._host)
+        self._host.notify(f"Session renamed to “{record.label}”.")
 
     async def _export(self, path_text: str) -> None:
-        conversation = self._app.sessions.require()
+        conversation = require(self._host)
         path = Path(path_text).expanduser() if path_text else Path.cwd() / export_file_name(conversation.record)
         if path.is_dir():
             path = path / export_file_name(conversation.record)
@@ -165,11 +183,11 @@ class Commands:
             write_text_atomic(path, conversation.to_json() if as_json else conversation.to_markdown())
         except OSError as exc:
             raise UserError(f"Could not write {path}: {exc.strerror or exc}") from None
-        self._app.notify(f"Exported to {path}")
+        self._host.notify(f"Exported to {path}")
 
     async def _summary(self, argument: str) -> None:
-        summary = self._app.sessions.require().summary
-        self._app.push_screen(PageScreen(
+        summary = require(self._host).summary
+        self._host.push_screen(PageScreen(
             "# Context summary\n\n" + (summary or "_No summary yet: every turn of this session still "
                                                  "fits in the model's context._")
         ))
@@ -178,33 +196,42 @@ class Commands:
         from localchat.chat.speed import session_speed_markdown
 
         # Off the event loop: it reads every stored reply.
-        text = await asyncio.to_thread(session_speed_markdown, self._app.store,
-                                       self._app.sessions.require().session_id)
-        self._app.push_screen(PageScreen(text))
+        text = await asyncio.to_thread(session_speed_markdown, self._host.store,
+                                       require(self._host).session_id)
+        self._host.push_screen(PageScreen(text))
 
     async def _help(self, argument: str) -> None:
         self.show_help()
 
     async def _format(self, argument: str) -> None:
-        self._app.notify(self._app.models.set_format(argument))
+        self._host.notify(self._models.set_format(argument))
 
     async def _think(self, argument: str) -> None:
-        self._app.notify(self._app.models.set_thinking(argument.lower()))
+        self._host.notify(self._models.set_thinking(argument.lower()))
 
     async def _tools(self, argument: str) -> None:
         """``/tools`` shows the servers and their tools; ``/tools CHOICE`` sets what this
         session's messages ask of the model (auto, none, required or a tool's name)."""
-        conversation = self._app.sessions.require()
+        conversation = require(self._host)
         if not argument:
-            self._app.push_screen(PageScreen(self._app.tool_servers.page(conversation.tool_choice)))
+            self._host.push_screen(PageScreen(self._tool_servers.page(conversation.tool_choice)))
             return
-        self._app.notify(self._app.tool_servers.set_choice(conversation, argument))
+        self._host.notify(self._tool_servers.set_choice(conversation, argument))
 
     async def _file(self, path_text: str) -> None:
-        await self._app.composer.file_command(path_text)
+        """``/file PATH`` attaches a file, ``/file clear`` removes them all."""
+        if path_text == "clear":
+            self._files.clear()
+            self._host.notify("Attachments removed.")
+            return
+        attachment = await self._files.attach_file(path_text)
+        note = f" Note: {attachment.note}." if attachment.note else ""
+        self._host.notify(f"Attached {attachment.chip}; it goes with your next message.{note}",
+                          severity="warning" if note else "information")
+        self._draft.schedule(self._host.prompt.text)  # the model can read the file meanwhile
 
     async def _big(self, text: str) -> None:
-        await self._app.turns.send(text, route="remote")
+        await self._turns.send(text, route="remote")
 
     # --- command palette --------------------------------------------------------------------
 
@@ -219,13 +246,13 @@ class Commands:
             # The palette reads help as markup: "[remote]" would vanish as an unknown style.
             yield SystemCommand(f"/{command.name}", escape(command.help), callback)
         yield SystemCommand("Show or hide thinking", "Open or fold the reasoning of thinking models "
-                            "(Ctrl+T)", self._app.action_toggle_thinking)
+                            "(Ctrl+T)", self._message_actions.toggle_thinking)
 
     def _run_in_worker(self, text: str) -> None:
-        self._app.run_worker(self.run(text))
+        self._host.run_worker(self.run(text))
 
     def _prefill_prompt(self, text: str) -> None:
-        prompt = self._app.prompt
+        prompt = self._host.prompt
         prompt.text = text
         prompt.move_cursor(prompt.document.end)
         prompt.focus()
@@ -263,7 +290,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("retry", "Ask the last question again", Commands._retry),
     Command("copy", "Copy the last reply, or its last code block with /copy code", Commands._copy,
             "code"),
-    Command("sessions", "Show or hide the sessions sidebar", Commands._sessions),
+    Command("sessions", "Show or hide the sessions sidebar", Commands._sidebar),
     Command("file", "Attach a text file to the next message (also @path in a message; `clear` "
             "removes them)", Commands._file, "PATH|clear", argument_required=True),
     Command("search", "Find messages in every session; Enter opens the session", Commands._search,
@@ -288,16 +315,6 @@ COMMANDS: tuple[Command, ...] = (
 )
 
 _BY_NAME = {command.name: command for command in COMMANDS}
-
-
-def is_command(text: str) -> bool:
-    """True for input meant as a command: ``/word``. ``//text`` sends ``/text`` as a message."""
-    return text.startswith("/") and not text.startswith("//")
-
-
-def message_text(text: str) -> str:
-    """The message that input which is not a command sends: ``//text`` sends ``/text``."""
-    return text[1:] if text.startswith("//") else text
 
 
 def parse(text: str) -> tuple[Command, str]:
