@@ -18,7 +18,8 @@ from tool_templates import LLAMA31, MISTRAL_NEMO, QWEN25
 from localchat.engine.options import Sampling
 from localchat.engine.tool_grammar import call_constraint
 from localchat.events import Done, Failed, Token
-from localchat.reply.calls import FORMATS, ToolResult, assistant_message
+from localchat.reply.calls import ToolResult, assistant_message
+from localchat.reply.families import FORMATS
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city now.",

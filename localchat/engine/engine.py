@@ -42,7 +42,7 @@ from localchat.engine.tool_turn import plan as plan_tools
 from localchat.engine.turn import ReplyEvents, TurnClock, TurnHandle
 from localchat.errors import ContextOverflow, EngineError, FormatError, UserError
 from localchat.events import Done, Failed, Loaded, Notice, PrefillProgress, Timings
-from localchat.reply.calls import detect_format
+from localchat.reply.families import detect_format
 from localchat.reply.reasoning import prompt_opens_thinking
 
 __all__ = ["Engine", "KVSnapshot"]

@@ -31,7 +31,8 @@ from localchat.engine.tool_grammar import call_constraint, tool_names
 from localchat.engine.tool_templates import ToolRendering, with_tools
 from localchat.errors import EngineError
 from localchat.reply.call_stream import ToolCallSplitter
-from localchat.reply.calls import ToolCall, ToolFormat
+from localchat.reply.calls import ToolCall
+from localchat.reply.families import ToolFormat
 from localchat.reply.reasoning import split_reply
 
 
