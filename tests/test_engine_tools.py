@@ -16,8 +16,8 @@ from oracle import assert_matches_fresh, loaded_engine, reply_tokens
 from tool_templates import LLAMA31, MISTRAL_NEMO, QWEN25
 
 from localchat.engine.options import Sampling
-from localchat.engine.tool_grammar import call_constraint
 from localchat.events import Done, Failed, Token
+from localchat.formats.tool_grammar import call_constraint
 from localchat.reply.calls import ToolResult, assistant_message
 from localchat.reply.families import FORMATS
 

@@ -24,17 +24,7 @@ outside are NEGLIGIBLE); stage 2 holds every allowed token. So each redraw picks
 the whole vocabulary would (tests/test_constrained.py checks it, on a random-weight model with a
 262,144-token vocabulary too), for the cost of a few hundred candidates.
 
-Where the grammar applies (``AnswerGate``): from the answer's first token. A reasoning block
-(opened by the prompt, or by a ``<think>`` the reply starts with) is free; the grammar starts
-after it closes, whitespace between the two left out. A token that would close the block and
-begin the answer at once is refused and drawn again, so that the answer's first token is always
-one the grammar judged. With trigger patterns or tokens (lazy, as llama.cpp's
-``llama_sampler_init_grammar_lazy_patterns``) the answer is free until a pattern matches the
-answer so far (``re.search``) or a trigger token is sampled; the grammar then applies from the
-match (from its first non-empty capture group if it has one), the matched text fed to it first.
-Unlike llama.cpp, which aborts the process when the grammar rejects that text, a trigger whose
-text the grammar refuses leaves the rest of the reply free (a tool call naming a tool not offered
-is then read as written, and the model told what is wrong with it).
+Where in the reply the grammar applies is ``formats.constraint.AnswerGate``'s to say.
 """
 
 from __future__ import annotations
@@ -43,7 +33,6 @@ import codecs
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -51,10 +40,9 @@ import numpy as np
 from localchat.engine.grammar import TOKEN_DATA, Grammar
 from localchat.engine.lead_bytes import lead_bytes
 from localchat.errors import EngineError, FormatError
-from localchat.reply.reasoning import CLOSE, OPEN
+from localchat.formats.constraint import AnswerGate, Constraint, Verdict
 
 if TYPE_CHECKING:
-    from localchat.engine.options import Constraint
     from localchat.engine.runtime import LlamaRuntime
 
 # Candidates checked before the whole vocabulary, in order (the tokens with the highest logits).
@@ -73,12 +61,6 @@ NARROWED_LIMIT = 8192
 THRESHOLD_SAMPLE = 4096
 
 
-class Verdict(Enum):
-    FREE = "free"  # reasoning, whitespace before the answer, or before a trigger
-    GRAMMAR = "grammar"  # the grammar judges it
-    REFUSED = "refused"  # closes the reasoning and starts the answer in one token: redraw
-
-
 @dataclass
 class ConstraintCounts:
     """What the constraint cost in one reply (Timings' ``constrained_n``, ``redrawn_n``,
@@ -87,74 +69,6 @@ class ConstraintCounts:
     judged: int = 0  # tokens the grammar judged
     redrawn: int = 0  # of them, drawn again because the grammar rejected the first draw
     vocab_passes: int = 0  # redraws that checked the whole vocabulary
-
-
-class AnswerGate:
-    """Where the grammar applies in one reply, token by token (see the module docstring)."""
-
-    def __init__(self, inside_reasoning: bool, patterns: tuple[re.Pattern[str], ...],
-                 trigger_tokens: tuple[int, ...]) -> None:
-        self.reasoning = inside_reasoning
-        self._at_start = not inside_reasoning
-        self._between = False  # the reasoning closed; no answer text yet
-        self._patterns = patterns
-        self._trigger_tokens = frozenset(trigger_tokens)
-        self.triggered = not (patterns or trigger_tokens)
-        self._tail = ""  # the end of the reasoning (a closing tag may span tokens)
-        self._answer = ""  # the answer while waiting for a trigger
-
-    def give_up(self) -> None:
-        """The grammar refused what its trigger matched: the rest of the reply is free."""
-        self.triggered = False
-        self._patterns, self._trigger_tokens = (), frozenset()
-
-    def judge(self, text: str) -> Verdict:
-        """Who decides whether a token with ``text`` may come next."""
-        if self.reasoning:
-            seen = self._tail + text
-            end = seen.find(CLOSE)
-            if end < 0 or not seen[end + len(CLOSE):].strip() or not self.triggered:
-                return Verdict.FREE
-            return Verdict.REFUSED
-        if self._at_start and text.lstrip().startswith(OPEN):
-            return Verdict.FREE
-        if (self._between or self._at_start and not self.triggered) and not text.strip():
-            return Verdict.FREE
-        return Verdict.GRAMMAR if self.triggered else Verdict.FREE
-
-    def advance(self, token: int, text: str, verdict: Verdict) -> str | None:
-        """``token`` with ``text`` came next, as ``verdict`` judged it. The text the grammar
-        must take first when this token triggered it (None otherwise)."""
-        if self.reasoning:
-            seen = self._tail + text
-            end = seen.find(CLOSE)
-            if end < 0:
-                self._tail = seen[-(len(CLOSE) - 1):]
-                return None
-            self.reasoning, self._between = False, True
-            rest = seen[end + len(CLOSE):]  # the answer's start (judged free: before a trigger)
-            return self.advance(token, rest, Verdict.FREE) if rest.strip() else None
-        if self._at_start and text.lstrip().startswith(OPEN):
-            self._at_start, self.reasoning = False, True
-            self._tail = text.lstrip()[len(OPEN):][-(len(CLOSE) - 1):]
-            return None
-        if verdict is Verdict.FREE and not text.strip() and not self._answer:
-            return None  # whitespace before the answer: no part of it
-        self._at_start = self._between = False
-        if self.triggered:
-            return None
-        self._answer += text
-        start = len(self._answer) - len(text) if token in self._trigger_tokens else None
-        for pattern in self._patterns if start is None else ():
-            found = pattern.search(self._answer)
-            if found:
-                groups = [i for i in range(1, (found.lastindex or 0) + 1) if found.group(i)]
-                start = found.start(groups[0]) if groups else found.start()
-                break
-        if start is None:
-            return None
-        self.triggered = True
-        return self._answer[start:]
 
 
 class TurnConstraint:

@@ -24,7 +24,7 @@ from localchat import logs
 from localchat.engine.constrain import TurnConstraint
 from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, plan_layout
-from localchat.engine.options import Constraint, EngineOptions, Sampling
+from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.preflight import Preflight, preflight
 from localchat.engine.reuse import fill_cache
 from localchat.engine.runtime import LlamaRuntime
@@ -42,6 +42,7 @@ from localchat.engine.tool_turn import plan as plan_tools
 from localchat.engine.turn import ReplyEvents, TurnClock, TurnHandle
 from localchat.errors import ContextOverflow, EngineError, FormatError, UserError
 from localchat.events import Done, Failed, Loaded, Notice, PrefillProgress, Timings
+from localchat.formats.constraint import Constraint
 from localchat.reply.families import detect_format
 from localchat.reply.reasoning import prompt_opens_thinking
 

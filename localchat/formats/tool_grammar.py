@@ -31,8 +31,8 @@ import json
 import re
 from typing import Any
 
-from localchat.engine.options import Constraint
 from localchat.errors import FormatError
+from localchat.formats.constraint import Constraint
 from localchat.formats.gbnf import Rules, alternatives, literal
 from localchat.formats.json_schema import schema_grammar, schema_rule
 from localchat.reply.families import ToolFormat, bare_call_pattern
