@@ -15,9 +15,9 @@ from reasoning_templates import THINKING
 from schema_samples import random_schema
 
 from localchat.context.chat_context import ChatContext
-from localchat.engine import constrain
 from localchat.engine.options import Sampling
-from localchat.engine.runtime import Sampler
+from localchat.engine.sampling import constrained as constrain
+from localchat.engine.sampling.sampler import Sampler
 from localchat.events import Done, Failed, Thinking, Token
 from localchat.formats import read_schema, schema_format
 from localchat.formats.constraint import AnswerGate, Constraint, Verdict

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from localchat import logs
-from localchat.engine.constrain import TurnConstraint
 from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, plan_layout
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.preflight import Preflight, preflight
 from localchat.engine.reuse import fill_cache
 from localchat.engine.runtime import LlamaRuntime
+from localchat.engine.sampling.constrained import TurnConstraint
 from localchat.engine.speculate import Speculator, build_speculator, plan_speculation
 from localchat.engine.state_pool import StatePool, StateView
 from localchat.engine.templates import (
@@ -233,7 +233,7 @@ class Engine:
     def check_grammar(self, grammar: str, root: str = "root") -> None:
         """FormatError unless llama.cpp parses ``grammar`` over this model's vocabulary (a token
         named by its text must be one of the model's)."""
-        from localchat.engine.grammar import check_grammar
+        from localchat.engine.sampling.grammar import check_grammar
 
         self.call(lambda: check_grammar(grammar, root, self._require_runtime().vocab))
 

@@ -29,10 +29,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from localchat.engine.constrain import TurnConstraint
 from localchat.engine.layout import CachedMessage, Shift, without_partial
 from localchat.engine.options import Sampling
-from localchat.engine.runtime import DecodeAborted, LlamaRuntime, TokenStats, token_stats
+from localchat.engine.runtime import DecodeAborted, LlamaRuntime
+from localchat.engine.sampling.confidence import TokenStats, token_stats
+from localchat.engine.sampling.sampler import TokenJudge
 from localchat.engine.snapshot_file import KVSnapshot
 from localchat.engine.speculate import TurnDrafts
 from localchat.engine.verify import ReplySteps
@@ -221,7 +222,7 @@ class ConversationCache:
     def generate(self, sampling: Sampling, confidence_tokens: int, should_stop: Callable[[], bool],
                  on_token: Callable[[str, int, TokenStats | None], None],
                  drafts: TurnDrafts | None = None,
-                 constraint: TurnConstraint | None = None) -> tuple[str, FinishReason]:
+                 constraint: TokenJudge | None = None) -> tuple[str, FinishReason]:
         """Sample the reply into the open record; (reply text, finish reason). A token is only
         evaluated when the next one is needed, so the last sampled token is not in the cache.
         The first ``confidence_tokens`` tokens carry their TokenStats. With ``drafts``, drafted

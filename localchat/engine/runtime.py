@@ -14,19 +14,16 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from localchat.engine.options import EngineOptions, Sampling
+from localchat.engine.sampling.sampler import Sampler, TokenJudge
 from localchat.engine.threads import ThreadGovernor
 from localchat.errors import EngineError
-
-if TYPE_CHECKING:
-    from localchat.engine.constrain import TurnConstraint
 
 _KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # GGML_TYPE_* values
 # llama.cpp allocates contexts in steps of 256 tokens (n_ctx 40 becomes 256, 300 becomes 512),
@@ -356,9 +353,9 @@ class LlamaRuntime:
             self._logits_address = address
         return self._logits_view
 
-    def new_sampler(self, sampling: Sampling, constraint: TurnConstraint | None = None) -> Sampler:
+    def new_sampler(self, sampling: Sampling, constraint: TokenJudge | None = None) -> Sampler:
         """The turn's sampler; with ``constraint``, every token it draws is the grammar's to
-        judge (``engine.constrain``)."""
+        judge (``engine.sampling.constrained``)."""
         return Sampler(self._lib, sampling, self.ctx, self.logits_at, constraint)
 
     # -- KV cache -----------------------------------------------------------------------------
@@ -438,128 +435,6 @@ def _readable(data: bytes | memoryview) -> tuple[Any, np.ndarray]:
     most of what restoring a session cost before its first token."""
     array = np.frombuffer(data, dtype=np.uint8)
     return array.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), array
-
-
-# llama.cpp's repeat penalty looks at the last 64 sampled tokens (as llama_sampler_init_penalties
-# is called here before: penalty_last_n 64).
-PENALTY_WINDOW = 64
-
-
-def apply_repeat_penalty(logits: Any, recent: Iterable[int], penalty: float,
-                         frequency: float = 0.0, presence: float = 0.0) -> None:
-    """llama.cpp's penalties sampler, in place: the logits of the ``recent`` tokens are divided
-    by ``penalty`` (multiplied where negative), each token once however often it recurs; then
-    ``frequency`` times its count in ``recent`` and ``presence`` are subtracted (OpenAI's
-    frequency and presence penalties, over llama.cpp's window). ``logits``: a numpy array or
-    llama.cpp's float pointer.
-
-    A Python loop over at most PENALTY_WINDOW tokens: right after a decode (cold CPU caches)
-    it takes ~10 us a token here, where numpy's gather, where and scatter took ~150 us. The
-    arithmetic is llama.cpp's float32: the penalty rounded to a float32, then one double
-    operation on two float32 values rounds to the same float32 as float32 arithmetic."""
-    factor = float(np.float32(penalty))
-    counts = collections.Counter(recent)
-    for token, count in counts.items():
-        value = logits[token]
-        if penalty != 1.0:
-            value = value * factor if value <= 0 else value / factor
-        if frequency or presence:
-            value -= count * frequency + presence
-        logits[token] = value
-
-
-class Sampler:
-    """Picks each next token from the last logits, at a cost that does not grow with the
-    vocabulary where that can be avoided: llama.cpp's sampler chain builds a candidate entry for
-    every token of the vocabulary per call, ~0.5 ms per token for a 262,144-token vocabulary,
-    and its repeat penalty looks every candidate up in a map (another ~1 ms). So the repeat
-    penalty is applied here to the few recently sampled tokens' logits, and greedy decoding is an
-    argmax; only sampling with temperature runs llama.cpp's chain (top-k first, in C)."""
-
-    def __init__(self, lib, sampling: Sampling, ctx, logits: Callable[[int], np.ndarray],
-                 constraint: TurnConstraint | None = None) -> None:
-        self._lib = lib
-        self._ctx = ctx
-        self._logits = logits
-        self._constraint = constraint
-        self._penalty = sampling.repeat_penalty
-        self._frequency = sampling.frequency_penalty
-        self._presence = sampling.presence_penalty
-        self._penalized = (self._penalty != 1.0 or self._frequency != 0.0
-                           or self._presence != 0.0)
-        self._recent: collections.deque[int] = collections.deque(maxlen=PENALTY_WINDOW)
-        self._chain = None
-        if not sampling.greedy:
-            self._chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
-            for sampler in (lib.llama_sampler_init_top_k(sampling.top_k),
-                            lib.llama_sampler_init_top_p(sampling.top_p, 1),
-                            lib.llama_sampler_init_min_p(sampling.min_p, 1),
-                            lib.llama_sampler_init_temp(sampling.temperature)):
-                lib.llama_sampler_chain_add(self._chain, sampler)
-            seed = sampling.seed if sampling.seed >= 0 else lib.LLAMA_DEFAULT_SEED
-            lib.llama_sampler_chain_add(self._chain, lib.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-
-    def sample(self, index: int = -1) -> int:
-        """The next token, from the logits after the last decode's ``index``-th token (-1: its
-        last output; the repeat penalty edits them in place). A speculative check calls it once
-        per position, in order, so the penalty window and the random draws are those of
-        one-by-one decoding."""
-        if self._penalized and self._recent:
-            apply_repeat_penalty(self._lib.llama_get_logits_ith(self._ctx, index), self._recent,
-                                 self._penalty, self._frequency, self._presence)
-        token = self._draw(index)
-        if self._constraint is not None:
-            token = self._constraint.choose(token, self._logits(index),
-                                            lambda: self._draw(index), self._pick)
-        self._recent.append(token)
-        return token
-
-    def _draw(self, index: int) -> int:
-        if self._chain is None:
-            return int(self._logits(index).argmax())
-        return int(self._lib.llama_sampler_sample(self._chain, self._ctx, index))
-
-    def _pick(self, candidates: np.ndarray, by_logit: bool) -> int:
-        """The token this sampling draws among ``candidates`` (a TOKEN_DATA array; ``by_logit``:
-        sorted by descending logit): the best one, or the chain's draw."""
-        if self._chain is None:
-            return int(candidates["id"][0 if by_logit else int(candidates["logit"].argmax())])
-        lib = self._lib
-        array = lib.llama_token_data_array(candidates.ctypes.data_as(lib.llama_token_data_p),
-                                           len(candidates), -1, by_logit)
-        lib.llama_sampler_apply(self._chain, ctypes.byref(array))
-        return int(array.data[array.selected].id)
-
-    def close(self) -> None:
-        if self._chain is not None:
-            self._lib.llama_sampler_free(self._chain)
-            self._chain = None
-
-
-@dataclass(frozen=True)
-class TokenStats:
-    """How sure the model was of one sampled token (softmax over the whole vocabulary)."""
-
-    prob: float  # probability of the sampled token
-    margin: float  # top-1 minus top-2 probability
-    entropy: float  # of the next-token distribution, in nats
-
-
-def token_stats(logits: np.ndarray, token: int) -> TokenStats:
-    """TokenStats of ``token`` under ``logits`` (used for confidence tracking): one exp over
-    the vocabulary (~0.7 ms for 262,144 entries), the rest are cheap passes."""
-    best = int(np.argmax(logits))
-    top = float(logits[best])
-    logits[best] = -np.inf  # the runner-up without sorting; put back at once
-    second = float(logits.max())
-    logits[best] = top
-    shifted = logits - np.float32(top)
-    weights = np.exp(shifted)
-    total = float(weights.sum())
-    # H = log Z - sum(p * x) with x the shifted logits (no second exp over the vocabulary).
-    entropy = float(np.log(total) - float(np.dot(weights, shifted)) / total)
-    return TokenStats(float(weights[token]) / total, (1.0 - float(np.exp(second - top))) / total,
-                      max(0.0, entropy))
 
 
 def _new_llama(llama_cpp, model_path: str, **params):

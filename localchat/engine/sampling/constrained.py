@@ -1,6 +1,5 @@
-"""A turn's constraint while its reply is sampled: where in the reply the grammar applies, and how
-a sampled token the grammar rejects is drawn again, at a cost that does not grow with the
-vocabulary.
+"""A turn's constraint while its reply is sampled: how a sampled token the grammar rejects is
+drawn again, at a cost that does not grow with the vocabulary (the sampler's ``TokenJudge``).
 
 Sampling is llama.cpp's common sampler's (``common/sampling.cpp``, ``common_sampler_sample``):
 the turn's own sampler draws a token as it would without a grammar (the greedy argmax, the
@@ -12,7 +11,7 @@ for 49,152 tokens here, ~20 ms for 262,144), the redraw narrows first, cheapest 
 
 1. the ~64 tokens with the highest logits (every token above a threshold): where the grammar
    allows much (inside a string) the best allowed token is nearly always among them;
-2. the tokens whose first bytes the grammar allows (``engine.lead_bytes``): where it allows
+2. the tokens whose first bytes the grammar allows (``sampling.lead_bytes``): where it allows
    little (after a value: a comma, a bracket, whitespace), all of them in a few hundred
    candidates;
 3. ~1,024 and ~16,384 tokens with the highest logits; then the whole vocabulary.
@@ -37,8 +36,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localchat.engine.grammar import TOKEN_DATA, Grammar
-from localchat.engine.lead_bytes import lead_bytes
+from localchat.engine.sampling.grammar import TOKEN_DATA, Grammar
+from localchat.engine.sampling.lead_bytes import lead_bytes
 from localchat.errors import EngineError, FormatError
 from localchat.formats.constraint import AnswerGate, Constraint, Verdict
 
@@ -53,7 +52,7 @@ WINDOWS = (64, 1024, 16384)
 # cut, so the draw is the full pass's. (A structural position allows only a few tokens in the
 # whole vocabulary: "," "]" and whitespace after an array item; no window holds 40 of them.)
 NEGLIGIBLE = 14.0
-# After the first window, the tokens whose first bytes the grammar allows (engine.lead_bytes),
+# After the first window, the tokens whose first bytes the grammar allows (sampling.lead_bytes),
 # when they are at most this many: all the tokens it may allow, so the draw is the full pass's.
 NARROWED_LIMIT = 8192
 # The logits sampled to estimate a window's threshold (a partition of all of them costs ~3 ms
