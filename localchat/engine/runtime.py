@@ -1,5 +1,6 @@
 """The llama.cpp calls the engine needs, in one place: load, tokenize, decode at given positions,
-sample, KV-cache edits and aborting a decode.
+the logits and a turn's sampler over them (``engine.sampling``), KV-cache edits and aborting a
+decode. llama.cpp's log is kept away from the terminal by ``engine.llama_log``.
 
 Only the engine thread calls these (``tokenize`` is also safe from other threads: it only reads
 the vocabulary). Nothing here knows about chats or turns.
@@ -7,19 +8,16 @@ the vocabulary). Nothing here knows about chats or turns.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import ctypes
 import os
-import re
-import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from localchat.engine import llama_log
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.sampling.sampler import Sampler, TokenJudge
 from localchat.engine.threads import ThreadGovernor
@@ -40,28 +38,6 @@ def check_n_ctx_floor(n_ctx: int, name: str = "n_ctx", *, zero_is_default: bool 
                           "tokens, so ask for at least that")
 
 
-def _silence_llama_logs() -> None:
-    """Route llama.cpp's log lines away from the terminal (they would tear through the TUI and
-    ``ask`` output; llama-cpp-python's own filter maps the newer log levels wrongly and lets
-    warnings through). Set LOCALCHAT_LLAMA_LOG=1 to see them on stderr."""
-    import llama_cpp
-
-    global _log_callback
-    if _log_callback is not None:
-        return
-    show = os.environ.get("LOCALCHAT_LLAMA_LOG") == "1"
-
-    def forward(level: int, text: bytes, user_data) -> None:
-        _recent_log.append(text)
-        if b"buffer size" in text:
-            _note_buffer(text.decode("utf-8", errors="replace"))
-        if show:
-            os.write(2, text)
-
-    _log_callback = llama_cpp.llama_log_callback(forward)
-    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-
-
 def physical_cores() -> int:
     """Physical CPU cores (Linux: distinct core ids in /proc/cpuinfo), else logical CPUs."""
     try:
@@ -77,42 +53,6 @@ def physical_cores() -> int:
         elif key == "core id":
             cores.add((physical, value.strip()))
     return max(1, len(cores) or os.cpu_count() or 1)
-
-
-# Module-level: llama.cpp keeps the pointer, ctypes must keep the object.
-_log_callback: ctypes._CFunctionType | None = None
-# The last log lines, hidden from the terminal but kept: a failed load names its cause only there
-# ("unknown model architecture: 'x'"), while the exception says "Failed to load model from file".
-_recent_log: collections.deque[bytes] = collections.deque(maxlen=64)
-
-
-# What llama.cpp allocated while loading, from its log ("CUDA0 KV buffer size = 512.00 MiB"):
-# kind (model, KV, compute, output) -> device buffer name -> MiB. Cleared at each load.
-_buffers: dict[str, dict[str, float]] = {}
-_BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|RS|compute|output) buffer size\s*=\s*([\d.]+) MiB")
-
-
-def _note_buffer(line: str) -> None:
-    match = _BUFFER_LINE.search(line)
-    if match:
-        device, kind, mib = match.group(1), match.group(2).lower(), float(match.group(3))
-        per_device = _buffers.setdefault(kind, {})
-        per_device[device] = per_device.get(device, 0.0) + mib
-
-
-def _load_failure(model_path: Path, exc: Exception) -> str:
-    """Why a model did not load, in words: the unknown architecture when llama.cpp said so."""
-    import llama_cpp
-
-    for raw in reversed(_recent_log):
-        line = raw.decode("utf-8", errors="replace")
-        match = re.search(r"unknown model architecture: '([^']*)'", line)
-        if match:
-            version = getattr(llama_cpp, "__version__", "?")
-            return (f"could not load {model_path.name}: its architecture {match.group(1)!r} is not "
-                    f"supported by this llama.cpp build (llama-cpp-python {version}); a newer "
-                    "llama-cpp-python may support it")
-    return f"could not load {model_path.name}: {exc}"
 
 
 MemoryKind = str  # "kv" | "swa" | "recurrent" | "hybrid"
@@ -140,17 +80,15 @@ class LlamaRuntime:
         import llama_cpp
 
         self._lib = llama_cpp
-        _silence_llama_logs()
         kv_type = _KV_TYPES.get(options.kv_type)
         if kv_type is None:
             raise EngineError(f"unknown kv_type {options.kv_type!r}; use one of {', '.join(_KV_TYPES)}")
         # One thread per physical core, as llama.cpp does: measured here, 2 threads decode in
         # ~12 ms/token where 1 takes ~20; hyperthread siblings add nothing but barrier waits.
         threads = options.n_threads or physical_cores()
-        _recent_log.clear()
-        _buffers.clear()
+        llama_log.start_load()
         try:
-            with _quiet_stderr():
+            with llama_log.quiet_stderr():
                 self.llama = _new_llama(
                     llama_cpp,
                     str(model_path),
@@ -167,9 +105,9 @@ class LlamaRuntime:
                     verbose=False,
                 )
         except (ValueError, RuntimeError, OSError) as exc:
-            raise EngineError(_load_failure(model_path, exc)) from None
+            raise EngineError(llama_log.load_failure(model_path, exc)) from None
         # llama.cpp's own account of memory: {"model"|"kv"|"compute"|"output": {device: MiB}}.
-        self.buffer_mib = {kind: dict(devices) for kind, devices in _buffers.items()}
+        self.buffer_mib = llama_log.buffer_mib()
         self.ctx = self.llama._ctx.ctx
         self.model = self.llama._model
         self.vocab = self.model.vocab
@@ -468,48 +406,3 @@ class _UnusedChatHandler:
             raise RuntimeError("the GGUF's chat template does not compile")
 
         return refuse
-
-
-@contextlib.contextmanager
-def llama_messages() -> Iterator[list[str]]:
-    """What llama.cpp says while the block runs, in the list yielded once the block ends: its
-    log lines and what it prints on stderr (its grammar parser writes there), so that a refusal
-    can be told to the user in its own words instead of reaching the terminal."""
-    _silence_llama_logs()
-    _recent_log.clear()
-    said: list[str] = []
-    with tempfile.TemporaryFile() as printed:
-        try:
-            saved = os.dup(2)
-        except OSError:
-            saved = -1
-        if saved >= 0:
-            os.dup2(printed.fileno(), 2)
-        try:
-            yield said
-        finally:
-            if saved >= 0:
-                os.dup2(saved, 2)
-                os.close(saved)
-            printed.seek(0)
-            said.extend(line.decode("utf-8", errors="replace").strip() for line in _recent_log)
-            said.extend(printed.read().decode("utf-8", errors="replace").splitlines())
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """llama.cpp prints load chatter on fd 2 even with verbose=False; keep the terminal clean."""
-    try:
-        fd = os.dup(2)
-    except OSError:
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(fd, 2)
-        os.close(fd)
-        os.close(devnull)
-

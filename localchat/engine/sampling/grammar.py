@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from localchat.engine.runtime import llama_messages
+from localchat.engine.llama_log import llama_messages
 from localchat.errors import FormatError
 
 # llama_token_data as a numpy record: a candidate array is made from the logits without a
