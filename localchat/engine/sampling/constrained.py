@@ -42,6 +42,7 @@ from localchat.errors import EngineError, FormatError
 from localchat.formats.constraint import AnswerGate, Constraint, Verdict
 
 if TYPE_CHECKING:
+    from localchat.engine.options import Sampling
     from localchat.engine.runtime import LlamaRuntime
 
 # Candidates checked before the whole vocabulary, in order (the tokens with the highest logits).
@@ -95,6 +96,15 @@ class TurnConstraint:
         self._needed = 1 if greedy else top_k if top_k > 0 else runtime.n_vocab + 1
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._all: np.ndarray | None = None  # the whole vocabulary's candidates, made once
+
+    @classmethod
+    def for_turn(cls, runtime: LlamaRuntime, constraint: Constraint | None, sampling: Sampling,
+                 inside_reasoning: bool) -> TurnConstraint | None:
+        """The turn's TurnConstraint, None without one; FormatError when llama.cpp refuses its
+        grammar over this model's vocabulary."""
+        if constraint is None:
+            return None
+        return cls(runtime, constraint, inside_reasoning, sampling.top_k, sampling.greedy)
 
     def choose(self, token: int, logits: np.ndarray, draw: Callable[[], int],
                pick: Callable[[np.ndarray, bool], int]) -> int:
