@@ -9,6 +9,10 @@ engine's ``check_grammar``). ``read_schema`` takes what a user types after ``--s
 Schema text, a file holding one, or llm's short form (``formats.short_form``); ``read_grammar``
 the file named after ``--grammar``.
 
+Beside it: ``formats.constraint`` (a grammar a reply must follow while sampled, lazy or not, and
+where in the reply it applies) and ``formats.tool_grammar`` (a tool call's grammar, from the
+tools' schemas and the family's description in ``reply.families``).
+
 Plain logic without a model: the engine only ever sees the grammar text.
 """
 
