@@ -74,7 +74,7 @@ class Timings:
     draft_n_accepted: int = 0
     # Constrained sampling (a JSON Schema, a grammar): tokens the grammar judged, those of them
     # drawn again because it rejected the first draw, and the redraws that had to check the
-    # whole vocabulary (engine/constrain.py).
+    # whole vocabulary (engine/sampling/constrained.py).
     constrained_n: int = 0
     redrawn_n: int = 0
     vocab_passes: int = 0

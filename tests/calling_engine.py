@@ -14,7 +14,8 @@ from typing import Any
 
 from localchat.events import Done
 from localchat.reply.call_stream import ToolCallSplitter
-from localchat.reply.calls import HERMES, ToolCall
+from localchat.reply.calls import ToolCall
+from localchat.reply.families import HERMES
 from tests.fake_engine import FakeEngine
 
 

@@ -15,12 +15,12 @@ from reasoning_templates import THINKING
 from schema_samples import random_schema
 
 from localchat.context.chat_context import ChatContext
-from localchat.engine import constrain
-from localchat.engine.constrain import AnswerGate, Verdict
-from localchat.engine.options import Constraint, Sampling
-from localchat.engine.runtime import Sampler
+from localchat.engine.options import Sampling
+from localchat.engine.sampling import constrained as constrain
+from localchat.engine.sampling.sampler import Sampler
 from localchat.events import Done, Failed, Thinking, Token
 from localchat.formats import read_schema, schema_format
+from localchat.formats.constraint import AnswerGate, Constraint, Verdict
 
 PERSON = schema_format(read_schema("name, age int, city"))
 MOVIE = schema_format({

@@ -254,7 +254,7 @@ def test_confidence_tracking_reports_token_stats_for_the_first_tokens(test_model
 def test_token_stats_match_a_plain_softmax():
     import numpy as np
 
-    from localchat.engine.runtime import token_stats
+    from localchat.engine.sampling.confidence import token_stats
 
     logits = np.array([2.0, 1.0, 0.5, -3.0], dtype=np.float32)
     p = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
@@ -315,7 +315,7 @@ def test_sampling_without_vocabulary_passes_picks_what_llama_cpp_s_chain_picks(e
 def test_frequency_and_presence_penalties_lower_recent_tokens_by_count_as_llama_cpp_does():
     import numpy as np
 
-    from localchat.engine.runtime import apply_repeat_penalty
+    from localchat.engine.sampling.sampler import apply_repeat_penalty
 
     logits = np.array([2.0, -1.0, 3.0, 1.0], dtype=np.float32)
     apply_repeat_penalty(logits, [0, 0, 1], 1.0, frequency=0.5, presence=0.25)

@@ -16,9 +16,10 @@ from oracle import assert_matches_fresh, loaded_engine, reply_tokens
 from tool_templates import LLAMA31, MISTRAL_NEMO, QWEN25
 
 from localchat.engine.options import Sampling
-from localchat.engine.tool_grammar import call_constraint
 from localchat.events import Done, Failed, Token
-from localchat.reply.calls import FORMATS, ToolResult, assistant_message
+from localchat.formats.tool_grammar import call_constraint
+from localchat.reply.calls import ToolResult, assistant_message
+from localchat.reply.families import FORMATS
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city now.",
@@ -168,7 +169,7 @@ def test_a_familys_marker_token_is_shown_as_text(test_model_path):
     """``<|python_tag|>`` and ``[TOOL_CALLS]`` are special tokens llama.cpp renders as nothing;
     the call parser must see them, and the history must render them back to the same token.
     The test model has neither, so one of its own special tokens stands in."""
-    from localchat.engine.lead_bytes import lead_bytes
+    from localchat.engine.sampling.lead_bytes import lead_bytes
 
     with loaded_engine(test_model_path, 256, "marker", speculative="off") as model:
         runtime = model._require_runtime()

@@ -16,7 +16,7 @@ from oracle import assert_matches_fresh, loaded_engine, reply_tokens
 from localchat.engine import speculate
 from localchat.engine.ngram import TokenLog, lookup
 from localchat.engine.options import Sampling
-from localchat.engine.runtime import Sampler
+from localchat.engine.sampling.sampler import Sampler
 from localchat.engine.speculate import Acceptance, DraftPolicy, TurnDrafts, best_length
 from localchat.events import Done, Notice, Timings, Token
 

@@ -13,10 +13,10 @@ from localchat.reply.calls import (
     ToolCall,
     assistant_message,
     calls_from_json,
-    detect_format,
     failed_call_result,
     new_call_id,
 )
+from localchat.reply.families import detect_format
 from tests.tool_templates import LLAMA31, MISTRAL_NEMO, QWEN25, SMOLLM2
 
 MARKERS = ("<tool_call>", "</tool_call>", "<|python_tag|>", "[TOOL_CALLS]", "<function", '"name"')
@@ -245,7 +245,7 @@ def test_with_the_tools_known_a_json_answer_about_a_name_stays_an_answer():
 def test_the_start_trigger_matches_what_the_splitter_reads_as_a_bare_call():
     import re
 
-    from localchat.reply.calls import FORMATS, start_trigger
+    from localchat.reply.families import FORMATS, start_trigger
 
     hermes = re.compile(start_trigger(FORMATS["hermes"], ("get_weather",)))
     assert hermes.fullmatch('\n{"name": "get_weather", "arguments": {}}')

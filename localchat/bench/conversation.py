@@ -23,7 +23,7 @@ from localchat.context.factory import open_chat
 from localchat.engine.engine import Engine
 from localchat.engine.factory import open_engine
 from localchat.engine.options import Sampling
-from localchat.engine.runtime import PENALTY_WINDOW, apply_repeat_penalty
+from localchat.engine.sampling.sampler import PENALTY_WINDOW, apply_repeat_penalty
 from localchat.events import Done, Timings
 from localchat.percentiles import percentile
 from localchat.settings import Settings

@@ -31,7 +31,7 @@ from localchat.engine.engine import Engine
 from localchat.engine.factory import open_engine
 from localchat.engine.ngram import MAX_MATCH
 from localchat.engine.options import Sampling
-from localchat.engine.runtime import PENALTY_WINDOW
+from localchat.engine.sampling.sampler import PENALTY_WINDOW
 from localchat.errors import UserError
 from localchat.events import Timings
 from localchat.settings import Settings

@@ -13,7 +13,7 @@ import argparse
 
 from localchat.errors import FormatError
 from localchat.events import Done
-from localchat.formats import AnswerFormat, json_format, read_schema, schema_format
+from localchat.formats import AnswerFormat, json_format, read_grammar, read_schema, schema_format
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -45,9 +45,11 @@ def answer_format(args: argparse.Namespace) -> AnswerFormat | None:
     if args.schema_multi is not None:
         return schema_format(read_schema(args.schema_multi, multi=True))
     if args.grammar is not None:
-        from localchat.engine.grammar import grammar_file
+        from localchat.engine.sampling.grammar import check_grammar
 
-        return grammar_file(args.grammar)
+        shape = read_grammar(args.grammar)
+        check_grammar(shape.grammar)
+        return shape
     return None
 
 

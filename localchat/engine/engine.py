@@ -21,28 +21,24 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from localchat import logs
-from localchat.engine.constrain import TurnConstraint
+from localchat.engine.fresh import fresh_logits
 from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, plan_layout
-from localchat.engine.options import Constraint, EngineOptions, Sampling
+from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.preflight import Preflight, preflight
+from localchat.engine.prompts import ModelPrompts
 from localchat.engine.reuse import fill_cache
 from localchat.engine.runtime import LlamaRuntime
+from localchat.engine.sampling.constrained import TurnConstraint
+from localchat.engine.snapshot_file import engine_fingerprint
 from localchat.engine.speculate import Speculator, build_speculator, plan_speculation
-from localchat.engine.state_pool import StatePool, StateView
+from localchat.engine.state_pool import StatePool
 from localchat.engine.templates import (
-    Render,
-    has_thinking_switch,
     make_renderer,
-    with_thinking,
 )
-from localchat.engine.tool_templates import ToolRendering, tool_rendering
-from localchat.engine.tool_turn import ToolPlan, needs_plan, plain_render
-from localchat.engine.tool_turn import plan as plan_tools
 from localchat.engine.turn import ReplyEvents, TurnClock, TurnHandle
 from localchat.errors import ContextOverflow, EngineError, FormatError, UserError
 from localchat.events import Done, Failed, Loaded, Notice, PrefillProgress, Timings
-from localchat.reply.calls import detect_format
 from localchat.reply.reasoning import prompt_opens_thinking
 
 __all__ = ["Engine", "KVSnapshot"]
@@ -71,10 +67,7 @@ class Engine:
         self.n_params: int | None = None  # from the GGUF header, once loaded (escalation reads it)
         self._preflight: Preflight | None = None
         self._runtime: LlamaRuntime | None = None
-        self._render: Render = _no_model
-        self._template = ""
-        self._tool_rendering: ToolRendering | None = None  # probed at the first turn with tools
-        self._overhead: int | None = None
+        self._prompts = ModelPrompts()  # the loaded model's chat template
         self._kv: ConversationCache | None = None
         self._speculator: Speculator | None = None
         self._notices: list[Notice] = []  # for the next foreground turn (after a load)
@@ -232,7 +225,7 @@ class Engine:
     def check_grammar(self, grammar: str, root: str = "root") -> None:
         """FormatError unless llama.cpp parses ``grammar`` over this model's vocabulary (a token
         named by its text must be one of the model's)."""
-        from localchat.engine.grammar import check_grammar
+        from localchat.engine.sampling.grammar import check_grammar
 
         self.call(lambda: check_grammar(grammar, root, self._require_runtime().vocab))
 
@@ -253,14 +246,7 @@ class Engine:
     def template_overhead(self) -> int:
         """Template tokens around one user message plus the assistant header and the previous
         reply's end marker (measured once per model)."""
-        if self._overhead is None:
-            runtime = self._require_runtime()
-            probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-            before = self._render(probe, False)
-            after = self._render(probe + [{"role": "user", "content": "z"}], True)
-            delta = after.removeprefix(before)
-            self._overhead = max(1, len(runtime.tokenize(delta, False)) - 1) + 2
-        return self._overhead
+        return self._prompts.overhead(self._require_runtime().tokenize)
 
     def fresh_logits(self, messages: list[dict[str, str]], reply: list[int],
                      check_size: int | None = None, sampling: Sampling | None = None) -> Any:
@@ -271,32 +257,9 @@ class Engine:
         ``check_size``: the reply is evaluated in batches of that many tokens with logits at
         each, as speculative checks evaluate drafts (on the CPU, other kernels than one token at
         a time), instead of one token at a time. ``sampling``: the turn's, for its tools."""
-        import numpy as np
-
         def job() -> Any:
-            kv = self._require_kv()
-            runtime = kv.runtime
             prompt = self._fresh_prompt(messages, sampling)
-            kv.forget()
-            try:
-                # A fresh turn's schedule (prompt in prefill chunks, the reply one token at a
-                # time), not abortable: no turn is running that a stop could be meant for.
-                for i in range(0, len(prompt), CPU_PREFILL_CHUNK):
-                    runtime.decode(prompt[i:i + CPU_PREFILL_CHUNK], i)
-                if check_size is None or not reply:
-                    for j, token in enumerate(reply):
-                        runtime.decode([token], len(prompt) + j)
-                    return np.array(runtime.last_logits())
-                for j in range(0, len(reply), check_size):
-                    # One token more after the last batch (a draft), so even one reply token is
-                    # checked in a batch; the logits wanted are those before it.
-                    batch = reply[j:j + check_size]
-                    if j + check_size >= len(reply):
-                        batch = [*batch, reply[-1]]
-                    runtime.decode(batch, len(prompt) + j, outputs=len(batch))
-                return np.array(runtime.logits_at(len(batch) - 2))
-            finally:
-                kv.forget()
+            return fresh_logits(self._require_kv(), prompt, reply, check_size, CPU_PREFILL_CHUNK)
 
         return self.call(job)
 
@@ -308,7 +271,7 @@ class Engine:
 
     def _fresh_prompt(self, messages: list[dict[str, str]],
                       sampling: Sampling | None = None) -> list[int]:
-        render, shaped = self._render_for(messages, sampling)
+        render, shaped = self._prompts.render_for(messages, sampling)
         return plan_layout([], shaped, render, self._require_runtime().tokenize).tokens
 
     def end_tokens(self) -> list[int]:
@@ -321,7 +284,7 @@ class Engine:
         """Exact length in tokens of ``messages`` as the template renders them (no cache effect),
         with ``sampling``'s tools if it has some."""
         runtime = self._require_runtime()
-        render, shaped = self._render_for(messages, sampling)
+        render, shaped = self._prompts.render_for(messages, sampling)
         return len(runtime.tokenize(render(shaped, add_generation_prompt), True))
 
     def close(self) -> None:
@@ -365,7 +328,7 @@ class Engine:
     @property
     def supports_thinking(self) -> bool:
         """Whether the model's template has a thinking switch (``Sampling.thinking`` on/off)."""
-        return has_thinking_switch(self._template)
+        return self._prompts.supports_thinking
 
     @property
     def tokens_in_context(self) -> int:
@@ -380,21 +343,8 @@ class Engine:
     def fingerprint(self) -> dict[str, Any]:
         """What a saved KV state depends on: the model file, context size, KV type, template and
         llama.cpp version. A snapshot taken under another fingerprint must not be restored."""
-        import hashlib
-
-        import llama_cpp
-
-        stat = self.model_path.stat()
-        runtime = self._require_runtime()
-        return {
-            "model_file": self.model_path.name,
-            "model_size": stat.st_size,
-            "model_mtime_ns": stat.st_mtime_ns,
-            "n_ctx": runtime.n_ctx,
-            "kv_type": self.options.kv_type,
-            "llama_cpp": getattr(llama_cpp, "__version__", "?"),
-            "template": hashlib.sha256(self._template.encode()).hexdigest()[:16],
-        }
+        return engine_fingerprint(self.model_path, self._require_runtime().n_ctx,
+                                  self.options.kv_type, self._prompts.template)
 
     def export_snapshot(self) -> KVSnapshot:
         """The KV cells and exact token records of the conversation (engine thread; fast: a copy)."""
@@ -445,11 +395,10 @@ class Engine:
         if on_progress:
             on_progress(0.1)
         self._runtime = LlamaRuntime(self.model_path, self.options, fit.n_gpu_layers)
-        self._render = make_renderer(template, self._runtime.bos_text, self._runtime.eos_text)
-        self._template = template
-        self._tool_rendering = None
+        self._prompts = ModelPrompts(template, make_renderer(template, self._runtime.bos_text,
+                                                             self._runtime.eos_text))
         # A family's call marker is a special token: shown as text, so calls can be read.
-        self._runtime.show_as_text(detect_format(template).preserved_tokens)
+        self._runtime.show_as_text(self._prompts.preserved_tokens)
         self._kv = ConversationCache(self._runtime, self.options.checkpoints)
         self._speculator, notices = build_speculator(self.options, self._runtime, gguf, draft,
                                                      draft_problem, self.name)
@@ -525,7 +474,7 @@ class Engine:
         runtime = kv.runtime
         clock = TurnClock(handle.submitted_at)
         timings = Timings(model=self.name)
-        render, shaped = self._render_for(messages, sampling)
+        render, shaped = self._prompts.render_for(messages, sampling)
         layout = plan_layout(kv.records, shaped, render, runtime.tokenize,
                              allow_shift=runtime.can_shift, add_generation_prompt=False)
         last = kv.records[-1] if kv.records else None
@@ -545,7 +494,7 @@ class Engine:
         kv = self._require_kv()
         kv.drop_partial()  # a stopped draft's cells: not this turn's base
         saved, saved_tokens = kv.mark(), kv.tokens()
-        render, shaped = self._render_for(messages, sampling)
+        render, shaped = self._prompts.render_for(messages, sampling)
         layout = plan_layout(saved.records, shaped, render, kv.runtime.tokenize,
                              allow_shift=False)
         if layout.prefix_fallback or layout.tokens[:len(saved_tokens)] != saved_tokens:
@@ -562,18 +511,18 @@ class Engine:
         clock = TurnClock(handle.submitted_at)
         timings = Timings(model=self.name)
         try:  # before anything is prefilled: a grammar llama.cpp refuses ends the turn at once
-            tools = self._tool_plan(messages, sampling)
+            tools = self._prompts.tool_plan(messages, sampling)
             if layout is None:
                 shaped = tools.messages if tools is not None else messages
                 if pool is not None:
-                    timings.restore_ms = self._take_best_state(pool, shaped)
-                render = with_thinking(tools.render if tools is not None else self._render,
-                                       sampling.thinking, self.supports_thinking)
+                    timings.restore_ms = kv.take_best_state(pool, shaped)
+                render = self._prompts.turn_render(tools, sampling)
                 layout = plan_layout(kv.records, shaped, render, runtime.tokenize,
                                      allow_shift=runtime.can_shift and pool is None)
             self._check_fits(len(layout.tokens))
             inside = prompt_opens_thinking(layout.messages[-1].text)
-            constraint = self._new_constraint(
+            constraint = TurnConstraint.for_turn(
+                self._require_runtime(),
                 sampling.constraint or (tools.constraint if tools is not None else None),
                 sampling, inside)
         except FormatError as exc:
@@ -607,53 +556,6 @@ class Engine:
         handle.emit(Done(reply, finish, self._timings(clock.fill(timings)), thinking,
                          stream.calls))
 
-    def _new_constraint(self, constraint: Constraint | None, sampling: Sampling,
-                        inside_reasoning: bool) -> TurnConstraint | None:
-        """The turn's TurnConstraint, None without one; FormatError when llama.cpp refuses its
-        grammar over this model's vocabulary."""
-        if constraint is None:
-            return None
-        return TurnConstraint(self._require_runtime(), constraint, inside_reasoning,
-                              sampling.top_k, sampling.greedy)
-
-    def _rendering(self) -> ToolRendering:
-        """What the model's template does with tools (probed once per loaded model)."""
-        if self._tool_rendering is None:
-            self._tool_rendering = tool_rendering(self._template, self._render)
-        return self._tool_rendering
-
-    def _tool_plan(self, messages: list[dict], sampling: Sampling) -> ToolPlan | None:
-        """How a turn with tools, or with calls in its history, renders and reads its reply."""
-        if not needs_plan(messages, sampling):
-            return None
-        return plan_tools(self._render, self._rendering(), self._template, messages, sampling)
-
-    def _render_for(self, messages: list[dict],
-                    sampling: Sampling | None) -> tuple[Render, list[dict]]:
-        """(renderer, messages as rendered) for a prompt of ``messages`` with ``sampling``'s
-        tools (None: none offered)."""
-        if sampling is not None and sampling.tools:
-            tools = self._tool_plan(messages, sampling)
-            if tools is not None:
-                return tools.render, tools.messages
-        return plain_render(self._render, self._rendering, messages)
-
-    def _take_best_state(self, pool: StatePool, messages: list[dict]) -> float:
-        """Bring the live context to the state that keeps the most of ``messages`` (the live
-        one, or one from ``pool``, see ``state_pool``); the ms a restore took (0: none)."""
-        kv = self._require_kv()
-        rolls_back = kv.uses_checkpoints
-        live = StateView(kv.records, kv.exact_n,
-                         [c.n_tokens for c in kv.checkpoints] if rolls_back else None)
-        chosen = pool.swap(live, messages, rolls_back, lambda: kv.export(with_checkpoints=True))
-        if chosen is None:
-            return 0.0
-        try:
-            return kv.restore(chosen)
-        except EngineError:  # refused by llama.cpp: the cache is empty, the turn prefills it all
-            log.warning("a saved conversation state could not be restored", exc_info=True)
-            return 0.0
-
     def _check_fits(self, n_tokens: int) -> None:
         n_ctx = self._require_runtime().n_ctx
         if n_tokens >= n_ctx:
@@ -686,7 +588,3 @@ class Engine:
         result: T = self.call(lambda: fn(self._require_kv()))
         return result
 
-
-def _no_model(*args: Any, **kwargs: Any) -> str:
-    """The renderer before a model (and with it a chat template) is loaded."""
-    raise EngineError("no model is loaded")

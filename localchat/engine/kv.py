@@ -24,20 +24,25 @@ halfway.
 from __future__ import annotations
 
 import codecs
+import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from localchat.engine.constrain import TurnConstraint
 from localchat.engine.layout import CachedMessage, Shift, without_partial
 from localchat.engine.options import Sampling
-from localchat.engine.runtime import DecodeAborted, LlamaRuntime, TokenStats, token_stats
+from localchat.engine.runtime import DecodeAborted, LlamaRuntime
+from localchat.engine.sampling.confidence import TokenStats, token_stats
+from localchat.engine.sampling.sampler import TokenJudge
 from localchat.engine.snapshot_file import KVSnapshot
 from localchat.engine.speculate import TurnDrafts
+from localchat.engine.state_pool import StatePool, StateView
 from localchat.engine.verify import ReplySteps
 from localchat.errors import EngineError
 from localchat.events import FinishReason
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -221,7 +226,7 @@ class ConversationCache:
     def generate(self, sampling: Sampling, confidence_tokens: int, should_stop: Callable[[], bool],
                  on_token: Callable[[str, int, TokenStats | None], None],
                  drafts: TurnDrafts | None = None,
-                 constraint: TurnConstraint | None = None) -> tuple[str, FinishReason]:
+                 constraint: TokenJudge | None = None) -> tuple[str, FinishReason]:
         """Sample the reply into the open record; (reply text, finish reason). A token is only
         evaluated when the next one is needed, so the last sampled token is not in the cache.
         The first ``confidence_tokens`` tokens carry their TokenStats. With ``drafts``, drafted
@@ -329,6 +334,21 @@ class ConversationCache:
         checkpoints = [(c.n_tokens, c.data) for c in self.checkpoints] if with_checkpoints else []
         return KVSnapshot(self.copy_records(), self.runtime.export_sequence(), self.exact_n,
                           checkpoints)
+
+    def take_best_state(self, pool: StatePool, messages: list[dict]) -> float:
+        """Bring the live context to the state that keeps the most of ``messages`` (the live
+        one, or one from ``pool``, see ``state_pool``); the ms a restore took (0: none)."""
+        rolls_back = self.uses_checkpoints
+        live = StateView(self.records, self.exact_n,
+                         [c.n_tokens for c in self.checkpoints] if rolls_back else None)
+        chosen = pool.swap(live, messages, rolls_back, lambda: self.export(with_checkpoints=True))
+        if chosen is None:
+            return 0.0
+        try:
+            return self.restore(chosen)
+        except EngineError:  # refused by llama.cpp: the cache is empty, the turn prefills it all
+            log.warning("a saved conversation state could not be restored", exc_info=True)
+            return 0.0
 
     def restore(self, snapshot: KVSnapshot) -> float:
         """Load a snapshot; ms it took. EngineError (and an empty cache) if it does not fit."""

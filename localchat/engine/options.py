@@ -13,26 +13,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from localchat.formats import AnswerFormat
+from localchat.formats.constraint import Constraint
 from localchat.settings import EngineSection, GpuLayers, KvType, SamplingSection, Speculative
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """A grammar the reply's answer must follow while it is sampled (``engine.constrain``).
-
-    ``grammar``: GBNF text, its start rule ``root``. Without triggers it applies from the
-    answer's first token (after any reasoning). With ``trigger_patterns`` (regular expressions
-    searched in the answer so far) or ``trigger_tokens`` (token ids) it is lazy, as llama.cpp's
-    ``llama_sampler_init_grammar_lazy_patterns``: the answer is free until one matches, and the
-    grammar applies from there (from the pattern's first non-empty capture group if it has one),
-    beginning with the matched text; a tool call is ``root ::= "<tool_call>" ...`` with the
-    trigger ``<tool_call>``.
-    """
-
-    grammar: str
-    root: str = "root"
-    trigger_patterns: tuple[str, ...] = ()
-    trigger_tokens: tuple[int, ...] = ()
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The llama.cpp calls the engine needs, in one place: load, tokenize, decode at given positions,
-sample, KV-cache edits and aborting a decode.
+the logits and a turn's sampler over them (``engine.sampling``), KV-cache edits and aborting a
+decode. llama.cpp's log is kept away from the terminal by ``engine.llama_log``.
 
 Only the engine thread calls these (``tokenize`` is also safe from other threads: it only reads
 the vocabulary). Nothing here knows about chats or turns.
@@ -7,26 +8,20 @@ the vocabulary). Nothing here knows about chats or turns.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import ctypes
 import os
-import re
-import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from localchat.engine import llama_log
 from localchat.engine.options import EngineOptions, Sampling
+from localchat.engine.sampling.sampler import Sampler, TokenJudge
 from localchat.engine.threads import ThreadGovernor
 from localchat.errors import EngineError
-
-if TYPE_CHECKING:
-    from localchat.engine.constrain import TurnConstraint
 
 _KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # GGML_TYPE_* values
 # llama.cpp allocates contexts in steps of 256 tokens (n_ctx 40 becomes 256, 300 becomes 512),
@@ -41,28 +36,6 @@ def check_n_ctx_floor(n_ctx: int, name: str = "n_ctx", *, zero_is_default: bool 
     if n_ctx < MIN_N_CTX and not (zero_is_default and n_ctx == 0):
         raise EngineError(f"{name} {n_ctx} is too small: llama.cpp allocates at least {MIN_N_CTX} "
                           "tokens, so ask for at least that")
-
-
-def _silence_llama_logs() -> None:
-    """Route llama.cpp's log lines away from the terminal (they would tear through the TUI and
-    ``ask`` output; llama-cpp-python's own filter maps the newer log levels wrongly and lets
-    warnings through). Set LOCALCHAT_LLAMA_LOG=1 to see them on stderr."""
-    import llama_cpp
-
-    global _log_callback
-    if _log_callback is not None:
-        return
-    show = os.environ.get("LOCALCHAT_LLAMA_LOG") == "1"
-
-    def forward(level: int, text: bytes, user_data) -> None:
-        _recent_log.append(text)
-        if b"buffer size" in text:
-            _note_buffer(text.decode("utf-8", errors="replace"))
-        if show:
-            os.write(2, text)
-
-    _log_callback = llama_cpp.llama_log_callback(forward)
-    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
 
 
 def physical_cores() -> int:
@@ -80,42 +53,6 @@ def physical_cores() -> int:
         elif key == "core id":
             cores.add((physical, value.strip()))
     return max(1, len(cores) or os.cpu_count() or 1)
-
-
-# Module-level: llama.cpp keeps the pointer, ctypes must keep the object.
-_log_callback: ctypes._CFunctionType | None = None
-# The last log lines, hidden from the terminal but kept: a failed load names its cause only there
-# ("unknown model architecture: 'x'"), while the exception says "Failed to load model from file".
-_recent_log: collections.deque[bytes] = collections.deque(maxlen=64)
-
-
-# What llama.cpp allocated while loading, from its log ("CUDA0 KV buffer size = 512.00 MiB"):
-# kind (model, KV, compute, output) -> device buffer name -> MiB. Cleared at each load.
-_buffers: dict[str, dict[str, float]] = {}
-_BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|RS|compute|output) buffer size\s*=\s*([\d.]+) MiB")
-
-
-def _note_buffer(line: str) -> None:
-    match = _BUFFER_LINE.search(line)
-    if match:
-        device, kind, mib = match.group(1), match.group(2).lower(), float(match.group(3))
-        per_device = _buffers.setdefault(kind, {})
-        per_device[device] = per_device.get(device, 0.0) + mib
-
-
-def _load_failure(model_path: Path, exc: Exception) -> str:
-    """Why a model did not load, in words: the unknown architecture when llama.cpp said so."""
-    import llama_cpp
-
-    for raw in reversed(_recent_log):
-        line = raw.decode("utf-8", errors="replace")
-        match = re.search(r"unknown model architecture: '([^']*)'", line)
-        if match:
-            version = getattr(llama_cpp, "__version__", "?")
-            return (f"could not load {model_path.name}: its architecture {match.group(1)!r} is not "
-                    f"supported by this llama.cpp build (llama-cpp-python {version}); a newer "
-                    "llama-cpp-python may support it")
-    return f"could not load {model_path.name}: {exc}"
 
 
 MemoryKind = str  # "kv" | "swa" | "recurrent" | "hybrid"
@@ -143,17 +80,15 @@ class LlamaRuntime:
         import llama_cpp
 
         self._lib = llama_cpp
-        _silence_llama_logs()
         kv_type = _KV_TYPES.get(options.kv_type)
         if kv_type is None:
             raise EngineError(f"unknown kv_type {options.kv_type!r}; use one of {', '.join(_KV_TYPES)}")
         # One thread per physical core, as llama.cpp does: measured here, 2 threads decode in
         # ~12 ms/token where 1 takes ~20; hyperthread siblings add nothing but barrier waits.
         threads = options.n_threads or physical_cores()
-        _recent_log.clear()
-        _buffers.clear()
+        llama_log.start_load()
         try:
-            with _quiet_stderr():
+            with llama_log.quiet_stderr():
                 self.llama = _new_llama(
                     llama_cpp,
                     str(model_path),
@@ -170,9 +105,9 @@ class LlamaRuntime:
                     verbose=False,
                 )
         except (ValueError, RuntimeError, OSError) as exc:
-            raise EngineError(_load_failure(model_path, exc)) from None
+            raise EngineError(llama_log.load_failure(model_path, exc)) from None
         # llama.cpp's own account of memory: {"model"|"kv"|"compute"|"output": {device: MiB}}.
-        self.buffer_mib = {kind: dict(devices) for kind, devices in _buffers.items()}
+        self.buffer_mib = llama_log.buffer_mib()
         self.ctx = self.llama._ctx.ctx
         self.model = self.llama._model
         self.vocab = self.model.vocab
@@ -356,9 +291,9 @@ class LlamaRuntime:
             self._logits_address = address
         return self._logits_view
 
-    def new_sampler(self, sampling: Sampling, constraint: TurnConstraint | None = None) -> Sampler:
+    def new_sampler(self, sampling: Sampling, constraint: TokenJudge | None = None) -> Sampler:
         """The turn's sampler; with ``constraint``, every token it draws is the grammar's to
-        judge (``engine.constrain``)."""
+        judge (``engine.sampling.constrained``)."""
         return Sampler(self._lib, sampling, self.ctx, self.logits_at, constraint)
 
     # -- KV cache -----------------------------------------------------------------------------
@@ -440,128 +375,6 @@ def _readable(data: bytes | memoryview) -> tuple[Any, np.ndarray]:
     return array.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), array
 
 
-# llama.cpp's repeat penalty looks at the last 64 sampled tokens (as llama_sampler_init_penalties
-# is called here before: penalty_last_n 64).
-PENALTY_WINDOW = 64
-
-
-def apply_repeat_penalty(logits: Any, recent: Iterable[int], penalty: float,
-                         frequency: float = 0.0, presence: float = 0.0) -> None:
-    """llama.cpp's penalties sampler, in place: the logits of the ``recent`` tokens are divided
-    by ``penalty`` (multiplied where negative), each token once however often it recurs; then
-    ``frequency`` times its count in ``recent`` and ``presence`` are subtracted (OpenAI's
-    frequency and presence penalties, over llama.cpp's window). ``logits``: a numpy array or
-    llama.cpp's float pointer.
-
-    A Python loop over at most PENALTY_WINDOW tokens: right after a decode (cold CPU caches)
-    it takes ~10 us a token here, where numpy's gather, where and scatter took ~150 us. The
-    arithmetic is llama.cpp's float32: the penalty rounded to a float32, then one double
-    operation on two float32 values rounds to the same float32 as float32 arithmetic."""
-    factor = float(np.float32(penalty))
-    counts = collections.Counter(recent)
-    for token, count in counts.items():
-        value = logits[token]
-        if penalty != 1.0:
-            value = value * factor if value <= 0 else value / factor
-        if frequency or presence:
-            value -= count * frequency + presence
-        logits[token] = value
-
-
-class Sampler:
-    """Picks each next token from the last logits, at a cost that does not grow with the
-    vocabulary where that can be avoided: llama.cpp's sampler chain builds a candidate entry for
-    every token of the vocabulary per call, ~0.5 ms per token for a 262,144-token vocabulary,
-    and its repeat penalty looks every candidate up in a map (another ~1 ms). So the repeat
-    penalty is applied here to the few recently sampled tokens' logits, and greedy decoding is an
-    argmax; only sampling with temperature runs llama.cpp's chain (top-k first, in C)."""
-
-    def __init__(self, lib, sampling: Sampling, ctx, logits: Callable[[int], np.ndarray],
-                 constraint: TurnConstraint | None = None) -> None:
-        self._lib = lib
-        self._ctx = ctx
-        self._logits = logits
-        self._constraint = constraint
-        self._penalty = sampling.repeat_penalty
-        self._frequency = sampling.frequency_penalty
-        self._presence = sampling.presence_penalty
-        self._penalized = (self._penalty != 1.0 or self._frequency != 0.0
-                           or self._presence != 0.0)
-        self._recent: collections.deque[int] = collections.deque(maxlen=PENALTY_WINDOW)
-        self._chain = None
-        if not sampling.greedy:
-            self._chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
-            for sampler in (lib.llama_sampler_init_top_k(sampling.top_k),
-                            lib.llama_sampler_init_top_p(sampling.top_p, 1),
-                            lib.llama_sampler_init_min_p(sampling.min_p, 1),
-                            lib.llama_sampler_init_temp(sampling.temperature)):
-                lib.llama_sampler_chain_add(self._chain, sampler)
-            seed = sampling.seed if sampling.seed >= 0 else lib.LLAMA_DEFAULT_SEED
-            lib.llama_sampler_chain_add(self._chain, lib.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-
-    def sample(self, index: int = -1) -> int:
-        """The next token, from the logits after the last decode's ``index``-th token (-1: its
-        last output; the repeat penalty edits them in place). A speculative check calls it once
-        per position, in order, so the penalty window and the random draws are those of
-        one-by-one decoding."""
-        if self._penalized and self._recent:
-            apply_repeat_penalty(self._lib.llama_get_logits_ith(self._ctx, index), self._recent,
-                                 self._penalty, self._frequency, self._presence)
-        token = self._draw(index)
-        if self._constraint is not None:
-            token = self._constraint.choose(token, self._logits(index),
-                                            lambda: self._draw(index), self._pick)
-        self._recent.append(token)
-        return token
-
-    def _draw(self, index: int) -> int:
-        if self._chain is None:
-            return int(self._logits(index).argmax())
-        return int(self._lib.llama_sampler_sample(self._chain, self._ctx, index))
-
-    def _pick(self, candidates: np.ndarray, by_logit: bool) -> int:
-        """The token this sampling draws among ``candidates`` (a TOKEN_DATA array; ``by_logit``:
-        sorted by descending logit): the best one, or the chain's draw."""
-        if self._chain is None:
-            return int(candidates["id"][0 if by_logit else int(candidates["logit"].argmax())])
-        lib = self._lib
-        array = lib.llama_token_data_array(candidates.ctypes.data_as(lib.llama_token_data_p),
-                                           len(candidates), -1, by_logit)
-        lib.llama_sampler_apply(self._chain, ctypes.byref(array))
-        return int(array.data[array.selected].id)
-
-    def close(self) -> None:
-        if self._chain is not None:
-            self._lib.llama_sampler_free(self._chain)
-            self._chain = None
-
-
-@dataclass(frozen=True)
-class TokenStats:
-    """How sure the model was of one sampled token (softmax over the whole vocabulary)."""
-
-    prob: float  # probability of the sampled token
-    margin: float  # top-1 minus top-2 probability
-    entropy: float  # of the next-token distribution, in nats
-
-
-def token_stats(logits: np.ndarray, token: int) -> TokenStats:
-    """TokenStats of ``token`` under ``logits`` (used for confidence tracking): one exp over
-    the vocabulary (~0.7 ms for 262,144 entries), the rest are cheap passes."""
-    best = int(np.argmax(logits))
-    top = float(logits[best])
-    logits[best] = -np.inf  # the runner-up without sorting; put back at once
-    second = float(logits.max())
-    logits[best] = top
-    shifted = logits - np.float32(top)
-    weights = np.exp(shifted)
-    total = float(weights.sum())
-    # H = log Z - sum(p * x) with x the shifted logits (no second exp over the vocabulary).
-    entropy = float(np.log(total) - float(np.dot(weights, shifted)) / total)
-    return TokenStats(float(weights[token]) / total, (1.0 - float(np.exp(second - top))) / total,
-                      max(0.0, entropy))
-
-
 def _new_llama(llama_cpp, model_path: str, **params):
     """``Llama(model_path, **params)``, also for a GGUF whose embedded chat template does not
     compile. llama-cpp-python compiles every template in the metadata for chat handlers that
@@ -593,48 +406,3 @@ class _UnusedChatHandler:
             raise RuntimeError("the GGUF's chat template does not compile")
 
         return refuse
-
-
-@contextlib.contextmanager
-def llama_messages() -> Iterator[list[str]]:
-    """What llama.cpp says while the block runs, in the list yielded once the block ends: its
-    log lines and what it prints on stderr (its grammar parser writes there), so that a refusal
-    can be told to the user in its own words instead of reaching the terminal."""
-    _silence_llama_logs()
-    _recent_log.clear()
-    said: list[str] = []
-    with tempfile.TemporaryFile() as printed:
-        try:
-            saved = os.dup(2)
-        except OSError:
-            saved = -1
-        if saved >= 0:
-            os.dup2(printed.fileno(), 2)
-        try:
-            yield said
-        finally:
-            if saved >= 0:
-                os.dup2(saved, 2)
-                os.close(saved)
-            printed.seek(0)
-            said.extend(line.decode("utf-8", errors="replace").strip() for line in _recent_log)
-            said.extend(printed.read().decode("utf-8", errors="replace").splitlines())
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """llama.cpp prints load chatter on fd 2 even with verbose=False; keep the terminal clean."""
-    try:
-        fd = os.dup(2)
-    except OSError:
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(fd, 2)
-        os.close(fd)
-        os.close(devnull)
-

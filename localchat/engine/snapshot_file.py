@@ -42,6 +42,23 @@ _TEMPS = f".*{SUFFIX}.*.tmp"  # atomic_writer's temp files for snapshots
 _LENGTH = struct.Struct("<Q")
 
 
+def engine_fingerprint(model_path: Path, n_ctx: int, kv_type: str, template: str) -> dict[str, Any]:
+    """What a saved KV state depends on: the model file, context size, KV type, template and
+    llama.cpp version. A snapshot taken under another fingerprint must not be restored."""
+    import llama_cpp  # only its version: a loaded engine asks, housekeeping never does
+
+    stat = model_path.stat()
+    return {
+        "model_file": model_path.name,
+        "model_size": stat.st_size,
+        "model_mtime_ns": stat.st_mtime_ns,
+        "n_ctx": n_ctx,
+        "kv_type": kv_type,
+        "llama_cpp": getattr(llama_cpp, "__version__", "?"),
+        "template": hashlib.sha256(template.encode()).hexdigest()[:16],
+    }
+
+
 @dataclass
 class KVSnapshot:
     """A conversation's KV cache: the per-message token records and llama.cpp's sequence state."""

@@ -32,13 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from localchat.engine.templates import Render
-from localchat.reply.calls import (
-    ToolCall,
-    ToolFormat,
-    detect_format,
-    nine_character_id,
-    render_call_text,
-)
+from localchat.reply.calls import ToolCall, nine_character_id, render_call_text
+from localchat.reply.families import ToolFormat, detect_format
 
 
 @dataclass(frozen=True)
@@ -63,7 +58,7 @@ class ToolRendering:
     @property
     def native(self) -> bool:
         """Whether the template itself describes the tools to the model."""
-        return self.format.name != "generic" and self.support.tools
+        return self.format.template_shows_tools and self.support.tools
 
 
 def tool_rendering(template: str, render: Render) -> ToolRendering:
@@ -139,7 +134,7 @@ def shape_for_template(messages: list[dict], rendering: ToolRendering, tools: li
                        ) -> tuple[list[dict], list[dict] | None, dict[str, Any]]:
     """(messages, tools to pass, template variables) for one render (see the module)."""
     support, native = rendering.support, rendering.native
-    if rendering.format.name == "mistral":  # its templates refuse ids of another length
+    if rendering.format.nine_character_ids:  # its templates refuse ids of another length
         messages = [_with_nine_character_ids(m) for m in messages]
     shaped: list[dict] = []
     pending_results: list[dict] = []

@@ -13,7 +13,7 @@ gives:
   model sampled, so the next turn reuses every cell up to the result (a template's own rendering
   of a call rarely writes it byte for byte as the model did); content without the calls (an API
   client's history) renders the calls through the template;
-- the lazy call grammar from the tools' schemas (``engine.tool_grammar``), unless the turn has
+- the lazy call grammar from the tools' schemas (``formats.tool_grammar``), unless the turn has
   its own answer format (then that shape wins and calls are only read);
 - a ``ToolCallSplitter`` for the reply's answer: Token events carry the answer without the
   markers and the call JSON, and ``Done.tool_calls`` the calls.
@@ -25,13 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from localchat.engine.options import Constraint, Sampling
+from localchat.engine.options import Sampling
 from localchat.engine.templates import Render
-from localchat.engine.tool_grammar import call_constraint, tool_names
 from localchat.engine.tool_templates import ToolRendering, with_tools
 from localchat.errors import EngineError
+from localchat.formats.constraint import Constraint
+from localchat.formats.tool_grammar import call_constraint, tool_names
 from localchat.reply.call_stream import ToolCallSplitter
-from localchat.reply.calls import ToolCall, ToolFormat
+from localchat.reply.calls import ToolCall
+from localchat.reply.families import ToolFormat
 from localchat.reply.reasoning import split_reply
 
 

@@ -17,7 +17,7 @@ from localchat.reply.calls import ToolCall
 from localchat.reply.reasoning import ReasoningSplitter
 
 if TYPE_CHECKING:
-    from localchat.engine.runtime import TokenStats
+    from localchat.engine.sampling.confidence import TokenStats
 
 
 class TurnHandle(TurnEnd):

@@ -23,7 +23,8 @@ from collections.abc import Callable
 import numpy as np
 
 from localchat.engine.ngram import TokenLog
-from localchat.engine.runtime import LlamaRuntime, Sampler
+from localchat.engine.runtime import LlamaRuntime
+from localchat.engine.sampling.sampler import Sampler
 from localchat.engine.speculate import TurnDrafts
 from localchat.errors import EngineError
 

@@ -6,7 +6,12 @@ remote route share. Building one (``json_format``, ``schema_format``, ``grammar_
 JSON Schema into its grammar (``formats.json_schema``) and refuses what cannot be enforced with a
 FormatError, before any model loads; whether a GBNF text parses is for llama.cpp to say (the
 engine's ``check_grammar``). ``read_schema`` takes what a user types after ``--schema``: JSON
-Schema text, a file holding one, or llm's short form (``formats.short_form``).
+Schema text, a file holding one, or llm's short form (``formats.short_form``); ``read_grammar``
+the file named after ``--grammar``.
+
+Beside it: ``formats.constraint`` (a grammar a reply must follow while sampled, lazy or not, and
+where in the reply it applies) and ``formats.tool_grammar`` (a tool call's grammar, from the
+tools' schemas and the family's description in ``reply.families``).
 
 Plain logic without a model: the engine only ever sees the grammar text.
 """
@@ -97,10 +102,23 @@ def schema_format(schema: Any, name: str = "") -> AnswerFormat:
 
 def grammar_format(text: str, name: str) -> AnswerFormat:
     """A GBNF grammar (its root rule ``root``) as an answer format. Only its emptiness is
-    checked here; llama.cpp's parser judges the rest (``engine.grammar.check_grammar``)."""
+    checked here; llama.cpp's parser judges the rest (``engine.sampling.grammar.check_grammar``)."""
     if not text.strip():
         raise FormatError(f"the grammar {name} is empty")
     return AnswerFormat("grammar", text, f"grammar {name}")
+
+
+def read_grammar(path_text: str) -> AnswerFormat:
+    """The GBNF grammar in the file ``path_text`` as an answer format (``--grammar``, ``/format
+    FILE.gbnf``); FormatError when it cannot be read. Whether llama.cpp parses it is the
+    engine's ``check_grammar``'s to say."""
+    path = Path(path_text).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise FormatError(f"cannot read the grammar {path_text}: {reason}") from None
+    return grammar_format(text, path.name)
 
 
 def read_schema(text: str, multi: bool = False) -> dict[str, Any]:

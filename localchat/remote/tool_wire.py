@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localchat.reply.call_stream import ToolCallSplitter
-from localchat.reply.calls import FORMATS, ToolCall, mark_incomplete
+from localchat.reply.calls import ToolCall, mark_incomplete
+from localchat.reply.families import FORMATS
 from localchat.reply.reasoning import split_reply
 
 MAX_ARGUMENT_CHARS = 1_000_000  # of one call's arguments: a remote that streams on is cut there

@@ -2,7 +2,9 @@
 
 - ``reasoning``: ``<think>…</think>`` blocks split from the answer as the reply streams;
 - ``calls``: the call and result types every layer shares (:class:`~localchat.reply.calls.ToolCall`,
-  :class:`~localchat.reply.calls.ToolResult`), and each model family's way of writing calls;
+  :class:`~localchat.reply.calls.ToolResult`) and their ids;
+- ``families``: the one table of model families that call tools (markers, triggers, openings,
+  grammar pieces, id rules), which the parser, the call grammar and the chat templates all read;
 - ``call_openers``, ``call_readers``, ``call_stream``: finding a call's opening in a stream,
   reading its body, and splitting a streamed reply into answer text and calls;
 - ``lenient_json``: JSON as small models write it.

@@ -1,12 +1,13 @@
-"""The openings of tool calls in a reply, for each family, and a matcher that also says "maybe".
+"""The openings of tool calls in a reply, and a matcher that also says "maybe".
 
 A streamed reply arrives a token at a time, so the question at the end of what has arrived is
 often not "is this a call?" but "could this still become one?" (``<tool_`` may be the start of
 ``<tool_call>``; ``{"na`` at the start of a reply may be a bare call object). :func:`match` answers
 FULL (with where the head ends, where the call's JSON starts and a captured name), PARTIAL (the
 text ran out while it still fitted) or no match, for patterns written as small sequences of
-literals, optional whitespace, names, alternatives and marks. The patterns follow the openings
-llama.cpp's ``common/chat.cpp`` accepts for each family.
+literals, optional whitespace, names, alternatives and marks. The pieces here (the hermes
+openings, a call object's head) follow the openings llama.cpp's ``common/chat.cpp`` accepts;
+``reply.families`` puts together each family's.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def opt(*seq: Element) -> _Alt:
     return _Alt((seq, ()))
 
 
-# How a call's body is read once its opening matched (toolcall_stream does the reading).
+# How a call's body is read once its opening matched (``reply.call_readers`` reads it).
 BodyKind = Literal["call", "arguments", "python", "mistral"]
 
 
@@ -162,7 +163,7 @@ _WRAPPERS = ("function_call", "tools", "tool", "response", "json", "JSON", "xml"
 _FENCE: Seq = ("```", opt(alt(("json",), ("xml",))), WS)
 
 
-def _call_head(names: tuple[str, ...]) -> Seq:
+def call_head(names: tuple[str, ...]) -> Seq:
     """``{"name"``, and when the tools are known, ``: "one of them"`` too: without a marker,
     only a known tool's name tells a call from a JSON answer about someone's name (llama.cpp's
     lazy-grammar trigger asks the same)."""
@@ -173,12 +174,16 @@ def _call_head(names: tuple[str, ...]) -> Seq:
     return (*head, WS, ":", WS, quoted)
 
 
-def openers_for(family: str, names: tuple[str, ...] = ()) -> tuple[Opener, ...]:
-    """How calls open in ``family``'s replies; ``names`` (the tools offered) make the openings
-    without a marker stricter, except Llama 3's, whose whole reply is the call object."""
-    head = _call_head(names)
-    array_head: Seq = (BODY, "[", WS, *head[1:])
-    hermes = (
+def array_head(head: Seq) -> Seq:
+    """``head`` as the first item of an array of calls (``[{"name"...``)."""
+    return (BODY, "[", WS, *head[1:])
+
+
+def hermes_openers(names: tuple[str, ...] = ()) -> tuple[Opener, ...]:
+    """How calls open in the hermes form (``reply.families``: its own, and the generic
+    family's); ``names`` (the tools offered) make the openings without a marker stricter."""
+    head = call_head(names)
+    return (
         Opener(("<tool_call>", WS, BODY), closes=("</tool_call>",)),
         *(Opener((f"<{tag}>", WS, *head), closes=(f"</{tag}>",)) for tag in _WRAPPERS),
         Opener(("<function=", _Name(">"), ">", WS, BODY), body="arguments", closes=("</function>",)),
@@ -189,20 +194,6 @@ def openers_for(family: str, names: tuple[str, ...] = ()) -> tuple[Opener, ...]:
                at_start_only=True),
         Opener((*_FENCE, *head), closes=("```",), at_start_only=True),
     )
-    if family == "hermes":
-        return hermes
-    if family == "generic":
-        return (*hermes, Opener((BODY, "{", WS, ENVELOPE_KEY), at_start_only=True),
-                Opener(array_head, at_start_only=True))
-    if family == "llama3":
-        any_head = _call_head(())
-        return (Opener(("<|python_tag|>", WS, BODY), body="python"),
-                Opener(any_head, at_start_only=True),
-                Opener((BODY, "[", WS, *any_head[1:]), at_start_only=True))
-    if family == "mistral":
-        return (Opener(("[TOOL_CALLS]", WS, BODY), body="mistral"),
-                Opener(array_head, at_start_only=True))
-    raise ValueError(f"unknown tool call family {family!r}")
 
 
 # After [TOOL_CALLS] in Mistral's newer form: name[ARGS]{...} or name[CALL_ID]id[ARGS]{...}.

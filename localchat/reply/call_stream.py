@@ -5,7 +5,7 @@
 in order, answer text and parsed :class:`~localchat.reply.calls.ToolCall` objects. The call's
 marker and its raw JSON never come out as answer text; only what may still be the start of a
 marker (``<tool_`` at the end of what arrived) is held back, plus trailing whitespace. How a
-family opens a call is ``reply.call_openers``; its JSON is read by ``lenient_json``, once, however
+family opens a call is its ``reply.families`` entry (matched by ``reply.call_openers``); its JSON is read by ``lenient_json``, once, however
 small the pieces; a call's body is read by ``reply.call_readers``.
 
 At the end of the reply :meth:`~ToolCallSplitter.flush` releases what is held: a call still open
@@ -15,9 +15,10 @@ The same calls come out whatever the split points of the stream.
 
 from __future__ import annotations
 
-from localchat.reply.call_openers import PARTIAL, Match, Opener, Partial, match, openers_for
+from localchat.reply.call_openers import PARTIAL, Match, Opener, Partial, match
 from localchat.reply.call_readers import Reader, reader_for
-from localchat.reply.calls import FORMATS, ToolCall, ToolFormat
+from localchat.reply.calls import ToolCall
+from localchat.reply.families import FORMATS, ToolFormat
 
 Piece = str | ToolCall
 
@@ -33,7 +34,7 @@ class ToolCallSplitter:
         reply that is JSON about someone's ``"name"`` stays an answer); leave empty to accept any
         name, as for a remote model's text."""
         self.format = FORMATS[fmt] if isinstance(fmt, str) else fmt
-        self._openers = openers_for(self.format.name, tool_names)
+        self._openers = self.format.openers(tool_names)
         self._first_chars = frozenset().union(*(o.first_chars for o in self._openers))
         self._pending = ""
         self._at_start = True  # no answer text released yet

@@ -1,4 +1,4 @@
-"""Tool calls: the words every layer shares, and how each model family writes a call.
+"""Tool calls: the words every layer shares (a call, its result, its id).
 
 :class:`ToolCall` is one call the model asked for (an id, the tool's name, its arguments as a JSON
 object) and :class:`ToolResult` what goes back to the model for it; the MCP clients and built-in
@@ -7,26 +7,8 @@ speak these two. A call that cannot run as written (its JSON unreadable, no name
 ``max_tokens``) is still a ToolCall, with ``problem`` saying why: the model is told, the
 conversation goes on.
 
-A :class:`ToolFormat` is a family's way of writing calls in its reply, read from the chat template
-by :func:`detect_format` the way llama.cpp's ``common/chat.cpp`` chooses its handler:
-
-- ``hermes`` (Hermes 2/3, Qwen 2.5/3, and most ChatML fine-tunes): ``<tool_call>{"name": ...,
-  "arguments": {...}}</tool_call>``, with the variants llama.cpp accepts (``<function=NAME>{...}
-  </function>``, other wrapper tags and code fences around a ``{"name"`` object);
-- ``llama3`` (Llama 3.1-3.3): the reply is ``{"name": ..., "parameters": {...}}`` (after optional
-  whitespace), or ``<|python_tag|>`` then such an object or a builtin's ``name.call(k=v)``;
-- ``mistral`` (Mistral 7B v0.3, Nemo, Small): ``[TOOL_CALLS][{"name": ..., "arguments": {...},
-  "id": "abcdef123"}]``, or the newer ``[TOOL_CALLS]name[ARGS]{...}``;
-- ``generic``: templates that know nothing of tools. ``engine.tool_templates`` then describes the
-  tools in the system prompt and asks for the hermes form, which is what this format reads (and,
-  at the start of a reply, a bare call object or llama.cpp's ``{"tool_call": ...}`` envelope).
-
-``triggers`` are the words from which a call begins anywhere in a reply, and
-:func:`start_trigger` the pattern of a call object that opens the reply without a marker: where
-constrained sampling switches its lazy grammar on (llama.cpp's trigger words and full-match
-patterns). ``preserved_tokens`` are the special tokens that must be detokenized as text for the
-parser to see them (``<|python_tag|>`` and ``[TOOL_CALLS]`` are special tokens, which llama.cpp
-renders as nothing by default). The streaming parser is ``reply.call_stream``.
+How each model family writes calls in its reply, and how it is found from a chat template, is
+``reply.families``; the streaming parser is ``reply.call_stream``.
 """
 
 from __future__ import annotations
@@ -37,11 +19,9 @@ import re
 import secrets
 import string
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from localchat.reply import lenient_json
-
-FormatName = Literal["hermes", "llama3", "mistral", "generic"]
 
 _ID_ALPHABET = string.ascii_letters + string.digits
 # Mistral's templates refuse ids that are not 9 letters and digits; every id here is one.
@@ -136,54 +116,6 @@ def failed_call_result(call: ToolCall) -> ToolResult:
 def assistant_message(content: str, calls: list[ToolCall]) -> dict[str, Any]:
     """The assistant message of a reply that called tools, as templates and OpenAI expect."""
     return {"role": "assistant", "content": content, "tool_calls": [c.to_openai() for c in calls]}
-
-
-@dataclass(frozen=True)
-class ToolFormat:
-    """How one family writes calls (see the module docstring)."""
-
-    name: FormatName
-    triggers: tuple[str, ...]
-    preserved_tokens: tuple[str, ...] = ()
-    # A call object may also open the reply without a marker ({"name": ...} after whitespace).
-    bare_start: bool = False
-
-    def __repr__(self) -> str:
-        return f"<ToolFormat {self.name}>"
-
-
-HERMES = ToolFormat("hermes", triggers=("<tool_call>", "<function="), bare_start=True)
-LLAMA3 = ToolFormat("llama3", triggers=("<|python_tag|>",), preserved_tokens=("<|python_tag|>",),
-                    bare_start=True)
-MISTRAL = ToolFormat("mistral", triggers=("[TOOL_CALLS]",), preserved_tokens=("[TOOL_CALLS]",))
-GENERIC = ToolFormat("generic", triggers=("<tool_call>",), bare_start=True)
-FORMATS: dict[str, ToolFormat] = {f.name: f for f in (HERMES, LLAMA3, MISTRAL, GENERIC)}
-
-
-def start_trigger(fmt: ToolFormat, tool_names: tuple[str, ...]) -> str | None:
-    """A regex that matches a reply opening with a call object, ``{"name": "<a tool>"`` after
-    whitespace (and Llama's optional ``"type": "function",``), for a lazy grammar's full-match
-    trigger; any name for Llama 3, whose small models invent names (as llama.cpp does), the
-    tools' names otherwise. None for families whose calls always start with a marker."""
-    if not fmt.bare_start:
-        return None
-    names = ".*?" if fmt.name == "llama3" or not tool_names else \
-        "(?:" + "|".join(re.escape(name) for name in tool_names) + ")"
-    return (r'\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*"' + names
-            + r'"[\s\S]*')
-
-
-def detect_format(template: str) -> ToolFormat:
-    """The family whose calls this chat template describes (llama.cpp's order of tests), or
-    ``generic`` for a template that does not speak of tools."""
-    if "<tool_call>" in template:
-        return HERMES
-    if "<|start_header_id|>ipython<|end_header_id|>" in template or (
-            "<|start_header_id|>" in template and "ipython" in template):
-        return LLAMA3
-    if "[TOOL_CALLS]" in template:
-        return MISTRAL
-    return GENERIC
 
 
 def call_from_object(value: Any, *, default_id: str = "", raw: str = "") -> ToolCall:

@@ -174,9 +174,11 @@ class ModelState:
         elif text.lower() == "json":
             shape = json_format()
         elif text.endswith(".gbnf"):
-            from localchat.engine.grammar import grammar_file
+            from localchat.engine.sampling.grammar import check_grammar
+            from localchat.formats import read_grammar
 
-            shape = grammar_file(text)
+            shape = read_grammar(text)
+            check_grammar(shape.grammar)
         else:
             shape = schema_format(read_schema(text))
         self.answer_format = shape

@@ -4,7 +4,7 @@ one of the tools offered, its arguments in the shape of that tool's ``parameters
 As llama.cpp's server does (``common/chat.cpp``), the grammar is lazy for ``tool_choice``
 "auto": the answer is free until the family's marker (``<tool_call>``, ``<|python_tag|>``,
 ``[TOOL_CALLS]``) or, for the families whose calls may open the reply without one, a call object
-naming a tool at the reply's start (``reply.calls.start_trigger``); from there the call is
+naming a tool at the reply's start (``reply.families.bare_call_pattern``); from there the call is
 constrained, and once it is complete only the end of the reply may follow (the reply stops on
 the call's end). One call per reply, as llama.cpp's server does by default
 (``parallel_tool_calls`` false): a small model allowed another after the first repeats it until
@@ -12,7 +12,8 @@ the token limit; the loop gives it the result and the next reply may call again.
 or a tool's name the grammar applies from the answer's first token, so even a small model calls.
 "none" has no grammar (and no tools shown).
 
-Each family's calls are written as its models write them and as ``reply.call_stream`` reads them:
+Each family's calls are written as its models write them and as ``reply.call_stream`` reads them,
+from the pieces of its ``reply.families`` entry:
 
 - hermes and generic: ``<tool_call>`` ``{"name": ..., "arguments": {...}}`` ``</tool_call>``,
   one block per call (a bare object may open an "auto" reply);
@@ -30,15 +31,12 @@ import json
 import re
 from typing import Any
 
-from localchat.engine.options import Constraint
 from localchat.errors import FormatError
+from localchat.formats.constraint import Constraint
 from localchat.formats.gbnf import Rules, alternatives, literal
 from localchat.formats.json_schema import schema_grammar, schema_rule
-from localchat.reply.calls import HERMES, ToolFormat, start_trigger
+from localchat.reply.families import ToolFormat, bare_call_pattern
 
-# The marker each family's grammar begins with (the one trigger word it can take from).
-_MARKERS = {"hermes": "<tool_call>", "generic": "<tool_call>", "llama3": "<|python_tag|>",
-            "mistral": "[TOOL_CALLS]"}
 _ID = '"\\"" [a-zA-Z0-9]{9} "\\""'  # Mistral's 9-character call ids
 
 
@@ -80,40 +78,34 @@ def call_constraint(fmt: ToolFormat, tools: tuple[dict[str, Any], ...], choice: 
     rules = Rules()
     root = rules.reserve("root")
     ws = rules.primitive("ws")
-    named_mistral = fmt.name == "mistral" and "[ARGS]" in template
-    calls = [_call(rules, fmt, tool, named_mistral) for tool in chosen]
+    named = fmt.named_form(template)
+    calls = [_call(rules, fmt, tool, named) for tool in chosen]
     call = rules.add("call", alternatives(calls))
-    if fmt.name == "mistral":
-        body = (f'"[TOOL_CALLS]" {call}' if named_mistral
-                else f'"[TOOL_CALLS]" "[" {ws} {call} {ws} "]"')
-    elif fmt.name == "llama3":
-        body = f'( "<|python_tag|>" {ws} )? {call}'
-    else:
-        block = f'"<tool_call>" {ws} {call} {ws} "</tool_call>"'
-        body = f"( {block} | {call} )" if lazy and fmt.bare_start else block
+    body = (fmt.named_grammar if named else fmt.grammar).format(ws=ws, call=call)
+    if lazy and fmt.bare_call_in_grammar:
+        body = f"( {body} | {call} )"
     rules.define(root, body)
     if not lazy:
         return Constraint(rules.text())
-    patterns = [re.escape(_MARKERS[fmt.name])]
+    patterns = [re.escape(fmt.marker)]
     if fmt.bare_start:  # only the tools' names: the grammar refuses any other
-        patterns.append("^" + str(start_trigger(HERMES, tool_names(chosen))))
+        patterns.append("^" + bare_call_pattern(tool_names(chosen)))
     return Constraint(rules.text(), trigger_patterns=tuple(patterns))
 
 
-def _call(rules: Rules, fmt: ToolFormat, tool: dict[str, Any], named_mistral: bool) -> str:
-    """The rule for one call to ``tool`` in ``fmt``'s words."""
+def _call(rules: Rules, fmt: ToolFormat, tool: dict[str, Any], named: bool) -> str:
+    """The rule for one call to ``tool`` in ``fmt``'s words (``named``: its named form)."""
     name = tool_name(tool)
     args = _arguments(rules, tool, name)
-    if named_mistral:
-        return rules.add(f"call-{name}", f"{literal(name)} \"[ARGS]\" {args}")
+    if named:
+        return rules.add(f"call-{name}", f"{literal(name)} {literal(fmt.named_sign)} {args}")
     ws = rules.primitive("ws")
-    key = "parameters" if fmt.name == "llama3" else "arguments"
     head = f'"{{" {ws} '
-    if fmt.name == "llama3":  # Llama 3.2 writes "type": "function" first
+    if fmt.type_first:
         head += f'( "\\"type\\"" {ws} ":" {ws} "\\"function\\"" {ws} "," {ws} )? '
     body = (f'{head}"\\"name\\"" {ws} ":" {ws} {literal(json.dumps(name, ensure_ascii=False))} '
-            f'{ws} "," {ws} {literal(json.dumps(key))} {ws} ":" {ws} {args}')
-    if fmt.name == "mistral":
+            f'{ws} "," {ws} {literal(json.dumps(fmt.arguments_key))} {ws} ":" {ws} {args}')
+    if fmt.nine_character_ids:
         body += f' ( {ws} "," {ws} "\\"id\\"" {ws} ":" {ws} {_ID} )?'
     return rules.add(f"call-{name}", f'{body} {ws} "}}"')
 

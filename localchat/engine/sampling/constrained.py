@@ -1,6 +1,5 @@
-"""A turn's constraint while its reply is sampled: where in the reply the grammar applies, and how
-a sampled token the grammar rejects is drawn again, at a cost that does not grow with the
-vocabulary.
+"""A turn's constraint while its reply is sampled: how a sampled token the grammar rejects is
+drawn again, at a cost that does not grow with the vocabulary (the sampler's ``TokenJudge``).
 
 Sampling is llama.cpp's common sampler's (``common/sampling.cpp``, ``common_sampler_sample``):
 the turn's own sampler draws a token as it would without a grammar (the greedy argmax, the
@@ -12,7 +11,7 @@ for 49,152 tokens here, ~20 ms for 262,144), the redraw narrows first, cheapest 
 
 1. the ~64 tokens with the highest logits (every token above a threshold): where the grammar
    allows much (inside a string) the best allowed token is nearly always among them;
-2. the tokens whose first bytes the grammar allows (``engine.lead_bytes``): where it allows
+2. the tokens whose first bytes the grammar allows (``sampling.lead_bytes``): where it allows
    little (after a value: a comma, a bracket, whitespace), all of them in a few hundred
    candidates;
 3. ~1,024 and ~16,384 tokens with the highest logits; then the whole vocabulary.
@@ -24,17 +23,7 @@ outside are NEGLIGIBLE); stage 2 holds every allowed token. So each redraw picks
 the whole vocabulary would (tests/test_constrained.py checks it, on a random-weight model with a
 262,144-token vocabulary too), for the cost of a few hundred candidates.
 
-Where the grammar applies (``AnswerGate``): from the answer's first token. A reasoning block
-(opened by the prompt, or by a ``<think>`` the reply starts with) is free; the grammar starts
-after it closes, whitespace between the two left out. A token that would close the block and
-begin the answer at once is refused and drawn again, so that the answer's first token is always
-one the grammar judged. With trigger patterns or tokens (lazy, as llama.cpp's
-``llama_sampler_init_grammar_lazy_patterns``) the answer is free until a pattern matches the
-answer so far (``re.search``) or a trigger token is sampled; the grammar then applies from the
-match (from its first non-empty capture group if it has one), the matched text fed to it first.
-Unlike llama.cpp, which aborts the process when the grammar rejects that text, a trigger whose
-text the grammar refuses leaves the rest of the reply free (a tool call naming a tool not offered
-is then read as written, and the model told what is wrong with it).
+Where in the reply the grammar applies is ``formats.constraint.AnswerGate``'s to say.
 """
 
 from __future__ import annotations
@@ -43,18 +32,17 @@ import codecs
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localchat.engine.grammar import TOKEN_DATA, Grammar
-from localchat.engine.lead_bytes import lead_bytes
+from localchat.engine.sampling.grammar import TOKEN_DATA, Grammar
+from localchat.engine.sampling.lead_bytes import lead_bytes
 from localchat.errors import EngineError, FormatError
-from localchat.reply.reasoning import CLOSE, OPEN
+from localchat.formats.constraint import AnswerGate, Constraint, Verdict
 
 if TYPE_CHECKING:
-    from localchat.engine.options import Constraint
+    from localchat.engine.options import Sampling
     from localchat.engine.runtime import LlamaRuntime
 
 # Candidates checked before the whole vocabulary, in order (the tokens with the highest logits).
@@ -65,18 +53,12 @@ WINDOWS = (64, 1024, 16384)
 # cut, so the draw is the full pass's. (A structural position allows only a few tokens in the
 # whole vocabulary: "," "]" and whitespace after an array item; no window holds 40 of them.)
 NEGLIGIBLE = 14.0
-# After the first window, the tokens whose first bytes the grammar allows (engine.lead_bytes),
+# After the first window, the tokens whose first bytes the grammar allows (sampling.lead_bytes),
 # when they are at most this many: all the tokens it may allow, so the draw is the full pass's.
 NARROWED_LIMIT = 8192
 # The logits sampled to estimate a window's threshold (a partition of all of them costs ~3 ms
 # for 262,144 tokens; of this many, ~50 us).
 THRESHOLD_SAMPLE = 4096
-
-
-class Verdict(Enum):
-    FREE = "free"  # reasoning, whitespace before the answer, or before a trigger
-    GRAMMAR = "grammar"  # the grammar judges it
-    REFUSED = "refused"  # closes the reasoning and starts the answer in one token: redraw
 
 
 @dataclass
@@ -87,74 +69,6 @@ class ConstraintCounts:
     judged: int = 0  # tokens the grammar judged
     redrawn: int = 0  # of them, drawn again because the grammar rejected the first draw
     vocab_passes: int = 0  # redraws that checked the whole vocabulary
-
-
-class AnswerGate:
-    """Where the grammar applies in one reply, token by token (see the module docstring)."""
-
-    def __init__(self, inside_reasoning: bool, patterns: tuple[re.Pattern[str], ...],
-                 trigger_tokens: tuple[int, ...]) -> None:
-        self.reasoning = inside_reasoning
-        self._at_start = not inside_reasoning
-        self._between = False  # the reasoning closed; no answer text yet
-        self._patterns = patterns
-        self._trigger_tokens = frozenset(trigger_tokens)
-        self.triggered = not (patterns or trigger_tokens)
-        self._tail = ""  # the end of the reasoning (a closing tag may span tokens)
-        self._answer = ""  # the answer while waiting for a trigger
-
-    def give_up(self) -> None:
-        """The grammar refused what its trigger matched: the rest of the reply is free."""
-        self.triggered = False
-        self._patterns, self._trigger_tokens = (), frozenset()
-
-    def judge(self, text: str) -> Verdict:
-        """Who decides whether a token with ``text`` may come next."""
-        if self.reasoning:
-            seen = self._tail + text
-            end = seen.find(CLOSE)
-            if end < 0 or not seen[end + len(CLOSE):].strip() or not self.triggered:
-                return Verdict.FREE
-            return Verdict.REFUSED
-        if self._at_start and text.lstrip().startswith(OPEN):
-            return Verdict.FREE
-        if (self._between or self._at_start and not self.triggered) and not text.strip():
-            return Verdict.FREE
-        return Verdict.GRAMMAR if self.triggered else Verdict.FREE
-
-    def advance(self, token: int, text: str, verdict: Verdict) -> str | None:
-        """``token`` with ``text`` came next, as ``verdict`` judged it. The text the grammar
-        must take first when this token triggered it (None otherwise)."""
-        if self.reasoning:
-            seen = self._tail + text
-            end = seen.find(CLOSE)
-            if end < 0:
-                self._tail = seen[-(len(CLOSE) - 1):]
-                return None
-            self.reasoning, self._between = False, True
-            rest = seen[end + len(CLOSE):]  # the answer's start (judged free: before a trigger)
-            return self.advance(token, rest, Verdict.FREE) if rest.strip() else None
-        if self._at_start and text.lstrip().startswith(OPEN):
-            self._at_start, self.reasoning = False, True
-            self._tail = text.lstrip()[len(OPEN):][-(len(CLOSE) - 1):]
-            return None
-        if verdict is Verdict.FREE and not text.strip() and not self._answer:
-            return None  # whitespace before the answer: no part of it
-        self._at_start = self._between = False
-        if self.triggered:
-            return None
-        self._answer += text
-        start = len(self._answer) - len(text) if token in self._trigger_tokens else None
-        for pattern in self._patterns if start is None else ():
-            found = pattern.search(self._answer)
-            if found:
-                groups = [i for i in range(1, (found.lastindex or 0) + 1) if found.group(i)]
-                start = found.start(groups[0]) if groups else found.start()
-                break
-        if start is None:
-            return None
-        self.triggered = True
-        return self._answer[start:]
 
 
 class TurnConstraint:
@@ -182,6 +96,15 @@ class TurnConstraint:
         self._needed = 1 if greedy else top_k if top_k > 0 else runtime.n_vocab + 1
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._all: np.ndarray | None = None  # the whole vocabulary's candidates, made once
+
+    @classmethod
+    def for_turn(cls, runtime: LlamaRuntime, constraint: Constraint | None, sampling: Sampling,
+                 inside_reasoning: bool) -> TurnConstraint | None:
+        """The turn's TurnConstraint, None without one; FormatError when llama.cpp refuses its
+        grammar over this model's vocabulary."""
+        if constraint is None:
+            return None
+        return cls(runtime, constraint, inside_reasoning, sampling.top_k, sampling.greedy)
 
     def choose(self, token: int, logits: np.ndarray, draw: Callable[[], int],
                pick: Callable[[np.ndarray, bool], int]) -> int:

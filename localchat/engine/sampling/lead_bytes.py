@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localchat.engine.grammar import TOKEN_DATA, Grammar
+from localchat.engine.sampling.grammar import TOKEN_DATA, Grammar
 
 if TYPE_CHECKING:
     from localchat.engine.runtime import LlamaRuntime

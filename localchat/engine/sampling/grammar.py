@@ -5,7 +5,7 @@ llama.cpp gives a NULL sampler for a grammar it cannot parse (llama-cpp-python d
 and it aborts the process when a token the grammar rejects is accepted into it, or an end of
 generation before the grammar is complete. So every grammar is parsed here first, a refusal is a
 one-line FormatError in llama.cpp's own words, and ``accept`` is only ever called with a token
-``allows`` said yes to (``engine.constrain`` keeps to that).
+``allows`` said yes to (``sampling.constrained`` keeps to that).
 """
 
 from __future__ import annotations
@@ -14,13 +14,11 @@ import contextlib
 import ctypes
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 
-from localchat.engine.runtime import llama_messages
+from localchat.engine.llama_log import llama_messages
 from localchat.errors import FormatError
-from localchat.formats import AnswerFormat, grammar_format
 
 # llama_token_data as a numpy record: a candidate array is made from the logits without a
 # Python loop (262,144 entries for the largest vocabularies).
@@ -40,20 +38,6 @@ def check_grammar(text: str, root: str = "root", vocab=None) -> None:
     if vocab is None and any("no vocab to parse token" in line for line in said):
         return
     raise FormatError(_refusal(said, root))
-
-
-def grammar_file(path_text: str) -> AnswerFormat:
-    """The GBNF grammar in the file ``path_text`` as an answer format (``--grammar``, ``/format
-    FILE.gbnf``); FormatError when it cannot be read or llama.cpp does not parse it."""
-    path = Path(path_text).expanduser()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or exc
-        raise FormatError(f"cannot read the grammar {path_text}: {reason}") from None
-    shaped = grammar_format(text, path.name)
-    check_grammar(text)
-    return shaped
 
 
 class Grammar:
