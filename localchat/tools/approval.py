@@ -13,13 +13,14 @@ Before any call runs the user sees the tool, its server and its arguments and an
 session, or a ``--allow-tool`` rule), and otherwise returns an :class:`ApprovalRequest`: a
 question carrying a ``concurrent.futures.Future`` that travels up to whatever front end asks (a
 screen in the TUI, a prompt in ``ask``, a denial without a terminal), as Toad's permission
-screen does; :meth:`ApprovalRequest.answer` records the grant and resolves the future.
+screen does; :meth:`ApprovalRequest.answer` records the grant and resolves the future. The
+question and the :class:`~localchat.events.Decision` are the event vocabulary's
+(``localchat.events.ApprovalQuestion``): the front ends read them there.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import enum
 import json
 import logging
 import threading
@@ -28,26 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localchat.errors import UserError
+from localchat.events import Decision
 from localchat.reply.calls import ToolCall
 from localchat.settings.tools import ANY_TOOL, BUILTIN_SERVER, ToolsSettings, save_always_allow
 from localchat.terminal import visible
-from localchat.tools.mcp_server import ToolInfo
+from localchat.tools.catalogue import ToolInfo
 
 log = logging.getLogger("localchat.tools.approval")
 
 PER_COMMAND = ("run_command",)  # built-ins whose "always" covers one exact command string
 LINE_CHARS = 200  # of a call's one-line form
-
-
-class Decision(enum.Enum):
-    ONCE = "once"
-    SESSION = "session"
-    SAVE = "save"
-    DENY = "deny"
-
-    @property
-    def allows(self) -> bool:
-        return self is not Decision.DENY
 
 
 def call_line(call: ToolCall, tool: ToolInfo | None = None) -> str:
@@ -83,8 +74,9 @@ class AllowRules:
 
 @dataclass(eq=False)
 class ApprovalRequest:
-    """One question to the user. ``future`` resolves to the :class:`Decision`; a front end
-    calls :meth:`answer` (from any thread) and shows what it returns."""
+    """One question to the user, a ``localchat.events.ApprovalQuestion``. ``future`` resolves
+    to the :class:`Decision`; a front end calls :meth:`answer` (from any thread) and shows what
+    it returns."""
 
     call: ToolCall
     tool: ToolInfo
