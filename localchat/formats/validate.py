@@ -25,15 +25,14 @@ import math
 import re
 from collections.abc import Callable, Iterator
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from jsonschema import Draft202012Validator, FormatChecker, ValidationError
-from jsonschema.exceptions import SchemaError, best_match
-from jsonschema.protocols import Validator
-from jsonschema.validators import extend, validator_for
+from localchat.formats.keywords import FORMATS
 
-from localchat.formats.keywords import FORMATS, TYPES
+if TYPE_CHECKING:
+    from jsonschema import FormatChecker, ValidationError
+    from jsonschema.protocols import Validator
 
 log = logging.getLogger("localchat.formats.validate")
 
@@ -60,6 +59,8 @@ def arguments_problem(schema: dict[str, Any], arguments: dict[str, Any]) -> str 
         validator = _arguments_validator(json.dumps(schema, sort_keys=True))
         if validator is None:
             return None
+        from jsonschema.exceptions import best_match
+
         error = best_match(validator.iter_errors(arguments))
     except Exception:  # a schema that defeats the checker (a $ref loop, unknown $refs)
         log.warning("could not check arguments against a tool's input schema", exc_info=True)
@@ -74,9 +75,23 @@ def arguments_problem(schema: dict[str, Any], arguments: dict[str, Any]) -> str 
 
 
 def is_type(value: Any, kind: str) -> bool:
-    """Whether a parsed JSON value is of the JSON Schema type ``kind`` (1.0 is an integer, true
-    is no number)."""
-    return kind in TYPES and Draft202012Validator.TYPE_CHECKER.is_type(value, kind)
+    """Whether a parsed JSON value is of the JSON Schema type ``kind``, as jsonschema's draft
+    2020-12 has it (1.0 is an integer, true is no number): for the grammar side, which must not
+    wait for jsonschema's import (a schema becomes a grammar within ``bench --schema``'s 50 ms)."""
+    if kind == "null":
+        return value is None
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "integer":
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and value.is_integer())
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "array":
+        return isinstance(value, list)
+    return kind == "object" and isinstance(value, dict)
 
 
 def json_equal(a: Any, b: Any) -> bool:
@@ -93,6 +108,7 @@ def json_equal(a: Any, b: Any) -> bool:
 
 
 # -- the answer validator: draft 2020-12 and what the grammar side takes besides -----------------
+# jsonschema is imported on first use: it costs a tenth of a second, and most runs check nothing.
 
 def _declared_types(schema: dict[str, Any]) -> list[str]:
     declared = schema["type"]
@@ -102,12 +118,16 @@ def _declared_types(schema: dict[str, Any]) -> list[str]:
 
 def _type(validator: Validator, declared: Any, value: Any,
           schema: dict[str, Any]) -> Iterator[ValidationError]:
+    from jsonschema import ValidationError
+
     if not any(validator.is_type(value, kind) for kind in _declared_types(schema)):
         yield ValidationError("wrong type")  # worded by _words
 
 
 def _multiple_of(validator: Validator, step: float, value: Any,
                  schema: dict[str, Any]) -> Iterator[ValidationError]:
+    from jsonschema import ValidationError
+
     if validator.is_type(value, "number") and step > 0:
         quotient = value / step
         if not math.isclose(quotient, round(quotient), rel_tol=1e-9, abs_tol=1e-9):
@@ -118,6 +138,8 @@ def _properties(validator: Validator, properties: dict[str, Any], value: Any,
                 schema: dict[str, Any]) -> Iterator[ValidationError]:
     """Draft 2020-12's, except that a property declared ``false`` is named: jsonschema reports a
     false schema without saying where it was."""
+    from jsonschema import ValidationError
+
     if not validator.is_type(value, "object"):
         return
     for name, sub in properties.items():
@@ -160,25 +182,34 @@ assert set(_FORMAT_CHECKS) == set(FORMATS)
 
 
 def _format_checker() -> FormatChecker:
+    from jsonschema import FormatChecker
+
     checker = FormatChecker(formats=())
     for name, check in _FORMAT_CHECKS.items():
         checker.checks(name)(lambda value, check=check: not isinstance(value, str) or check(value))
     return checker
 
 
-_AnswerValidator = extend(Draft202012Validator, {"type": _type, "multipleOf": _multiple_of,
-                                                  "properties": _properties})
-_FORMATS = _format_checker()
+@lru_cache(maxsize=1)
+def _answer_validator_class() -> tuple[type[Validator], FormatChecker]:
+    from jsonschema import Draft202012Validator
+    from jsonschema.validators import extend
+
+    keywords = {"type": _type, "multipleOf": _multiple_of, "properties": _properties}
+    return extend(Draft202012Validator, keywords), _format_checker()
 
 
 @lru_cache(maxsize=64)
 def _answer_validator(schema_json: str) -> Validator:
-    validator: Validator = _AnswerValidator(json.loads(schema_json), format_checker=_FORMATS)
-    return validator
+    cls, formats = _answer_validator_class()
+    return cls(json.loads(schema_json), format_checker=formats)
 
 
 @lru_cache(maxsize=256)
 def _arguments_validator(schema_json: str) -> Validator | None:
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import validator_for
+
     schema = json.loads(schema_json)
     cls = validator_for(schema)
     try:

@@ -193,7 +193,7 @@ class ToolRegistry(contextlib.AbstractContextManager["ToolRegistry"]):
 
     def label(self, call: ToolCall) -> str:
         """``server.tool`` for a call, as the user sees it (without waiting for any server)."""
-        return ResolvedCall(call, self.find(call.name) if call.name else None).label
+        return self._found(call).label
 
     def resolve(self, call: ToolCall, wait: float | None = None) -> ResolvedCall:
         """The tool ``call`` names, or the result it gets instead. A runnable call whose tool is
@@ -214,14 +214,17 @@ class ToolRegistry(contextlib.AbstractContextManager["ToolRegistry"]):
             resolved = self._resolved(call)
         return resolved
 
+    def _found(self, call: ToolCall) -> ResolvedCall:
+        return ResolvedCall(call, self.find(call.name) if call.name else None)
+
     def _resolved(self, call: ToolCall) -> ResolvedCall:
-        tool = self.find(call.name) if call.name else None
+        found = self._found(call)
         if not call.runnable:
-            return ResolvedCall(call, tool, failed_call_result(call))
-        if tool is None:
-            failure = error_result(call, call.name or "a tool call", self._no_such_tool(call.name))
-            return ResolvedCall(call, None, failure)
-        return ResolvedCall(call, tool)
+            return replace(found, failure=failed_call_result(call))
+        if found.tool is None:
+            return replace(found, failure=error_result(call, found.label,
+                                                       self._no_such_tool(call.name)))
+        return found
 
     def _may_appear(self, resolved: ResolvedCall) -> bool:
         """Whether the tool a runnable call names may come with a server still starting."""
