@@ -262,16 +262,12 @@ class ApprovalQuestion(Protocol):
 
     call: ToolCall
     can_save: bool
+    per_command: bool
+    line: str
     future: concurrent.futures.Future[Decision]
 
     @property
     def tool(self) -> ApprovedTool: ...
-
-    @property
-    def per_command(self) -> bool: ...
-
-    @property
-    def line(self) -> str: ...
 
     def answer(self, decision: Decision) -> str:
         """Settle the question (a second answer is ignored); a notice for the user ("" when

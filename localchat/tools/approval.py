@@ -80,19 +80,15 @@ class ApprovalRequest:
 
     call: ToolCall
     tool: ToolInfo
-    can_save: bool
+    per_command: bool = False  # "always" covers only this exact command (``run_command``)
+    can_save: bool = True  # "always" may be saved in config.toml
+    line: str = field(init=False)  # the call in one inert line (call_line)
     future: concurrent.futures.Future[Decision] = field(default_factory=concurrent.futures.Future)
     _record: Callable[[ApprovalRequest, Decision], str] = field(default=lambda r, d: "",
                                                                   repr=False)
 
-    @property
-    def line(self) -> str:
-        return call_line(self.call, self.tool)
-
-    @property
-    def per_command(self) -> bool:
-        """Whether "always" covers only this exact command (``run_command``)."""
-        return self.tool.server == BUILTIN_SERVER and self.tool.name in PER_COMMAND
+    def __post_init__(self) -> None:
+        self.line = call_line(self.call, self.tool)
 
     def answer(self, decision: Decision) -> str:
         """Record ``decision`` and resolve the future (a second answer is ignored); returns a
@@ -138,7 +134,8 @@ class ApprovalPolicy:
         if self.allowed(call, tool):
             return None
         per_command = tool.server == BUILTIN_SERVER and tool.name in PER_COMMAND
-        return ApprovalRequest(call, tool, can_save=not per_command, _record=self._record)
+        return ApprovalRequest(call, tool, per_command, can_save=not per_command,
+                               _record=self._record)
 
     def _record(self, request: ApprovalRequest, decision: Decision) -> str:
         tool, key = request.tool, (request.tool.server, request.tool.name)
