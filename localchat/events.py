@@ -13,6 +13,10 @@ request it carries), and ``ToolReturned`` with the result; the model's next repl
 events of the same turn, until a reply calls nothing or a limit is hit. Model loading produces
 ``LoadProgress`` then ``Loaded`` or ``Failed``.
 
+The question a ``ToolApproval`` carries is typed here, as what a front end may rely on: an
+:class:`ApprovalQuestion` about an :class:`ApprovedTool`, answered with a :class:`Decision`
+(``localchat.tools.approval`` makes them and keeps the user's grants).
+
 Every producer of a turn (the local engine's ``TurnHandle``, the remote client's ``RemoteTurn``,
 the escalator's ``EscalatedTurn``) hands it out as one :class:`Turn`; :class:`TurnEnd` is the
 bookkeeping of its final event that they share.
@@ -23,6 +27,8 @@ Timing field names follow llama.cpp's server (``cache_n``, ``prompt_n``, ``promp
 
 from __future__ import annotations
 
+import concurrent.futures
+import enum
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -216,13 +222,66 @@ class ToolCalled:
     label: str
 
 
-@dataclass(frozen=True)
-class ToolApproval:
-    """The user must decide whether ``call`` runs. ``request`` is the
-    ``localchat.tools.ApprovalRequest`` to answer (from any thread); the loop waits on it."""
+class Decision(enum.Enum):
+    """The user's answer to "may this call run?": this call only, always for this session (for
+    ``run_command``: this exact command), always and saved in config.toml, or not at all."""
+
+    ONCE = "once"
+    SESSION = "session"
+    SAVE = "save"
+    DENY = "deny"
+
+    @property
+    def allows(self) -> bool:
+        return self is not Decision.DENY
+
+
+class ApprovedTool(Protocol):
+    """The tool a question is about, as the user is shown it."""
+
+    @property
+    def server(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def label(self) -> str:
+        """``server.tool``."""
+        ...
+
+
+class ApprovalQuestion(Protocol):
+    """May ``call`` of ``tool`` run? A front end shows ``line`` (or the call and the tool), says
+    what "always" covers (``per_command``: only this exact command; ``can_save``: whether it
+    may be saved), and calls :meth:`answer` from any thread; ``future`` resolves to the
+    :class:`Decision`, whoever settled it (a stopped turn denies)."""
 
     call: ToolCall
-    request: object
+    can_save: bool
+    per_command: bool
+    line: str
+    future: concurrent.futures.Future[Decision]
+
+    @property
+    def tool(self) -> ApprovedTool: ...
+
+    def answer(self, decision: Decision) -> str:
+        """Settle the question (a second answer is ignored); a notice for the user ("" when
+        there is nothing to say)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ToolApproval:
+    """The user must decide whether ``call`` runs: ``request`` is the question to answer (from
+    any thread); the tool rounds wait on it."""
+
+    call: ToolCall
+    request: ApprovalQuestion
 
 
 @dataclass(frozen=True)

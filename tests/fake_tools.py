@@ -25,7 +25,7 @@ from localchat.engine.turn import TurnHandle
 from localchat.events import Done, Event, Failed, ToolApproval, ToolCalled, ToolReturned
 from localchat.reply.calls import ToolCall, ToolResult, failed_call_result
 from localchat.tools.approval import ApprovalPolicy, Decision
-from localchat.tools.mcp_server import ToolInfo
+from localchat.tools.catalogue import ToolInfo
 from localchat.tools.results import cancelled_result, denied_result, error_result, make_result
 
 ANSWER_POLL_S = 0.01

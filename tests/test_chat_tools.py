@@ -1,4 +1,4 @@
-"""The chat's tool loop (chat/tool_turn.py) over a scripted engine whose replies call tools, with
+"""The chat's tool loop (chat/tool_rounds.py) over a scripted engine whose replies call tools, with
 localchat's real built-in tools: every call shown, approved (or denied) before it runs, its result
 given back, the next reply in the same turn; the limits; Esc; storage, reopen and export."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from localchat.chat.conversation import Conversation
 from localchat.chat.services import ChatServices
-from localchat.chat.tool_turn import ToolTurn, start
+from localchat.chat.tool_rounds import ToolTurn, start
 from localchat.chat.tools import ChatTools
 from localchat.context.chat_context import ChatContext
 from localchat.engine.options import Sampling

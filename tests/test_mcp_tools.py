@@ -284,7 +284,7 @@ def test_closing_the_registry_ends_every_server_process(tmp_path):
 
 
 def test_an_input_schema_the_checker_cannot_use_leaves_the_judgement_to_the_tool():
-    from localchat.tools.schema import arguments_problem
+    from localchat.formats.validate import arguments_problem
 
     assert arguments_problem({"$ref": "#/definitions/missing"}, {"a": 1}) is None
     assert arguments_problem({"type": "no-such-type"}, {"a": 1}) is None

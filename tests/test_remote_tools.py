@@ -12,7 +12,7 @@ from fault_server import FaultServer, Stream, reply
 from remote_fixtures import llama_server, settings_for  # noqa: F401 - a fixture
 
 from localchat.chat.escalation import Escalation
-from localchat.chat.tool_turn import start
+from localchat.chat.tool_rounds import start
 from localchat.chat.tools import ChatTools
 from localchat.context.chat_context import ChatContext
 from localchat.engine.options import Sampling
@@ -131,7 +131,7 @@ def test_a_remote_call_goes_through_the_same_loop_and_wrong_arguments_are_an_err
 
 
 def test_a_remote_reply_with_too_many_calls_runs_only_the_first_sixteen(tmp_path):
-    from localchat.chat.tool_turn import MAX_CALLS_PER_REPLY
+    from localchat.chat.tool_rounds import MAX_CALLS_PER_REPLY
 
     many = [(f"call_{i}", "read_file", json.dumps({"path": str(tmp_path / f"{i}.txt")}))
             for i in range(MAX_CALLS_PER_REPLY + 3)]

@@ -13,7 +13,7 @@ from localchat.reply.calls import ToolCall
 from localchat.settings import load_config
 from localchat.settings.tools import ToolsSettings
 from localchat.tools.approval import AllowRules, ApprovalPolicy, Decision, call_line
-from localchat.tools.mcp_server import ToolInfo
+from localchat.tools.catalogue import ToolInfo
 from localchat.tools.registry import ToolRegistry
 from localchat.tools.results import denied_result
 

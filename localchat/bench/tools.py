@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from localchat.bench.targets import target
-from localchat.chat.tool_turn import ToolTurn, start
+from localchat.chat.tool_rounds import ToolTurn, start
 from localchat.chat.tools import ChatTools
 from localchat.context.chat_context import ChatContext
 from localchat.engine.engine import Engine

@@ -7,7 +7,7 @@
 - ``speed``: the app's ``/stats`` page, drawn from the store's speed numbers.
 - ``snapshots``: a session's KV cache saved after each reply and restored when it is reopened.
 - ``tools``: the tools a chat offers (mcp.json's servers started in the background, the
-  built-ins) and what the user allowed; ``tool_turn``: the tool loop, a turn whose calls are
+  built-ins) and what the user allowed; ``tool_rounds``: a turn whose tool calls are
   shown, approved, run and answered before the model goes on (the front ends' API is in
   ``tools``' docstring).
 

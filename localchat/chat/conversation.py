@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, cast
 
-from localchat.chat import tool_turn
+from localchat.chat import tool_rounds
 from localchat.chat.escalation import Escalation
 from localchat.chat.snapshots import SnapshotEngine
 from localchat.context.chat_context import ChatContext
@@ -34,7 +34,7 @@ from localchat.store.locks import SessionLock
 if TYPE_CHECKING:
     from localchat.chat.services import ChatServices
     from localchat.chat.snapshots import SessionSnapshots
-    from localchat.chat.tool_turn import RoundMessage
+    from localchat.chat.tool_rounds import RoundMessage
     from localchat.engine.options import Sampling
     from localchat.remote.escalate import Escalator, Route
 
@@ -162,13 +162,13 @@ class Conversation:
                   if escalator is not None and routed else None)
         tools = self.services.tools if self.services is not None else None
         if tools is not None:
-            handle = tool_turn.start(chat, text, tools, tool_choice=self.tool_choice, router=router)
+            handle = tool_rounds.start(chat, text, tools, tool_choice=self.tool_choice, router=router)
         else:
             handle = chat.send(text, router=router)
         if len(chat.history) > before:
             self.store.add_user_turn(self.session_id, chat.history[before].content)
-        self._rounds = handle.rounds if isinstance(handle, tool_turn.ToolTurn) else []
-        if isinstance(handle, tool_turn.ToolTurn):
+        self._rounds = handle.rounds if isinstance(handle, tool_rounds.ToolTurn) else []
+        if isinstance(handle, tool_rounds.ToolTurn):
             handle.on_finish(self._keep_rounds_of_failed_turn)
         return handle
 

@@ -1,15 +1,15 @@
 """The tools of a chat: what the app and ``ask`` hold to offer tools to the model and run its calls.
 
-The API front ends use (the TUI, ``ask``; ``chat.tool_turn`` runs the loop itself):
+The API front ends use (the TUI, ``ask``; ``chat.tool_rounds`` runs the calls itself):
 
 - ``ChatTools.open(settings, allow=())`` starts mcp.json's servers and the ``[tools]`` built-ins
   in the background and returns at once; ``problems`` are mcp.json's lines to show (a server
   that cannot start is left out, the others start); ``registry.add_listener(fn)`` tells of
-  servers coming up or failing (``ServerStatus``, on the tool loop's thread: hand it over);
+  servers coming up or failing (``ServerStatus``, on the tools' own thread: hand it over);
   ``close()`` ends every server (at exit).
 - ``ChatServices.tools`` (``chat.services``) holds the app's; ``Conversation.tool_choice`` is
   what a turn asks of the model ("auto", "none", "required" or a tool's name).
-- A turn with tools is a ``chat.tool_turn.ToolTurn``: its events are the reply's, then per call
+- A turn with tools is a ``chat.tool_rounds.ToolTurn``: its events are the reply's, then per call
   ``ToolCalled``, ``ToolApproval`` (answer ``event.request.answer(Decision.X)`` from any thread,
   show the notice it returns; Esc = ``Decision.DENY``), ``ToolReturned``; then the next reply's,
   in one stream ending with one ``Done``/``Failed``. The loop runs on the reader's thread: after a
@@ -24,6 +24,7 @@ The API front ends use (the TUI, ``ask``; ``chat.tool_turn`` runs the loop itsel
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,8 +41,9 @@ if TYPE_CHECKING:
 TOOL_CHOICES = ("auto", "none", "required")
 
 
-class ChatTools:
-    """One registry (servers and built-ins) and what the user allowed, for a process's chats."""
+class ChatTools(AbstractContextManager["ChatTools"]):
+    """One registry (servers and built-ins) and what the user allowed, for a process's chats.
+    Use as a context manager, or close()."""
 
     def __init__(self, registry: ToolRegistry, policy: ApprovalPolicy,
                  settings: ToolsSettings | None = None) -> None:
@@ -65,9 +67,6 @@ class ChatTools:
 
     def __repr__(self) -> str:
         return f"<ChatTools {self.registry!r}>"
-
-    def __enter__(self) -> ChatTools:
-        return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
             interruptions: Interruptions) -> int:
     from localchat.attachments import mentioned_files, read_attachment
-    from localchat.chat import tool_turn
+    from localchat.chat import tool_rounds
     from localchat.chat.escalation import Escalation
     from localchat.chat.tools import ChatTools
     from localchat.context.factory import open_chat
@@ -129,14 +129,14 @@ def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
                 chat = open_chat(engine, config, system=args.system, sampling=sampling)
             before = len(chat.history)
             router = Escalation(escalator, engine, route) if route != "local" else None
-            handle = tool_turn.start(chat, prompt, tools, tool_choice=args.tool_choice,
+            handle = tool_rounds.start(chat, prompt, tools, tool_choice=args.tool_choice,
                                      router=router)
             # The message as the context policy sent it (it may have cut an over-long one);
             # stored together with its reply. None: refused, nothing was sent.
             sent = chat.history[before].content if len(chat.history) > before else None
             final = interruptions.stream(handle)
             if conversation is not None and sent is not None and isinstance(final, Done):
-                rounds = handle.rounds if isinstance(handle, tool_turn.ToolTurn) else []
+                rounds = handle.rounds if isinstance(handle, tool_rounds.ToolTurn) else []
                 conversation.record_exchange(sent, final, engine.name, rounds)
                 for notice in conversation.take_notices():
                     out.event(notice)

@@ -1,32 +1,83 @@
-"""Checking a finished answer against its JSON Schema: ``schema_problem(value, schema)`` is None
-for a valid value, else one line that says where and why it is not.
+"""JSON values against a JSON Schema, with ``jsonschema``: a finished answer, and a tool call's
+arguments before the tool runs.
 
-It covers every keyword ``formats.keywords`` accepts, the ones the grammar enforces too (an
-answer from a remote model, or one a grammar let through under REPEAT_LIMIT, is checked the same
-way), and it assumes the schema passed ``schema_grammar`` (a refused schema never gets here).
-Written here rather than taken from the ``jsonschema`` package: the keywords checked must be
-exactly those the grammar side accepts, no more, and the four packages it brings (one of them
-compiled) would be there for ~150 lines.
+- ``schema_problem(value, schema)``: None for a valid answer, else one line that says where and
+  why it is not (``at /tags/2: ...``). The schema has passed ``schema_grammar`` first, so its
+  keywords are those ``formats.keywords`` accepts, the ones the grammar enforces too (an answer
+  from a remote model, or one a grammar let through under REPEAT_LIMIT, is checked the same
+  way). It is read as draft 2020-12 whatever its ``$schema``, with what the grammar side also
+  takes: OpenAPI's ``nullable``, ``multipleOf`` on decimals as a person means it (0.3 is a
+  multiple of 0.1), and the string formats of ``formats.keywords`` (dates against the calendar).
+  The problem shown is the first one found nearest the top of the value.
+- ``arguments_problem(schema, arguments)``: why a tool call's arguments do not fit the input
+  schema the tool declared, as jsonschema words it (the one it judges most relevant), for the
+  model to correct. Any draft the schema names; a schema that is not valid JSON Schema, or
+  defeats the checker, leaves the tool to judge its arguments itself.
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
+import logging
 import math
 import re
-from collections.abc import Callable
-from typing import Any
-from urllib.parse import unquote, urlsplit
+from collections.abc import Callable, Iterator
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from localchat.formats.keywords import FORMATS
+
+if TYPE_CHECKING:
+    from jsonschema import FormatChecker, ValidationError
+    from jsonschema.protocols import Validator
+
+log = logging.getLogger("localchat.formats.validate")
+
+MESSAGE_CHARS = 300  # jsonschema quotes the offending value: a 10 MB string must not come back
 
 
-def schema_problem(value: Any, schema: Any, root: Any = None) -> str | None:
+def schema_problem(value: Any, schema: Any) -> str | None:
     """None if ``value`` (parsed JSON) is valid under ``schema``; else the first problem."""
-    return _Check(schema if root is None else root).problem(value, schema, "")
+    validator = _answer_validator(json.dumps(schema))
+    found = [(len(error.absolute_path), n, error)
+             for n, error in enumerate(validator.iter_errors(value))]
+    if not found:
+        return None
+    error = min(found, key=lambda item: item[:2])[2]
+    where = "".join(f"/{part}" for part in error.absolute_path) or "/"
+    return f"at {where}: {_words(error, validator)}"
+
+
+def arguments_problem(schema: dict[str, Any], arguments: dict[str, Any]) -> str | None:
+    """Why ``arguments`` do not fit ``schema``, in one line, or None when they do."""
+    if not schema:
+        return None
+    try:
+        validator = _arguments_validator(json.dumps(schema, sort_keys=True))
+        if validator is None:
+            return None
+        from jsonschema.exceptions import best_match
+
+        error = best_match(validator.iter_errors(arguments))
+    except Exception:  # a schema that defeats the checker (a $ref loop, unknown $refs)
+        log.warning("could not check arguments against a tool's input schema", exc_info=True)
+        return None
+    if error is None:
+        return None
+    message = error.message
+    if len(message) > MESSAGE_CHARS:
+        message = message[:MESSAGE_CHARS - 1] + "…"
+    where = "/".join(str(part) for part in error.absolute_path)
+    return f"{message} (at {where})" if where else message
 
 
 def is_type(value: Any, kind: str) -> bool:
-    """Whether a parsed JSON value is of the JSON Schema type ``kind``."""
+    """Whether a parsed JSON value is of the JSON Schema type ``kind``, as jsonschema's draft
+    2020-12 has it (1.0 is an integer, true is no number): for the grammar side, which must not
+    wait for jsonschema's import (a schema becomes a grammar within ``bench --schema``'s 50 ms)."""
     if kind == "null":
         return value is None
     if kind == "boolean":
@@ -56,6 +107,48 @@ def json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and bool(a == b)
 
 
+# -- the answer validator: draft 2020-12 and what the grammar side takes besides -----------------
+# jsonschema is imported on first use: it costs a tenth of a second, and most runs check nothing.
+
+def _declared_types(schema: dict[str, Any]) -> list[str]:
+    declared = schema["type"]
+    kinds = [declared] if isinstance(declared, str) else list(declared)
+    return [*kinds, "null"] if schema.get("nullable") is True else kinds
+
+
+def _type(validator: Validator, declared: Any, value: Any,
+          schema: dict[str, Any]) -> Iterator[ValidationError]:
+    from jsonschema import ValidationError
+
+    if not any(validator.is_type(value, kind) for kind in _declared_types(schema)):
+        yield ValidationError("wrong type")  # worded by _words
+
+
+def _multiple_of(validator: Validator, step: float, value: Any,
+                 schema: dict[str, Any]) -> Iterator[ValidationError]:
+    from jsonschema import ValidationError
+
+    if validator.is_type(value, "number") and step > 0:
+        quotient = value / step
+        if not math.isclose(quotient, round(quotient), rel_tol=1e-9, abs_tol=1e-9):
+            yield ValidationError("not a multiple")  # worded by _words
+
+
+def _properties(validator: Validator, properties: dict[str, Any], value: Any,
+                schema: dict[str, Any]) -> Iterator[ValidationError]:
+    """Draft 2020-12's, except that a property declared ``false`` is named: jsonschema reports a
+    false schema without saying where it was."""
+    from jsonschema import ValidationError
+
+    if not validator.is_type(value, "object"):
+        return
+    for name, sub in properties.items():
+        if name in value and sub is False:
+            yield ValidationError(f"the property {name!r} is not allowed")
+        elif name in value:
+            yield from validator.descend(value[name], sub, path=name, schema_path=name)
+
+
 def _is_date(text: str) -> bool:
     return bool(re.fullmatch(r"\d{4}-\d\d-\d\d", text)) and _parses(datetime.date.fromisoformat, text)
 
@@ -63,6 +156,14 @@ def _is_date(text: str) -> bool:
 def _is_time(text: str) -> bool:
     return bool(re.fullmatch(r"([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)",
                              text))
+
+
+def _parses(parse: Any, text: str) -> bool:
+    try:
+        parse(text)
+    except ValueError:
+        return False
+    return True
 
 
 _FORMAT_CHECKS: dict[str, Callable[[str], bool]] = {
@@ -77,157 +178,98 @@ _FORMAT_CHECKS: dict[str, Callable[[str], bool]] = {
     "ipv6": lambda s: _parses(ipaddress.IPv6Address, s),
     "uri": lambda s: bool(urlsplit(s).scheme) and not any(c.isspace() for c in s),
 }
+assert set(_FORMAT_CHECKS) == set(FORMATS)
 
 
-def _parses(parse: Any, text: str) -> bool:
+def _format_checker() -> FormatChecker:
+    from jsonschema import FormatChecker
+
+    checker = FormatChecker(formats=())
+    for name, check in _FORMAT_CHECKS.items():
+        checker.checks(name)(lambda value, check=check: not isinstance(value, str) or check(value))
+    return checker
+
+
+@lru_cache(maxsize=1)
+def _answer_validator_class() -> tuple[type[Validator], FormatChecker]:
+    from jsonschema import Draft202012Validator
+    from jsonschema.validators import extend
+
+    keywords = {"type": _type, "multipleOf": _multiple_of, "properties": _properties}
+    return extend(Draft202012Validator, keywords), _format_checker()
+
+
+@lru_cache(maxsize=64)
+def _answer_validator(schema_json: str) -> Validator:
+    cls, formats = _answer_validator_class()
+    return cls(json.loads(schema_json), format_checker=formats)
+
+
+@lru_cache(maxsize=256)
+def _arguments_validator(schema_json: str) -> Validator | None:
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import validator_for
+
+    schema = json.loads(schema_json)
+    cls = validator_for(schema)
     try:
-        parse(text)
-    except ValueError:
-        return False
-    return True
-
-
-class _Check:
-    def __init__(self, root: Any) -> None:
-        self.root = root
-
-    def problem(self, value: Any, schema: Any, at: str) -> str | None:
-        if schema is True or schema is None:
-            return None
-        if schema is False:
-            return _at(at, "no value is allowed here")
-        if "$ref" in schema:
-            return self.problem(value, self._resolve(schema["$ref"]), at)
-        for check in (self._combinations, self._choices, self._type):
-            found = check(value, schema, at)
-            if found:
-                return found
-        if isinstance(value, str):
-            return self._string(value, schema, at)
-        if is_type(value, "number"):
-            return self._number(value, schema, at)
-        if isinstance(value, dict):
-            return self._object(value, schema, at)
-        if isinstance(value, list):
-            return self._array(value, schema, at)
+        cls.check_schema(schema)
+    except SchemaError:
         return None
-
-    def _resolve(self, ref: str) -> Any:
-        node = self.root
-        for part in ref[1:].split("/")[1:] if ref != "#" else []:
-            part = unquote(part).replace("~1", "/").replace("~0", "~")
-            node = node[int(part)] if isinstance(node, list) else node[part]
-        return node
-
-    def _combinations(self, value: Any, schema: dict, at: str) -> str | None:
-        for sub in schema.get("allOf", []):
-            found = self.problem(value, sub, at)
-            if found:
-                return found
-        if "anyOf" in schema and all(self.problem(value, s, at) for s in schema["anyOf"]):
-            return _at(at, f"{_show(value)} matches none of the 'anyOf' schemas")
-        if "oneOf" in schema:
-            matching = sum(self.problem(value, s, at) is None for s in schema["oneOf"])
-            if matching != 1:
-                return _at(at, f"{_show(value)} matches {matching} of the 'oneOf' schemas, not one")
-        return None
-
-    def _choices(self, value: Any, schema: dict, at: str) -> str | None:
-        if "const" in schema and not json_equal(value, schema["const"]):
-            return _at(at, f"{_show(value)} is not the constant {_show(schema['const'])}")
-        if "enum" in schema and not any(json_equal(value, v) for v in schema["enum"]):
-            return _at(at, f"{_show(value)} is not one of {_show(schema['enum'])}")
-        return None
-
-    def _type(self, value: Any, schema: dict, at: str) -> str | None:
-        declared = schema.get("type")
-        if declared is None:
-            return None
-        kinds = [declared] if isinstance(declared, str) else list(declared)
-        if schema.get("nullable") is True:
-            kinds.append("null")
-        if not any(is_type(value, kind) for kind in kinds):
-            return _at(at, f"{_show(value)} is not of type {' or '.join(kinds)}")
-        return None
-
-    def _string(self, value: str, schema: dict, at: str) -> str | None:
-        if len(value) < schema.get("minLength", 0):
-            return _at(at, f"{_show(value)} is shorter than {schema['minLength']} characters")
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            return _at(at, f"{_show(value)} is longer than {schema['maxLength']} characters")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
-            return _at(at, f"{_show(value)} does not match the pattern {schema['pattern']!r}")
-        check = _FORMAT_CHECKS.get(schema.get("format", ""))
-        if check is not None and not check(value):
-            return _at(at, f"{_show(value)} is not a valid {schema['format']}")
-        return None
-
-    def _number(self, value: float, schema: dict, at: str) -> str | None:
-        bounds = (("minimum", lambda lim: value < lim, "less than the minimum"),
-                  ("maximum", lambda lim: value > lim, "greater than the maximum"),
-                  ("exclusiveMinimum", lambda lim: value <= lim, "not above the exclusive minimum"),
-                  ("exclusiveMaximum", lambda lim: value >= lim, "not below the exclusive maximum"))
-        for key, broken, words in bounds:
-            if key in schema and broken(schema[key]):
-                return _at(at, f"{_show(value)} is {words} {schema[key]}")
-        step = schema.get("multipleOf")
-        if step is not None and not _is_multiple(value, step):
-            return _at(at, f"{_show(value)} is not a multiple of {step}")
-        return None
-
-    def _object(self, value: dict, schema: dict, at: str) -> str | None:
-        properties = schema.get("properties", {})
-        for name in schema.get("required", []):
-            if name not in value:
-                return _at(at, f"the required property {name!r} is missing")
-        extra = schema.get("additionalProperties", True)
-        for name, item in value.items():
-            sub = properties.get(name, extra)
-            if sub is False:
-                return _at(at, f"the property {name!r} is not allowed")
-            found = self.problem(item, sub, f"{at}/{name}")
-            if found:
-                return found
-        for key, broken, words in (("minProperties", lambda n: len(value) < n, "fewer"),
-                                   ("maxProperties", lambda n: len(value) > n, "more")):
-            if key in schema and broken(schema[key]):
-                return _at(at, f"the object has {words} than {schema[key]} properties")
-        return None
-
-    def _array(self, value: list, schema: dict, at: str) -> str | None:
-        prefix = schema.get("prefixItems", [])
-        items = schema.get("items", True)
-        for i, item in enumerate(value):
-            sub = prefix[i] if i < len(prefix) else items
-            if sub is False:
-                return _at(at, f"the array has more than {len(prefix)} items")
-            found = self.problem(item, sub, f"{at}/{i}")
-            if found:
-                return found
-        if len(value) < schema.get("minItems", 0):
-            return _at(at, f"the array has fewer than {schema['minItems']} items")
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            return _at(at, f"the array has more than {schema['maxItems']} items")
-        if schema.get("uniqueItems") is True:
-            for i, item in enumerate(value):
-                if any(json_equal(item, other) for other in value[:i]):
-                    return _at(at, f"the item {_show(item)} appears twice (uniqueItems)")
-        return None
+    validator: Validator = cls(schema)
+    return validator
 
 
-def _is_multiple(value: float, step: float) -> bool:
-    if step <= 0:
-        return True
-    quotient = value / step
-    return math.isclose(quotient, round(quotient), rel_tol=1e-9, abs_tol=1e-9)
+# -- an answer's problem in words ----------------------------------------------------------------
+
+def _words(error: ValidationError, validator: Validator) -> str:
+    """What is wrong, in the words localchat shows (jsonschema's own quote Python values)."""
+    keyword, limit, value = error.validator, error.validator_value, error.instance
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    shown = _show(value)
+    if keyword is None:  # a false schema
+        return "no value is allowed here"
+    if keyword == "type":
+        return f"{shown} is not of type {' or '.join(_declared_types(schema))}"
+    if keyword == "required":
+        missing = next(name for name in limit if name not in value)
+        return f"the required property {missing!r} is missing"
+    if keyword == "additionalProperties":
+        extra = next(name for name in value if name not in schema.get("properties", {}))
+        return f"the property {extra!r} is not allowed"
+    if keyword == "items":
+        return f"the array has more than {len(schema.get('prefixItems', []))} items"
+    if keyword == "uniqueItems":
+        twice = next(item for i, item in enumerate(value)
+                     if any(json_equal(item, other) for other in value[:i]))
+        return f"the item {_show(twice)} appears twice (uniqueItems)"
+    if keyword == "oneOf":
+        matching = sum(validator.evolve(schema=sub).is_valid(value) for sub in limit)
+        return f"{shown} matches {matching} of the 'oneOf' schemas, not one"
+    words = _WORDS.get(str(keyword))
+    return words(shown, limit) if words else error.message
+
+
+_WORDS: dict[str, Callable[[str, Any], str]] = {
+    "anyOf": lambda shown, limit: f"{shown} matches none of the 'anyOf' schemas",
+    "const": lambda shown, limit: f"{shown} is not the constant {_show(limit)}",
+    "enum": lambda shown, limit: f"{shown} is not one of {_show(limit)}",
+    "minLength": lambda shown, limit: f"{shown} is shorter than {limit} characters",
+    "maxLength": lambda shown, limit: f"{shown} is longer than {limit} characters",
+    "pattern": lambda shown, limit: f"{shown} does not match the pattern {limit!r}",
+    "format": lambda shown, limit: f"{shown} is not a valid {limit}",
+    "minimum": lambda shown, limit: f"{shown} is less than the minimum {limit}",
+    "maximum": lambda shown, limit: f"{shown} is greater than the maximum {limit}",
+    "exclusiveMinimum": lambda shown, limit: f"{shown} is not above the exclusive minimum {limit}",
+    "exclusiveMaximum": lambda shown, limit: f"{shown} is not below the exclusive maximum {limit}",
+    "multipleOf": lambda shown, limit: f"{shown} is not a multiple of {limit}",
+    "minProperties": lambda shown, limit: f"the object has fewer than {limit} properties",
+    "maxProperties": lambda shown, limit: f"the object has more than {limit} properties",
+    "minItems": lambda shown, limit: f"the array has fewer than {limit} items",
+    "maxItems": lambda shown, limit: f"the array has more than {limit} items",
+}
 
 
 def _show(value: Any) -> str:
-    import json
-
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _at(at: str, problem: str) -> str:
-    return f"at {at or '/'}: {problem}"

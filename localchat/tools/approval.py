@@ -13,13 +13,14 @@ Before any call runs the user sees the tool, its server and its arguments and an
 session, or a ``--allow-tool`` rule), and otherwise returns an :class:`ApprovalRequest`: a
 question carrying a ``concurrent.futures.Future`` that travels up to whatever front end asks (a
 screen in the TUI, a prompt in ``ask``, a denial without a terminal), as Toad's permission
-screen does; :meth:`ApprovalRequest.answer` records the grant and resolves the future.
+screen does; :meth:`ApprovalRequest.answer` records the grant and resolves the future. The
+question and the :class:`~localchat.events.Decision` are the event vocabulary's
+(``localchat.events.ApprovalQuestion``): the front ends read them there.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import enum
 import json
 import logging
 import threading
@@ -28,26 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localchat.errors import UserError
+from localchat.events import Decision
 from localchat.reply.calls import ToolCall
 from localchat.settings.tools import ANY_TOOL, BUILTIN_SERVER, ToolsSettings, save_always_allow
 from localchat.terminal import visible
-from localchat.tools.mcp_server import ToolInfo
+from localchat.tools.catalogue import ToolInfo
 
 log = logging.getLogger("localchat.tools.approval")
 
 PER_COMMAND = ("run_command",)  # built-ins whose "always" covers one exact command string
 LINE_CHARS = 200  # of a call's one-line form
-
-
-class Decision(enum.Enum):
-    ONCE = "once"
-    SESSION = "session"
-    SAVE = "save"
-    DENY = "deny"
-
-    @property
-    def allows(self) -> bool:
-        return self is not Decision.DENY
 
 
 def call_line(call: ToolCall, tool: ToolInfo | None = None) -> str:
@@ -83,24 +74,21 @@ class AllowRules:
 
 @dataclass(eq=False)
 class ApprovalRequest:
-    """One question to the user. ``future`` resolves to the :class:`Decision`; a front end
-    calls :meth:`answer` (from any thread) and shows what it returns."""
+    """One question to the user, a ``localchat.events.ApprovalQuestion``. ``future`` resolves
+    to the :class:`Decision`; a front end calls :meth:`answer` (from any thread) and shows what
+    it returns."""
 
     call: ToolCall
     tool: ToolInfo
-    can_save: bool
+    per_command: bool = False  # "always" covers only this exact command (``run_command``)
+    can_save: bool = True  # "always" may be saved in config.toml
+    line: str = field(init=False)  # the call in one inert line (call_line)
     future: concurrent.futures.Future[Decision] = field(default_factory=concurrent.futures.Future)
     _record: Callable[[ApprovalRequest, Decision], str] = field(default=lambda r, d: "",
                                                                   repr=False)
 
-    @property
-    def line(self) -> str:
-        return call_line(self.call, self.tool)
-
-    @property
-    def per_command(self) -> bool:
-        """Whether "always" covers only this exact command (``run_command``)."""
-        return self.tool.server == BUILTIN_SERVER and self.tool.name in PER_COMMAND
+    def __post_init__(self) -> None:
+        self.line = call_line(self.call, self.tool)
 
     def answer(self, decision: Decision) -> str:
         """Record ``decision`` and resolve the future (a second answer is ignored); returns a
@@ -146,7 +134,8 @@ class ApprovalPolicy:
         if self.allowed(call, tool):
             return None
         per_command = tool.server == BUILTIN_SERVER and tool.name in PER_COMMAND
-        return ApprovalRequest(call, tool, can_save=not per_command, _record=self._record)
+        return ApprovalRequest(call, tool, per_command, can_save=not per_command,
+                               _record=self._record)
 
     def _record(self, request: ApprovalRequest, decision: Decision) -> str:
         tool, key = request.tool, (request.tool.server, request.tool.name)

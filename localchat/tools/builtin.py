@@ -16,13 +16,15 @@ import os
 import signal
 import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from localchat.settings.tools import BUILTIN_SERVER, BUILTIN_TOOLS
+from localchat.tools.async_thread import in_thread
+from localchat.tools.catalogue import ToolInfo
 from localchat.tools.environment import child_environment
-from localchat.tools.loop import in_thread
-from localchat.tools.mcp_server import ToolFailure, ToolInfo
+from localchat.tools.results import ToolFailure
 
 READ_BYTES = 8 * 1024 * 1024  # of one file (the result is capped after, to the context)
 OUTPUT_BYTES = 8 * 1024 * 1024  # of one command's output
@@ -77,19 +79,27 @@ def _path(arguments: dict[str, Any], default: str = "") -> Path:
     return Path(raw).expanduser()
 
 
+@contextlib.contextmanager
+def _failures(verb: str, path: Path, wrong_kind: type[OSError], wrong_words: str) -> Iterator[None]:
+    """The OSError of reading ``path`` as a ToolFailure the model can act on: a path that does
+    not exist, one of the other kind (``wrong_kind``: ``path`` + ``wrong_words``), or another."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise ToolFailure(f"{path} does not exist") from None
+    except wrong_kind:
+        raise ToolFailure(f"{path} {wrong_words}") from None
+    except OSError as exc:
+        raise ToolFailure(f"cannot {verb} {path}: {exc.strerror or exc}") from None
+
+
 def _read_file(arguments: dict[str, Any]) -> str:
     path = _path(arguments)
     if path.exists() and not (path.is_file() or path.is_dir()):
         raise ToolFailure(f"{path} is not a regular file")  # a FIFO or a device never ends
-    try:
-        with path.open("rb") as f:
-            data = f.read(READ_BYTES + 1)
-    except FileNotFoundError:
-        raise ToolFailure(f"{path} does not exist") from None
-    except IsADirectoryError:
-        raise ToolFailure(f"{path} is a folder (list_directory lists folders)") from None
-    except OSError as exc:
-        raise ToolFailure(f"cannot read {path}: {exc.strerror or exc}") from None
+    with _failures("read", path, IsADirectoryError, "is a folder (list_directory lists folders)"), \
+            path.open("rb") as f:
+        data = f.read(READ_BYTES + 1)
     if b"\0" in data[:8192]:
         raise ToolFailure(f"{path} is not a text file")
     text = data[:READ_BYTES].decode("utf-8", errors="replace")
@@ -107,14 +117,8 @@ def _read_file(arguments: dict[str, Any]) -> str:
 
 def _list_directory(arguments: dict[str, Any]) -> str:
     path = _path(arguments, ".")
-    try:
+    with _failures("list", path, NotADirectoryError, "is a file (read_file reads files)"):
         entries = sorted(os.scandir(path), key=lambda e: e.name)
-    except FileNotFoundError:
-        raise ToolFailure(f"{path} does not exist") from None
-    except NotADirectoryError:
-        raise ToolFailure(f"{path} is a file (read_file reads files)") from None
-    except OSError as exc:
-        raise ToolFailure(f"cannot list {path}: {exc.strerror or exc}") from None
     lines = []
     for entry in entries[:MAX_ENTRIES]:
         try:

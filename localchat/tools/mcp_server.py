@@ -1,11 +1,13 @@
 """One MCP server: started in the background, its state and tools, and calls to it.
 
-:class:`McpServer` lives on the tool loop. Its :meth:`~McpServer.run` task opens the transport
-(a child process over stdio, or streamable HTTP / SSE), initializes the session, lists the tools
-and then holds the session open until the server is closed or its connection ends, because the
-SDK's transports must be opened and closed by one task. Its state is ``starting``, ``running``
-(with its tools), ``failed`` (with the reason: the last line its program wrote to stderr, a
-timeout, a refused connection), ``disabled`` (in mcp.json, not started) or ``stopped``.
+:class:`McpServer` lives on the tools' asyncio thread (``tools.async_thread``). Its
+:meth:`~McpServer.run` task opens the transport (a child process over stdio, or streamable HTTP /
+SSE), initializes the session, lists the tools and then holds the session open until the server
+is closed or its connection ends, because the SDK's transports must be opened and closed by one
+task. Its state is ``starting``, ``running`` (with its tools), ``failed`` (with the reason: the
+last line its program wrote to stderr, a timeout, a refused connection), ``disabled`` (in
+mcp.json, not started) or ``stopped``; :meth:`~McpServer.status` is it as a
+``tools.catalogue.ServerStatus``.
 
 A child gets an allow-listed environment without localchat's secrets (``tools.environment``); its
 stderr goes line by line to the log file, never to the screen, and the last lines are kept to say
@@ -24,61 +26,19 @@ import os
 import shutil
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal, TextIO, cast
+from typing import Any, TextIO, cast
 
 from localchat import __version__, logs
+from localchat.tools.catalogue import ServerStatus, State, ToolInfo
 from localchat.tools.config import ServerConfig
 from localchat.tools.environment import child_environment
-from localchat.tools.results import mcp_text, one_line
-
-State = Literal["starting", "running", "failed", "disabled", "stopped"]
+from localchat.tools.results import ToolFailure, mcp_text, one_line
 
 MAX_EVENT_BYTES = 64 * 1024 * 1024  # one streamed HTTP message; larger ones end the connection
 STDERR_LINES = 20
 STDERR_LINE_CHARS = 8192  # a longer line is cut (the rest of it is counted, not kept)
 SERVER_NICENESS = 10  # a stdio server's CPU priority below localchat's (see lowered_priority)
 STOP_S = 5.0  # closing a server: the SDK's own shutdown takes up to 4 s (stdin close, TERM, KILL)
-
-
-@dataclass(frozen=True)
-class ToolInfo:
-    """One tool: where it lives, what it is for, its input schema, and the name the model sees
-    (``exposed``: the tool's own name unless two servers offer the same one)."""
-
-    server: str
-    name: str
-    description: str = ""
-    input_schema: dict[str, Any] = field(default_factory=dict)
-    exposed: str = ""
-
-    @property
-    def label(self) -> str:
-        """``server.tool``: how the user sees it."""
-        return f"{self.server}.{self.name}"
-
-    def spec(self) -> dict[str, Any]:
-        """The tool as an OpenAI function spec (what templates and remote models take)."""
-        schema = self.input_schema or {"type": "object", "properties": {}}
-        return {"type": "function", "function": {
-            "name": self.exposed or self.name, "description": self.description,
-            "parameters": schema}}
-
-
-@dataclass(frozen=True)
-class ServerStatus:
-    """A server as a listing shows it."""
-
-    name: str
-    transport: str
-    target: str  # the command line or the URL (never headers or env: they may hold tokens)
-    state: State
-    tools: tuple[ToolInfo, ...] = ()
-    error: str = ""
-
-
-class ToolFailure(Exception):
-    """A call that could not be made or did not finish; the message is for the model and user."""
 
 
 class StderrTail:

@@ -6,7 +6,8 @@ output into the :class:`~localchat.reply.calls.ToolResult` the model reads and t
 escape sequences removed and other controls shown inert (``terminal.visible``), the size capped
 with a note that says so, and a one-line notice for the user whenever something was changed or
 went wrong. :func:`error_result` is the shape of every failure (a timeout, a crash, a tool that
-does not exist): text for the model, a notice for the user, never a traceback.
+does not exist, a :class:`ToolFailure` raised by a server or a built-in): text for the model, a
+notice for the user, never a traceback.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ _ESCAPES = re.compile(
     r"|\x9d[^\x07\x9c]*(?:\x07|\x9c)?"
 )
 NOTICE_CHARS = 120  # a notice is one line: what it quotes is cut to this
+
+
+class ToolFailure(Exception):
+    """A call that could not be made or did not finish; the message is for the model and user
+    (:func:`error_result` gives it to them)."""
 
 
 def inert(text: str) -> tuple[str, bool]:

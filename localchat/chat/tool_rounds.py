@@ -1,12 +1,14 @@
-"""The tool loop: one turn in which the model may call tools, each call approved before it runs.
+"""Tool rounds: one turn in which the model may call tools, each call approved before it runs.
 
 :func:`start` sends a user message with the tools of ``chat.tools.ChatTools`` and returns a
 :class:`ToolTurn`, a ``localchat.events.Turn`` whose events are, in one stream:
 
 - the reply's events (``Token``, ``Thinking``, ``Notice``...), its own ``Done`` held back;
-- when that ``Done`` has ``tool_calls`` (and was not stopped), per call in order: ``ToolCalled``;
-  ``ToolApproval`` when the user must decide (the loop waits on the request's future; a denial
-  gives the model "denied by the user"); the call runs (``[tools] timeout_s``); ``ToolReturned``.
+- when that ``Done`` has ``tool_calls`` (and was not stopped), per call in order: the call is
+  looked up once (``ToolRegistry.resolve``: a call that cannot run or names no tool gets its
+  error result without asking); ``ToolCalled``; ``ToolApproval`` when the user must decide (the
+  round waits on the question's future; a denial gives the model "denied by the user"); the
+  resolved call runs (``ToolRegistry.call``, ``[tools] timeout_s``); ``ToolReturned``.
   The history gains the reply (an assistant message with ``tool_calls``) and one ``tool`` message
   per result, and the next reply starts at once (``ChatContext.resume``): the engine prefills only
   the results and the next header;
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING
 from localchat.context.chat_context import ChatContext, TurnRouter
 from localchat.context.message import Message
 from localchat.events import (
+    Decision,
     Done,
     Event,
     Failed,
@@ -55,10 +58,10 @@ from localchat.events import (
     Turn,
     TurnEnd,
 )
-from localchat.reply.calls import ToolCall, ToolResult, failed_call_result
-from localchat.tools.approval import ApprovalRequest, Decision
-from localchat.tools.mcp_server import ToolInfo
-from localchat.tools.results import denied_result, error_result
+from localchat.reply.calls import ToolCall, ToolResult
+from localchat.tools.approval import ApprovalRequest
+from localchat.tools.registry import ResolvedCall
+from localchat.tools.results import denied_result
 
 if TYPE_CHECKING:
     from localchat.chat.tools import ChatTools
@@ -134,7 +137,7 @@ class ToolTurn(TurnEnd):
         try:
             yield from self._loop()
         except Exception as exc:  # a bug of ours: the turn fails with a line, never a traceback
-            log.exception("the tool loop failed")
+            log.exception("the tool rounds failed")
             yield self._finish(Failed(f"the tool loop failed ({type(exc).__name__}: {exc})"))
 
     def _loop(self) -> Iterator[Event]:
@@ -206,28 +209,22 @@ class ToolTurn(TurnEnd):
         return final
 
     def _run(self, call: ToolCall) -> Generator[Event, None, tuple[ToolResult, float, str]]:
-        """One call: shown, approved, run; yields its events and returns (result, ms, label)."""
-        registry = self.tools.registry
-        tool = registry.find(call.name) if call.name else None
-        if call.runnable and tool is None and any(s.state == "starting"
-                                                  for s in registry.statuses()):
-            registry.wait_started(self.tools.settings.start_timeout_s)  # its server may be coming
-            tool = registry.find(call.name)
-        label = tool.label if tool is not None else (call.name or "a tool call")
-        yield ToolCalled(call, label)
+        """One call: looked up, shown, approved, run; yields its events and returns (result,
+        ms, label)."""
+        resolved = self.tools.registry.resolve(call, self.tools.settings.start_timeout_s)
+        yield ToolCalled(call, resolved.label)
         started = time.perf_counter()
-        if not call.runnable:
-            result = failed_call_result(call)
-        elif tool is None:
-            result = error_result(call, label, _no_such_tool(call.name, registry.specs()))
+        if resolved.failure is not None:
+            result = resolved.failure
         else:
-            result = yield from self._approved_run(call, tool, label)
+            result = yield from self._approved_run(resolved)
         elapsed = (time.perf_counter() - started) * 1000.0
         yield ToolReturned(call, result, elapsed)
-        return result, elapsed, label
+        return result, elapsed, resolved.label
 
-    def _approved_run(self, call: ToolCall, tool: ToolInfo,
-                      label: str) -> Generator[Event, None, ToolResult]:
+    def _approved_run(self, resolved: ResolvedCall) -> Generator[Event, None, ToolResult]:
+        call, tool = resolved.call, resolved.tool
+        assert tool is not None  # resolved without a failure
         request = self.tools.policy.check(call, tool)
         if request is not None:
             with self._lock:
@@ -239,11 +236,11 @@ class ToolTurn(TurnEnd):
             with self._lock:
                 self._request = None
             if not decision.allows:
-                return denied_result(call, label)
+                return denied_result(call, resolved.label)
         self._mark("tool_start")
         n_ctx = getattr(self.chat.engine, "n_ctx", None)
         result = self.tools.registry.call(
-            call, cancel=self._stopped,
+            resolved, cancel=self._stopped,
             max_chars=self.tools.settings.result_chars(n_ctx if isinstance(n_ctx, int) else None))
         self._mark("tool_end")
         return result
@@ -270,9 +267,3 @@ class ToolTurn(TurnEnd):
         return replace(final, tool_calls=(), finish_reason="aborted" if stopped
                        else final.finish_reason)
 
-
-def _no_such_tool(name: str, specs: list[dict]) -> str:
-    names = [spec["function"]["name"] for spec in specs]
-    if not names:
-        return f"there is no tool named {name} (no tools are available)"
-    return f"there is no tool named {name} (the tools are: {', '.join(names)})"

@@ -54,7 +54,7 @@ def _call_if_open(loop: asyncio.AbstractEventLoop, callback: Callable[..., None]
         pass
 
 
-class ToolLoop:
+class AsyncThread:
     """The loop and its thread, started on first use; :meth:`close` stops both."""
 
     def __init__(self, name: str = "localchat-tools") -> None:
@@ -66,13 +66,13 @@ class ToolLoop:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "running" if self._thread else "idle"
-        return f"<ToolLoop {self._name} {state}>"
+        return f"<AsyncThread {self._name} {state}>"
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._closed:
-                raise RuntimeError("the tool loop was closed")
+                raise RuntimeError("the tools' asyncio thread was closed")
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
                 ready = threading.Event()
