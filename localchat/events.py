@@ -7,7 +7,7 @@ model's chain of thought) and ``Token`` (the answer), and exactly one final ``Do
 where the reply changes hands between the local and the remote model.
 
 A reply that calls tools ends with a ``Done`` whose ``tool_calls`` are the calls it asked for
-(their markers and JSON never streamed as ``Token`` text). The chat's tool loop then emits, per
+(their markers and JSON never streamed as ``Token`` text). The chat's tool rounds then emit, per
 call, ``ToolCalled``, ``ToolApproval`` when the user must decide (the front end answers the
 request it carries), and ``ToolReturned`` with the result; the model's next reply follows, as
 events of the same turn, until a reply calls nothing or a limit is hit. Model loading produces

@@ -2,8 +2,10 @@
 
 The imports are read with ``ast`` from the source (nothing is imported), so a lazy import inside a
 function counts as much as one at the top of a module: it is a real dependency at run time, only
-a later one. Imports under ``if TYPE_CHECKING:`` are allowed in any direction: they exist for the
-type checker and never run. An exception needs a written reason in ``ALLOWED``.
+a later one. An import under ``if TYPE_CHECKING:`` counts too: it never runs, but a part that
+types its host as the whole app and reaches its siblings through it is in a circle with it all
+the same (they hid five circles while they were skipped). An exception needs a written reason in
+``ALLOWED``.
 
 A package is a folder under ``localchat/``; the top-level modules (``errors.py``, ``paths.py``,
 ...) and the ``settings`` package together form the base layer. A package may import its own
@@ -28,9 +30,11 @@ LAYERS: list[tuple[str, set[str], str]] = [
      "words every layer shares: the user's errors, where files live, the event vocabulary, "
      "safe names and terminal output, the settings' schema with each value's type, default "
      "and range (the engine, the context and the remote read their settings, never the reverse), "
-     "the answer formats (a JSON Schema as a grammar, and the check of an answer), and tool "
-     "calls as words and reading a model's reply text (``reply/``: reasoning, tool calls, lenient JSON; the engine renders calls, tools/ runs them): plain "
-     "logic the engine, the remote and the front ends share"),
+     "the answer formats (``formats/``: a JSON Schema or a tool call as a grammar, the "
+     "constraint a turn samples under, the check of an answer and of a call's arguments), and "
+     "reading a model's reply text (``reply/``: reasoning, the call and result types, one "
+     "table of model families, lenient JSON; the engine renders calls, tools/ runs them): "
+     "plain logic the engine, the remote and the front ends share"),
     ("models", {"models"},
      "the model files on disk: the registry, the GGUF reader, pull; knows no engine"),
     ("engine", {"engine"},
@@ -72,28 +76,12 @@ def _exists(module: str) -> bool:
     return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    """ids of the nodes under ``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``)."""
-    skipped: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If):
-            test = node.test
-            name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
-            if name == "TYPE_CHECKING":
-                for child in node.body:
-                    skipped.update(id(n) for n in ast.walk(child))
-    return skipped
-
-
 def imports(path: Path, text: str | None = None) -> Iterator[tuple[str, int]]:
-    """(module imported, line) for each runtime import in ``path`` (whose source is ``text``
-    when given)."""
+    """(module imported, line) for each import in ``path`` (whose source is ``text`` when given),
+    type-only ones included."""
     module = _module_name(path)
     tree = ast.parse(path.read_text(encoding="utf-8") if text is None else text, str(path))
-    skipped = _type_checking_nodes(tree)
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, node.lineno
@@ -121,8 +109,7 @@ LAYER_OF = {package: index for index, (_, packages, _) in enumerate(LAYERS) for 
 
 
 def arrows() -> list[tuple[str, str, str]]:
-    """(importer, imported, "file:line") for every runtime import from one localchat module of
-    another."""
+    """(importer, imported, "file:line") for every import from one localchat module of another."""
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         importer = _module_name(path)
@@ -212,9 +199,17 @@ def test_every_arrow_points_down_the_layers():
     ("from localchat.engine.kv import KvRecord\n", ["localchat.engine.kv"]),
     ("import localchat.store.store\n", ["localchat.store.store"]),
     ("def f():\n    from localchat.tui import app\n", ["localchat.tui.app"]),
-    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from localchat.tui.app import A\n", []),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from localchat.tui.app import A\n",
+     ["localchat.tui.app"]),
     ("from .budget import TurnSpan\n", ["localchat.context.budget"]),
 ])
-def test_imports_are_read_with_lazy_ones_and_without_type_only_ones(source, expected):
+def test_imports_are_read_with_lazy_and_type_only_ones(source, expected):
     path = ROOT / "context" / "probe.py"  # not read: its source is given
     assert [name for name, _ in imports(path, source) if name.startswith("localchat")] == expected
+
+
+def test_no_module_is_over_600_lines():
+    """A module says one thing: past 600 lines it has become a room of its own."""
+    sizes = {str(path.relative_to(ROOT.parent)): len(path.read_text(encoding="utf-8").splitlines())
+             for path in ROOT.rglob("*.py")}
+    assert {path: n for path, n in sizes.items() if n > 600} == {}

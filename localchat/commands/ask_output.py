@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from localchat.commands import answer_shape
 from localchat.events import (
+    Decision,
     Done,
     Event,
     Failed,
@@ -168,12 +169,9 @@ class PlainText:
 def answer_approval(approve: Callable[[ToolApproval], Notice | None] | None,
                     event: ToolApproval) -> Notice | None:
     """Answer a call's question through ``approve``; without one it is denied."""
-    from localchat.tools.approval import ApprovalRequest, Decision
-
     if approve is not None:
         return approve(event)
-    if isinstance(event.request, ApprovalRequest):
-        event.request.answer(Decision.DENY)
+    event.request.answer(Decision.DENY)
     return None
 
 

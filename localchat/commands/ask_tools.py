@@ -22,9 +22,8 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from localchat.events import Notice, ToolApproval
+from localchat.events import ApprovalQuestion, Decision, Notice, ToolApproval
 from localchat.terminal import visible
-from localchat.tools.approval import ApprovalRequest, Decision
 
 _ANSWERS = {"y": Decision.ONCE, "yes": Decision.ONCE, "a": Decision.SESSION,
             "always": Decision.SESSION, "s": Decision.SAVE, "save": Decision.SAVE,
@@ -100,7 +99,6 @@ class Approver:
         """Answer ``event.request`` (waiting for the user if there is a terminal); a notice to
         show, if any."""
         request = event.request
-        assert isinstance(request, ApprovalRequest)
         if not self._opened:
             self._tty, self._opened = self._open(), True
         tty = self._tty
@@ -119,7 +117,7 @@ class Approver:
         notice = request.answer(picked.result())
         return Notice(notice, kind="tools") if notice else None
 
-    def _ask(self, tty: Terminal, request: ApprovalRequest,
+    def _ask(self, tty: Terminal, request: ApprovalQuestion,
              picked: concurrent.futures.Future[Decision]) -> None:
         choices = "[y] once, [a] always this run" + (", [s] always, saved" if request.can_save
                                                       else "") + ", [n] no"

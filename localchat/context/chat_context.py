@@ -123,7 +123,7 @@ class ChatContext:
     def resume(self, sampling: Sampling | None = None, *,
                router: TurnRouter | None = None) -> Turn:
         """Start the next reply over the history as it stands, with no new user message: the
-        model goes on after the tool results the chat's tool loop appended (``add_results``).
+        model goes on after the tool results the chat's tool rounds appended (``add_results``).
         The reply is added to the history like ``send``'s."""
         sampling = sampling or self.sampling
         self.draft.cancel()

@@ -9,7 +9,7 @@
 - :class:`CallAssembler`: streamed ``delta.tool_calls`` entries (by ``index``: the id and name
   once, the arguments as string pieces) assembled into ``ToolCall``s when the reply ends. A
   call whose arguments are not a JSON object, or that names no tool, is still a call, with a
-  ``problem`` the model is told about; the chat's tool loop checks the arguments against the
+  ``problem`` the model is told about; the chat's tool rounds check the arguments against the
   tool's schema before anything runs (a remote may send anything).
 """
 

@@ -40,7 +40,7 @@ MIN_RESULT_CHARS = 1_000
 
 @dataclass(frozen=True)
 class ToolsSettings:
-    """Everything the tool registry, the approval policy and the tool loop need. Immutable."""
+    """Everything the tool registry, the approval policy and the tool rounds need. Immutable."""
 
     builtins: tuple[str, ...] = ()  # localchat's own tools turned on, from BUILTIN_TOOLS
     max_rounds: int = 8

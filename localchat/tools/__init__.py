@@ -19,10 +19,11 @@ This package knows nothing of the app, the engine or the screen. Its parts:
   with a :class:`~localchat.events.Decision`).
 
 The words shared with the rest of localchat are ``localchat.reply.calls`` (``ToolCall``,
-``ToolResult``, the families' call formats) and ``localchat.events`` (the approval question and
-its decision). A call goes through, in order: ``registry.resolve(call)`` (the tool, or the error
-result it gets instead), ``policy.check(call, tool)`` (None, or the question to put to the
-user), ``registry.call(resolved)``; ``localchat.chat.tool_rounds`` runs these rounds for a turn.
+``ToolResult``), ``localchat.reply.families`` (how each model family writes a call) and
+``localchat.events`` (the approval question and its decision). A call goes through, in order:
+``registry.resolve(call)`` (the tool, or the error result it gets instead),
+``policy.check(call, tool)`` (None, or the question to put to the user),
+``registry.call(resolved)``; ``localchat.chat.tool_rounds`` runs these rounds for a turn.
 """
 
 from localchat.events import Decision

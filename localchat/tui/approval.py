@@ -10,7 +10,7 @@ user's answer in one key.
 
 The screen sits at the bottom over the chat log, which stays visible and live behind it. It
 answers nothing itself: it is dismissed with the :class:`~localchat.tools.Decision` and the
-app answers the request (``Turns``), which is what the tool loop waits on.
+app answers the request (``Turns``), which is what the tool rounds wait on.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
+from localchat.events import ApprovalQuestion, Decision
 from localchat.terminal import visible
-from localchat.tools.approval import ApprovalRequest, Decision
 
 SHOWN_ARGUMENT_CHARS = 3000
 SETTLED_POLL_S = 0.25
 
 
-def arguments_text(request: ApprovalRequest) -> str:
+def arguments_text(request: ApprovalQuestion) -> str:
     """The call's arguments as indented JSON, inert, cut for the screen."""
     text = visible(json.dumps(request.call.arguments, indent=2, ensure_ascii=False))
     if len(text) > SHOWN_ARGUMENT_CHARS:
@@ -38,7 +38,7 @@ def arguments_text(request: ApprovalRequest) -> str:
     return text
 
 
-def keys_line(request: ApprovalRequest) -> str:
+def keys_line(request: ApprovalQuestion) -> str:
     always = "always this exact command" if request.per_command else "always this session"
     keys = ["y once", f"a {always}"]
     if request.can_save:
@@ -68,7 +68,7 @@ class ApprovalScreen(ModalScreen[Decision]):
     ApprovalScreen .keys { color: $accent; margin: 1 0 0 0; }
     """
 
-    def __init__(self, request: ApprovalRequest) -> None:
+    def __init__(self, request: ApprovalQuestion) -> None:
         super().__init__()
         self.request = request
 

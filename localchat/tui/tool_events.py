@@ -1,7 +1,7 @@
 """The app's side of a turn's tool calls: each call shown as it is made, the user asked before
 one runs, its result folded under it, and the notices the tools have for the user.
 
-The chat layer's tool loop runs the calls on the turn's worker thread and reports them as events
+The chat layer's tool rounds (``chat.tool_rounds``) run the calls on the turn's worker thread and reports them as events
 (``ToolCalled``, ``ToolApproval``, ``ToolReturned``; ``localchat.events``); ``Turns`` hands them
 here on the UI thread. A ``ToolApproval`` puts an :class:`~localchat.tui.approval.ApprovalScreen`
 up and answers its request when the user decides; the loop, which waits on the request, then
@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from localchat.events import ToolApproval, ToolCalled, ToolReturned
-from localchat.tools.approval import ApprovalRequest, Decision
+from localchat.events import ApprovalQuestion, Decision, ToolApproval, ToolCalled, ToolReturned
 from localchat.tui.approval import ApprovalScreen
 from localchat.tui.tool_calls import ToolCallView
 
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class OpenQuestion:
-    request: ApprovalRequest
+    request: ApprovalQuestion
     screen: ApprovalScreen
     view: ToolCallView | None
 
@@ -69,8 +68,6 @@ class ToolActivity:
 
     def ask(self, event: ToolApproval, view: ToolCallView | None) -> None:
         request = event.request
-        if not isinstance(request, ApprovalRequest):  # not a question this app knows how to put
-            return
         if request.future.done():
             return
         screen = ApprovalScreen(request)
@@ -99,7 +96,7 @@ class ToolActivity:
 
     def deny_open_questions(self) -> None:
         """The turn is stopping or gone: every open question is answered "deny" and its screen
-        taken down, so that the tool loop never waits on it."""
+        taken down, so that the tool rounds never wait on it."""
         for question in list(self._questions):
             self._answer(question, Decision.DENY)
             if self._host.screen is question.screen:
