@@ -1957,3 +1957,52 @@ def test_46_3_a_small_ram_cache_restores_a_conversation_its_save_would_evict(eng
                    {"role": "user", "content": "And the fish?"}]
     assert_matches_fresh(turn(a_again), fresh, a_again)
     assert pool.restored == 1 and len(pool) == 1  # A taken back, B saved in its place
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_46_1b_ask_in_tmux_shows_the_whole_command_before_asking(test_model_path, tmp_path):
+    import shlex
+    import time
+    import uuid
+
+    from fault_server import FaultServer, reply
+    from test_remote_tools import calls_stream
+
+    marker = tmp_path / "marker"
+    command_ = "echo " + "a" * 300 + f"; touch {marker}"
+    script = [calls_stream(("call_1", "run_command", json.dumps({"command": command_}))),
+              reply("Done.")]
+    home = tmp_path / "home"
+    socket_name = f"localchat-test-{uuid.uuid4().hex[:8]}"
+
+    def tmux(*args: str) -> str:
+        return subprocess.run(["tmux", "-L", socket_name, "-f", "/dev/null", *args],
+                              capture_output=True, text=True, timeout=30).stdout
+
+    with FaultServer(script) as server:
+        home.mkdir(parents=True)
+        (home / "config.toml").write_text(
+            f'[remote]\nmode = "auto"\nbase_url = "{server.base_url}"\n\n'
+            '[tools]\nbuiltins = ["run_command"]\n')
+        ask = [sys.executable, "-m", "localchat", "ask", "--route", "remote", "--model",
+               str(test_model_path), "--max-tokens", "16", "Go."]
+        line = (f"env LOCALCHAT_HOME={shlex.quote(str(home))} PYTHONPATH={shlex.quote(str(REPO))} "
+                f"{shlex.join(ask)} 2>{shlex.quote(str(tmp_path / 'err'))}; "
+                f"echo exit=$? > {shlex.quote(str(tmp_path / 'status'))}")
+        tmux("new-session", "-d", "-x", "200", "-y", "50", line)
+        try:
+            deadline = time.monotonic() + 60
+            while "[n] no:" not in (shown := tmux("capture-pane", "-p", "-J")):
+                assert time.monotonic() < deadline, f"never asked: {shown}"
+                time.sleep(0.1)
+            assert command_ in shown.replace("\n", "")  # the whole command, its tail included
+            tmux("send-keys", "n", "Enter")
+            while not (tmp_path / "status").exists():
+                assert time.monotonic() < deadline + 30, "ask did not end"
+                time.sleep(0.1)
+        finally:
+            tmux("kill-server")
+    assert (tmp_path / "status").read_text().strip() == "exit=0"
+    assert not marker.exists()  # denied: nothing ran
+    err = (tmp_path / "err").read_text()
+    assert f"touch {marker}" in err and "Traceback" not in err  # the ⚙ line is whole too

@@ -149,6 +149,22 @@ async def test_y_runs_the_call_once_and_the_next_call_asks_again(store):
         assert [v.state for v in views(app)] == ["done", "done"]
 
 
+async def test_the_question_shows_the_whole_call_however_long_its_command(store):
+    # A long command's tail was hidden behind "… N more characters": what is approved must be
+    # all there to read (the box scrolls).
+    command_ = "echo " + "a" * 4000 + "; touch ~/.marker"
+    round_ = ToolRound([(ToolCall("call00001", "run_command", {"command": command_}), RUN)],
+                       policy=ApprovalPolicy())
+    async with started(store, round_, "Echo it.") as pilot:
+        assert "touch" not in await screen_text(pilot)  # below the fold at first
+        await pilot.press("end")
+        shown = await screen_showing(pilot, lambda text: "touch ~/.marker" in text, "the command's tail")
+        assert "more characters" not in shown
+        await pilot.press("n")
+        await reply_finished(pilot)
+        assert round_.log == [("call00001", "deny")]
+
+
 async def test_a_allows_the_tool_for_the_session_and_asks_no_more(store):
     round_ = ToolRound([read("a.txt", "call00001"), read("b.txt", "call00002")],
                        policy=ApprovalPolicy())

@@ -109,7 +109,7 @@ class PlainText:
             if self._remote_text and not self._remote_text.endswith("\n"):
                 self._write("\n")
             self._remote_text = ""
-            self.stderr.write(f"⚙ {call_line(event.call)}\n")
+            self.stderr.write(f"⚙ {call_line(event.call, limit=None)}\n")  # whole: see call_line
         else:
             result = event.result
             if result.notice:

@@ -41,12 +41,14 @@ PER_COMMAND = ("run_command",)  # built-ins whose "always" covers one exact comm
 LINE_CHARS = 200  # of a call's one-line form
 
 
-def call_line(call: ToolCall, tool: ToolInfo | None = None) -> str:
-    """``server.tool({"arg": ...})`` in one inert line: how a call is shown and asked about."""
+def call_line(call: ToolCall, tool: ToolInfo | None = None, limit: int | None = LINE_CHARS) -> str:
+    """``server.tool({"arg": ...})`` in one inert line: how a call is shown, cut to ``limit``
+    characters (``…)`` says where). A question about it uses the whole line (``limit=None``): a
+    command's tail (``; rm …``) must never be hidden from the one who approves it."""
     name = tool.label if tool else call.name
     arguments = json.dumps(call.arguments, ensure_ascii=False)
     line = visible(f"{name}({arguments})", newlines=False)
-    return line if len(line) <= LINE_CHARS else line[:LINE_CHARS - 2] + "…)"
+    return line if limit is None or len(line) <= limit else line[:limit - 2] + "…)"
 
 
 class AllowRules:
@@ -82,13 +84,13 @@ class ApprovalRequest:
     tool: ToolInfo
     per_command: bool = False  # "always" covers only this exact command (``run_command``)
     can_save: bool = True  # "always" may be saved in config.toml
-    line: str = field(init=False)  # the call in one inert line (call_line)
+    line: str = field(init=False)  # the whole call in one inert line (call_line)
     future: concurrent.futures.Future[Decision] = field(default_factory=concurrent.futures.Future)
     _record: Callable[[ApprovalRequest, Decision], str] = field(default=lambda r, d: "",
                                                                   repr=False)
 
     def __post_init__(self) -> None:
-        self.line = call_line(self.call, self.tool)
+        self.line = call_line(self.call, self.tool, limit=None)
 
     def answer(self, decision: Decision) -> str:
         """Record ``decision`` and resolve the future (a second answer is ignored); returns a

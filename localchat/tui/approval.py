@@ -26,16 +26,13 @@ from textual.widgets import Label, Static
 from localchat.events import ApprovalQuestion, Decision
 from localchat.terminal import visible
 
-SHOWN_ARGUMENT_CHARS = 3000
 SETTLED_POLL_S = 0.25
 
 
 def arguments_text(request: ApprovalQuestion) -> str:
-    """The call's arguments as indented JSON, inert, cut for the screen."""
-    text = visible(json.dumps(request.call.arguments, indent=2, ensure_ascii=False))
-    if len(text) > SHOWN_ARGUMENT_CHARS:
-        text = text[:SHOWN_ARGUMENT_CHARS] + f"\n… {len(text) - SHOWN_ARGUMENT_CHARS:,} more characters"
-    return text
+    """The call's arguments as indented JSON, inert and whole: what is approved is all shown (a
+    long command's tail, ``; rm …``, was hidden behind "… N more characters"); the box scrolls."""
+    return visible(json.dumps(request.call.arguments, indent=2, ensure_ascii=False))
 
 
 def keys_line(request: ApprovalQuestion) -> str:
