@@ -2006,3 +2006,29 @@ def test_46_1b_ask_in_tmux_shows_the_whole_command_before_asking(test_model_path
     assert not marker.exists()  # denied: nothing ran
     err = (tmp_path / "err").read_text()
     assert f"touch {marker}" in err and "Traceback" not in err  # the ⚙ line is whole too
+
+
+def test_46_5_a_catastrophic_pattern_is_checked_within_a_bound(test_model_path, tmp_path):
+    # The answer (from a remote here: the grammar keeps a local one inside the pattern) is checked
+    # against the schema after it ends; Python's re ran ^(a+)+$ on 36 a's and a "!" for hours,
+    # deaf to SIGINT and SIGTERM. ^(a|a)*$ defeats even a smarter backtracking engine: it is cut
+    # off and said to be too slow.
+    import time
+
+    from fault_server import FaultServer, reply
+
+    for pattern, said in (("^(a+)+$", "does not match the pattern"), ("^(a|a)*$", "took too long to check")):
+        schema = json.dumps({"type": "object", "required": ["a"],
+                             "properties": {"a": {"type": "string", "pattern": pattern}}})
+        with FaultServer([reply(json.dumps({"a": "a" * 36 + "!"}))]) as server:
+            home = tmp_path / pattern.count("|").__str__()
+            home.mkdir()
+            (home / "config.toml").write_text(f'[remote]\nmode = "auto"\nbase_url = "{server.base_url}"\n')
+            env = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO)}
+            started = time.monotonic()
+            proc = subprocess.run([sys.executable, "-m", "localchat", "ask", "--route", "remote",
+                                   "--model", str(test_model_path), "--schema", schema, "Go."],
+                                  capture_output=True, text=True, env=env, timeout=120)
+        assert time.monotonic() - started < 60
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert said in proc.stderr and pattern in proc.stderr

@@ -28,6 +28,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from localchat.formats import bounded_regex
 from localchat.formats.keywords import FORMATS
 
 if TYPE_CHECKING:
@@ -40,15 +41,25 @@ MESSAGE_CHARS = 300  # jsonschema quotes the offending value: a 10 MB string mus
 
 
 def schema_problem(value: Any, schema: Any) -> str | None:
-    """None if ``value`` (parsed JSON) is valid under ``schema``; else the first problem."""
+    """None if ``value`` (parsed JSON) is valid under ``schema``; else the first problem. Its
+    patterns run with a bound (``formats.bounded_regex``): one too slow to check is said."""
     validator = _answer_validator(json.dumps(schema))
-    found = [(len(error.absolute_path), n, error)
-             for n, error in enumerate(validator.iter_errors(value))]
+    with bounded_regex.budget() as patterns:
+        found = [(len(error.absolute_path), n, error)
+                 for n, error in enumerate(validator.iter_errors(value))]
     if not found:
         return None
     error = min(found, key=lambda item: item[:2])[2]
     where = "".join(f"/{part}" for part in error.absolute_path) or "/"
-    return f"at {where}: {_words(error, validator)}"
+    return f"at {where}: {_words(error, validator)}{_too_slow(patterns)}"
+
+
+def _too_slow(patterns: bounded_regex.Budget) -> str:
+    if patterns.gave_up is None:
+        return ""
+    shown = patterns.gave_up if len(patterns.gave_up) <= 80 else patterns.gave_up[:79] + "…"
+    return (f" (the pattern {shown!r} took too long to check: over "
+            f"{bounded_regex.SEARCH_S:g} s, counted as no match)")
 
 
 def arguments_problem(schema: dict[str, Any], arguments: dict[str, Any]) -> str | None:
@@ -61,7 +72,8 @@ def arguments_problem(schema: dict[str, Any], arguments: dict[str, Any]) -> str 
             return None
         from jsonschema.exceptions import best_match
 
-        error = best_match(validator.iter_errors(arguments))
+        with bounded_regex.budget() as patterns:
+            error = best_match(validator.iter_errors(arguments))
     except Exception:  # a schema that defeats the checker (a $ref loop, unknown $refs)
         log.warning("could not check arguments against a tool's input schema", exc_info=True)
         return None
@@ -71,7 +83,7 @@ def arguments_problem(schema: dict[str, Any], arguments: dict[str, Any]) -> str 
     if len(message) > MESSAGE_CHARS:
         message = message[:MESSAGE_CHARS - 1] + "…"
     where = "/".join(str(part) for part in error.absolute_path)
-    return f"{message} (at {where})" if where else message
+    return (f"{message} (at {where})" if where else message) + _too_slow(patterns)
 
 
 def is_type(value: Any, kind: str) -> bool:
@@ -195,6 +207,7 @@ def _answer_validator_class() -> tuple[type[Validator], FormatChecker]:
     from jsonschema import Draft202012Validator
     from jsonschema.validators import extend
 
+    bounded_regex.install()
     keywords = {"type": _type, "multipleOf": _multiple_of, "properties": _properties}
     return extend(Draft202012Validator, keywords), _format_checker()
 
@@ -210,6 +223,7 @@ def _arguments_validator(schema_json: str) -> Validator | None:
     from jsonschema.exceptions import SchemaError
     from jsonschema.validators import validator_for
 
+    bounded_regex.install()
     schema = json.loads(schema_json)
     cls = validator_for(schema)
     try:
