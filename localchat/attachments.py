@@ -3,7 +3,8 @@
 A file goes into the message as a fenced block under its name, so the model sees where it starts
 and ends and the conversation shows what was sent. Only text is accepted: a file with NUL bytes
 or that is not UTF-8 is refused, and so is one that could not fit the model's context, with the
-numbers, before anything is sent.
+numbers, before anything is sent. What may be read at all (a file or a pipe, 4 MB at most; a
+directory or a device named as such) is ``user_files``' rule, the same as ``--schema``'s.
 
 ``outgoing_message`` is the one rule for the message as it will be sent: the app's Enter, its
 prefill while typing and ``ask`` all build the text the model sees with it, so what was
@@ -19,13 +20,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from localchat.errors import UserError
-
-# Read at most this much before deciding: a bigger file cannot fit any context we run. A prompt
-# piped on stdin has the same cap (``read_capped``).
-MAX_BYTES = 4 * 1024 * 1024
+from localchat.user_files import UnreadableFile, read_user_file
 
 
 @dataclass(frozen=True)
@@ -53,13 +50,10 @@ def read_attachment(path_text: str, count_tokens: CountTokens | None, max_tokens
 
 
 def _read(path: Path, count_tokens: CountTokens | None) -> Attachment:
-    if not path.is_file():
-        raise UserError(f"{path} is not a file." if path.exists() else f"No file {path}.")
     try:
-        with path.open("rb") as handle:
-            data = read_capped(handle, path.name, "attach a smaller text file")
-    except OSError as exc:
-        raise UserError(f"Cannot read {path}: {exc.strerror or exc}") from None
+        data = read_user_file(path, "attach a smaller text file")
+    except UnreadableFile as exc:
+        raise UserError(f"No file {path}." if exc.missing else f"{path} {exc.reason}.") from None
     if b"\0" in data[:65536]:
         raise UserError(f"{path.name} looks binary (it has NUL bytes); only text files can be attached.")
     text, cut = _decoded(data, path.name)
@@ -81,15 +75,6 @@ def _decoded(data: bytes, name: str) -> tuple[str, bool]:
         raise UserError(f"{name} is not UTF-8 text (byte {at} is not); only text files can be "
                         "attached.") from None
     return text, bool(decoder.getstate()[0])
-
-
-def read_capped(stream: BinaryIO, name: str, advice: str) -> bytes:
-    """All of ``stream`` if it holds at most :data:`MAX_BYTES`, never reading more than one byte
-    past them (a producer that never stops is not read for ever); UserError beyond that."""
-    data = stream.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        raise UserError(f"{name} is over {MAX_BYTES // 1024 // 1024} MB; {advice}.")
-    return data
 
 
 def _within(attachment: Attachment, max_tokens: int | None) -> Attachment:

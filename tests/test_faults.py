@@ -1432,7 +1432,7 @@ def test_38_1c_ask_on_a_terminal_that_is_closed_mid_reply_keeps_it_stopped(nohup
 def test_38_2a_a_prompt_on_stdin_stops_at_the_4_mb_a_file_may_hold(test_model_path, tmp_path):
     import threading
 
-    from localchat.attachments import MAX_BYTES
+    from localchat.user_files import MAX_BYTES
 
     env = {**os.environ, "LOCALCHAT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
     with open(tmp_path / "err", "wb") as err_file:
@@ -2032,3 +2032,27 @@ def test_46_5_a_catastrophic_pattern_is_checked_within_a_bound(test_model_path, 
         assert time.monotonic() - started < 60
         assert proc.returncode == 1 and "Traceback" not in proc.stderr
         assert said in proc.stderr and pattern in proc.stderr
+
+
+@pytest.mark.parametrize("flag", ["--schema", "--grammar", "-f"])
+def test_46_9_files_given_for_a_shape_are_read_as_attachments_are(flag, tmp_path):
+    # --schema DIR, --schema <(echo …) and --schema /dev/zero all said "does not exist";
+    # --grammar /dev/zero read until MemoryError. One reader now: a pipe is read (with a cap),
+    # a directory or a device is named as such.
+    content = {"--schema": '{"type": "object", "properties": {"ok": {"type": "boolean"}}}',
+               "--grammar": 'root ::= "yes" | "no"', "-f": "some notes"}[flag]
+    env = {**os.environ, "LOCALCHAT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
+
+    def ask(target: str) -> subprocess.CompletedProcess:
+        # A model that does not exist: what is read of the file is said before any model loads.
+        line = f'{sys.executable} -m localchat ask --model no-such-model {flag} {target} "hi"'
+        return subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, timeout=60)
+
+    for target, said in ((str(tmp_path), "is a directory"), ("/dev/zero", "is a device")):
+        proc = ask(target)
+        assert proc.returncode != 0 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    piped = ask(f"<(printf '%s' '{content}')")  # bash's process substitution: a pipe
+    assert "no-such-model" in piped.stderr and "Traceback" not in piped.stderr, piped.stderr
+    endless = ask("<(yes)")
+    assert endless.returncode != 0 and "over 4 MB" in endless.stderr and "Traceback" not in endless.stderr

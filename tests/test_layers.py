@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent / "localchat"
 # Bottom first. Each layer with the reason it sits where it does.
 LAYERS: list[tuple[str, set[str], str]] = [
     ("base", {"__init__", "errors", "paths", "events", "reasoning", "names", "terminal", "atomic", "ending",
-              "logs", "percentiles", "attachments", "settings", "formats", "reply"},
+              "logs", "percentiles", "attachments", "user_files", "settings", "formats", "reply"},
      "words every layer shares: the user's errors, where files live, the event vocabulary, "
      "safe names and terminal output, the settings' schema with each value's type, default "
      "and range (the engine, the context and the remote read their settings, never the reverse), "

@@ -236,8 +236,8 @@ def check_flags(args: argparse.Namespace) -> None:
 def read_prompt(prompt: str | None) -> tuple[str, Notice | None]:
     """The prompt, and a notice when stdin was not valid UTF-8 (its bad bytes become U+FFFD:
     lone surrogates would otherwise reach the tokenizer and fail there)."""
-    from localchat.attachments import read_capped
     from localchat.errors import UserError
+    from localchat.user_files import read_capped
 
     notice = None
     if prompt is None or prompt == "-":
@@ -258,7 +258,7 @@ def read_prompt(prompt: str | None) -> tuple[str, Notice | None]:
 
 def _stdin_bytes() -> BinaryIO:
     """stdin as bytes (a text stream with no buffer, as some embedders set, read up to the cap)."""
-    from localchat.attachments import MAX_BYTES
+    from localchat.user_files import MAX_BYTES
 
     stdin = sys.stdin
     if hasattr(stdin, "buffer"):

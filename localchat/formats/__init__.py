@@ -19,15 +19,17 @@ Plain logic without a model: the engine only ever sees the grammar text.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from localchat.errors import FormatError
+from localchat.errors import FormatError, UserError
 from localchat.formats.gbnf import Rules
 from localchat.formats.json_schema import schema_grammar
 from localchat.formats.short_form import multi_schema, short_form_schema
 from localchat.formats.validate import schema_problem
+from localchat.user_files import UnreadableFile, read_user_file
 
 FormatKind = Literal["json", "schema", "grammar"]
 
@@ -114,9 +116,9 @@ def read_grammar(path_text: str) -> AnswerFormat:
     engine's ``check_grammar``'s to say."""
     path = Path(path_text).expanduser()
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or exc
+        text = read_user_file(path, "a grammar is text of a few KB").decode("utf-8")
+    except (UserError, UnicodeDecodeError) as exc:
+        reason = exc.reason if isinstance(exc, UnreadableFile) else exc
         raise FormatError(f"cannot read the grammar {path_text}: {reason}") from None
     return grammar_format(text, path.name)
 
@@ -132,9 +134,10 @@ def read_schema(text: str, multi: bool = False) -> dict[str, Any]:
         schema = _parse_json(stripped, "the schema")
     elif (path := _schema_file(stripped)) is not None:
         try:
-            content = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise FormatError(f"cannot read the schema file {stripped}: {exc}") from None
+            content = read_user_file(path, "a schema is text of a few KB").decode("utf-8-sig")
+        except (UserError, UnicodeDecodeError) as exc:
+            reason = exc.reason if isinstance(exc, UnreadableFile) else exc
+            raise FormatError(f"cannot read the schema file {stripped}: {reason}") from None
         schema = _parse_json(content, f"the schema file {stripped}")
         if not isinstance(schema, dict):
             raise FormatError(f"the schema file {stripped} does not hold a JSON object")
@@ -144,12 +147,13 @@ def read_schema(text: str, multi: bool = False) -> dict[str, Any]:
 
 
 def _schema_file(text: str) -> Path | None:
-    """The file ``text`` names, if it names one; FormatError for what can only be a file name
-    (a .json path) that is not there."""
+    """The file ``text`` names, if it names anything (a directory or a device too, which
+    ``read_user_file`` then names as such); FormatError for what can only be a file name (a .json
+    path) that is not there."""
     if "\n" in text or "," in text:
         return None
     path = Path(text).expanduser()
-    if path.is_file():
+    if os.path.lexists(path):
         return path
     if text.endswith(".json") or "/" in text:
         raise FormatError(f"the schema file {text} does not exist")
