@@ -1957,3 +1957,58 @@ def test_46_3_a_small_ram_cache_restores_a_conversation_its_save_would_evict(eng
                    {"role": "user", "content": "And the fish?"}]
     assert_matches_fresh(turn(a_again), fresh, a_again)
     assert pool.restored == 1 and len(pool) == 1  # A taken back, B saved in its place
+
+
+def test_46_2a_a_lone_surrogate_in_a_message_is_a_400_naming_the_field(serve_host):
+    # JavaScript that cuts a string inside an emoji sends half of its UTF-16 pair ("\ud83d"): a
+    # client's mistake, answered 500 ("engine error: UnicodeEncodeError"), which SDKs retry.
+    from serve_fixtures import post, raw, running
+
+    cut = b'{"messages": [{"role": "user", "content": "Hi \\ud83d"}], "max_tokens": 2}'
+    whole = b'{"messages": [{"role": "user", "content": "Hi \\ud83d\\ude00"}], "max_tokens": 2}'
+    with running(serve_host) as app:
+        status, _, body = raw(app, post("/v1/chat/completions", cut))
+        error = json.loads(body)["error"]
+        assert status == 400 and error["param"] == "messages[0].content", body
+        assert "lone UTF-16 surrogate" in error["message"] and "\\ud83d" in error["message"]
+        status, _, body = raw(app, post("/api/chat", cut))
+        assert status == 400 and "messages[0].content" in json.loads(body)["error"]
+        assert raw(app, post("/v1/chat/completions", whole))[0] == 200  # a whole pair is a character
+
+
+def test_46_2b_a_conversation_the_template_rejects_is_a_400_in_the_templates_words(test_model_path):
+    # Mistral/Gemma-style templates raise_exception() for two user messages in a row or a system
+    # message in the middle: the client's conversation, answered 500 (retried three times by the
+    # openai SDK). llama-server answers 400.
+    from dataclasses import replace
+
+    import openai
+    from llama_cpp.llama_chat_format import MISTRAL_INSTRUCT_CHAT_TEMPLATE
+    from serve_fixtures import MODEL, running
+
+    from localchat.models.registry import resolve_model
+    from localchat.serve.model_host import ModelHost
+    from localchat.settings import Settings
+
+    spec = replace(resolve_model(str(test_model_path)), name=MODEL,
+                   chat_template=MISTRAL_INSTRUCT_CHAT_TEMPLATE)
+    host = ModelHost(Settings(), spec, n_ctx=512)
+    host.acquire(host.default())
+    try:
+        with running(host) as app:
+            client = openai.OpenAI(base_url=app.base_url + "/v1", api_key="x", max_retries=3)
+            twice = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+            with pytest.raises(openai.BadRequestError) as caught:  # a 400: never retried
+                client.chat.completions.create(model=MODEL, messages=twice, max_tokens=2)
+            error = caught.value.body
+            assert error["param"] == "messages" and error["type"] == "invalid_request_error"
+            assert error["message"] == ("the chat template rejected the conversation: "
+                                        "Conversation roles must alternate user/assistant/user/"
+                                        "assistant/...")
+            with pytest.raises(openai.BadRequestError, match="Only user and assistant roles"):
+                client.chat.completions.create(model=MODEL, stream=True, max_tokens=2, messages=[
+                    {"role": "user", "content": "a"}, {"role": "system", "content": "b"}])
+            reply = client.chat.completions.create(model=MODEL, max_tokens=2, messages=twice[:1])
+            assert reply.choices[0].finish_reason in ("stop", "length")
+    finally:
+        host.unload()
