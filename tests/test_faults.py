@@ -2012,3 +2012,21 @@ def test_46_2b_a_conversation_the_template_rejects_is_a_400_in_the_templates_wor
             assert reply.choices[0].finish_reason in ("stop", "length")
     finally:
         host.unload()
+
+
+def test_46_8_an_api_key_no_client_could_send_is_refused_at_start(tmp_path):
+    # Headers are read as Latin-1 and a bearer's trailing space is stripped: with such a key the
+    # server started and answered every client 401.
+    for args, env, says in [
+        (["--api-key", "clé-secrète"], {}, "--api-key must be printable ASCII"),
+        (["--api-key", "s3cret "], {}, "--api-key must not begin or end with whitespace"),
+        ([], {"LOCALCHAT_API_KEY": "\ts3cret"}, "LOCALCHAT_API_KEY must not begin or end with"),
+        ([], {"LOCALCHAT_API_KEY": "s3cr\x7fet"}, "LOCALCHAT_API_KEY must be printable ASCII"),
+    ]:
+        code, out, err = localchat("serve", "--port", "0", *args, home=tmp_path / "home",
+                                   env=env, timeout=60)
+        assert code == 1 and says in the_error(err) and err.count("\n") == 1, err
+        assert "localchat serve: http" not in out
+    write_config(tmp_path / "home", '[serve]\napi_key = "s3cret"\n')
+    code, _, err = localchat("serve", "--port", "0", home=tmp_path / "home", timeout=60)
+    assert code == 1 and "set LOCALCHAT_API_KEY" in the_error(err)
