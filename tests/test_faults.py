@@ -2030,3 +2030,63 @@ def test_46_8_an_api_key_no_client_could_send_is_refused_at_start(tmp_path):
     write_config(tmp_path / "home", '[serve]\napi_key = "s3cret"\n')
     code, _, err = localchat("serve", "--port", "0", home=tmp_path / "home", timeout=60)
     assert code == 1 and "set LOCALCHAT_API_KEY" in the_error(err)
+
+
+def test_46_4_a_huge_schema_is_refused_and_a_slow_one_converts_while_others_are_answered(
+        serve_host, monkeypatch):
+    # A 1 MB response_format (30,000 optional properties) was turned into a grammar on the event
+    # loop: /health and every other client froze for 13 s, more for a larger schema.
+    import threading
+    import time
+
+    from serve_fixtures import get, post, raw, running
+
+    from localchat.formats import schema_format
+    from localchat.serve import tool_fields
+    from localchat.serve.http import Limits
+
+    def shaped(n: int) -> dict:
+        schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(n)}}
+        return {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                "response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "big", "schema": schema}}}
+
+    def slow_schema_format(schema, name=""):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:  # a conversion that takes its time, in Python
+            pass
+        return schema_format(schema, name)
+
+    limits = Limits(max_body_bytes=8 * 1024**2, request_timeout_s=5.0, idle_timeout_s=5.0)
+    with running(serve_host, limits=limits) as app:
+        started = time.monotonic()
+        status, _, body = raw(app, post("/v1/chat/completions", shaped(30_000)))
+        error = json.loads(body)["error"]
+        assert status == 400 and error["param"] == "response_format", body
+        assert error["message"] == ("response_format: the schema has 30,000 properties; at "
+                                    "most 5,000")
+        assert time.monotonic() - started < 3
+
+        monkeypatch.setattr(tool_fields, "schema_format", slow_schema_format)
+        seconds, answers = 2.0, []
+        chat = threading.Thread(target=lambda: answers.append(
+            raw(app, post("/v1/chat/completions", shaped(3)))))
+        chat.start()
+        time.sleep(0.2)
+        for _ in range(5):  # while the schema converts
+            asked = time.monotonic()
+            assert raw(app, get("/health"))[0] == 200
+            assert time.monotonic() - asked < 0.5
+            time.sleep(0.1)
+        assert chat.is_alive()
+        chat.join(30)
+        assert answers[0][0] == 200
+
+        monkeypatch.setattr(tool_fields, "SCHEMA_LIMIT_S", 0.3)  # a conversion past its deadline
+        seconds = 30.0
+        started = time.monotonic()
+        status, _, body = raw(app, post("/v1/chat/completions", shaped(3)))
+        assert status == 400 and time.monotonic() - started < 5
+        assert json.loads(body)["error"]["message"] == (
+            "response_format: the schema took over 0.3 s to turn into a grammar; make it smaller "
+            "or simpler")

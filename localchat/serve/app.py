@@ -110,6 +110,7 @@ class ServeApp:
             for connection in list(self._connections.values()):
                 if not connection.busy:  # idle keep-alive connections: nothing to finish
                     connection.hang_up()
+            self.exchange.close()
             await self._loop.run_in_executor(None, self.scheduler.close)
             if self._connections:  # the streams write their last events
                 await asyncio.wait(list(self._connections), timeout=5)
