@@ -2090,3 +2090,60 @@ def test_46_4_a_huge_schema_is_refused_and_a_slow_one_converts_while_others_are_
         assert json.loads(body)["error"]["message"] == (
             "response_format: the schema took over 0.3 s to turn into a grammar; make it smaller "
             "or simpler")
+
+
+@contextlib.contextmanager
+def _serving(model: Path, home: Path, preexec_fn=None):
+    """``localchat serve`` in a subprocess on a free port; yields (process, port, stderr file).
+    Its stderr goes to a file: thousands of tracebacks would fill a pipe and stall it."""
+    import re
+    import signal
+
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO),
+           "PYTHONUNBUFFERED": "1"}
+    stderr = home / "serve-stderr.txt"
+    with open(stderr, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "localchat", "serve", "--model", str(model), "--port", "0",
+             "--n-ctx", "256"], stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+            preexec_fn=preexec_fn)
+    try:
+        line = proc.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        assert found, line + stderr.read_text()
+        yield proc, int(found.group(1)), stderr
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _ask_serve(port: int, data: bytes) -> tuple[int, dict]:
+    """One request's bytes on a new connection; the answer's status and JSON body."""
+    import socket
+
+    from serve_fixtures import read_response
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        status, _, body = read_response(sock)
+    return status, json.loads(body)
+
+
+def test_46_7_a_content_length_in_other_digits_is_a_400_not_a_traceback(test_model_path,
+                                                                          tmp_path):
+    # Read as Latin-1, byte 0xB2 is "²": str.isdigit() says yes, int() says no, and the
+    # ValueError dropped the connection with a traceback on serve's terminal.
+    with _serving(test_model_path, tmp_path / "home") as (proc, port, stderr):
+        for length in (b"\xb2", b"\xb9\xb3", b"1\xb2"):
+            status, body = _ask_serve(port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: "
+                                            b"localhost\r\nContent-Length: " + length + b"\r\n\r\n")
+            assert status == 400 and "Content-Length" in body["error"]["message"], body
+        assert _ask_serve(port, b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")[0] == 200
+    assert proc.returncode == 0
+    assert "Traceback" not in stderr.read_text(), stderr.read_text()

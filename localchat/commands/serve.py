@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
+    from localchat import logs
     from localchat.serve.app import ServeApp, ServeOptions
     from localchat.serve.safety import exposure_warning
     from localchat.settings import check_flag, load_config
@@ -53,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
     options = ServeOptions.from_settings(
         config.serve, host=args.host, port=args.port, max_queue=args.max_queue,
         api_key=_api_key(args), cors_origins=args.cors_origin)
+    # A failure nobody foresaw keeps its traceback in the log file, never on the terminal (the
+    # asyncio loop's own reports included).
+    logs.attach()
+    logs.route("asyncio")
     host = _model_host(args, config)
     app = ServeApp(host, options)
     warning = exposure_warning(options.host, app.gate.has_key)
