@@ -2147,3 +2147,35 @@ def test_46_7_a_content_length_in_other_digits_is_a_400_not_a_traceback(test_mod
         assert _ask_serve(port, b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")[0] == 200
     assert proc.returncode == 0
     assert "Traceback" not in stderr.read_text(), stderr.read_text()
+
+
+def test_46_6_out_of_file_descriptors_the_server_keeps_answering_and_says_so_once(
+        test_model_path, tmp_path):
+    # `ulimit -n 128` and 200 idle connections: /health failed meanwhile and serve's stderr got
+    # thousands of tracebacks ("socket.accept() out of system resource") in 4 s.
+    import resource
+    import socket
+    import time
+
+    def few_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+    health = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    with _serving(test_model_path, tmp_path / "home", preexec_fn=few_files) as (_, port, stderr):
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(200)]
+        try:
+            time.sleep(2)
+            started = time.monotonic()
+            assert _ask_serve(port, health)[0] == 200
+            assert time.monotonic() - started < 5
+            status, body = _ask_serve(port, b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\n"
+                                            b"Content-Length: 2\r\n\r\n{}")
+            assert status == 400  # a request that needs work too (not only /health)
+            time.sleep(1)
+        finally:
+            for sock in idle:
+                sock.close()
+        assert _ask_serve(port, health)[0] == 200
+    said = stderr.read_text()
+    assert "Traceback" not in said, said[-3000:]
+    assert len(said.splitlines()) <= 3, said[-3000:]  # the warning once (and "stopped")

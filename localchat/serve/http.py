@@ -90,6 +90,7 @@ class Connection:
         self._chunked = False
         self.keep_alive = True
         self.busy = False  # a request is being answered
+        self.idle_since: float | None = None  # waiting for its next request since (monotonic)
         self.responded = False  # this request's response head has been written
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
@@ -100,10 +101,13 @@ class Connection:
         """The next request; None when the client closed the connection or left it idle. Raises
         Unreadable for one that is malformed, too large or too slow."""
         if not self._buffer:
+            self.idle_since = time.monotonic()
             try:
                 await asyncio.wait_for(self._fill(), self._limits.idle_timeout_s)
             except TimeoutError:
                 return None
+            finally:
+                self.idle_since = None
             if not self._buffer:
                 return None
         try:
