@@ -1,7 +1,8 @@
 """``localchat serve``'s server: the safety gate every request passes first, then its route
 (``routes``: both APIs over the one ``exchange``), and the asyncio loop that listens until
-Ctrl+C or SIGTERM (``listener``: connections within the file limit). An error raised while answering is caught here once and answered in the shape
-of the API the path belongs to; answers to an allowed browser origin carry its CORS headers.
+Ctrl+C or SIGTERM (``listener``: connections within the file limit). An error raised while
+answering is caught here once and answered in the shape of the API the path belongs to; answers
+to an allowed browser origin carry its CORS headers.
 
 Shutting down (``stop``, from a signal): no new connections; waiting requests end with a 503;
 the running one is stopped within a token and its stream ends with an error event saying the
