@@ -26,6 +26,15 @@ class EngineError(UserError):
     """The engine could not load a model or run a turn (message says what to change)."""
 
 
+class ConversationRejected(EngineError):
+    """The model's chat template refused the conversation (Mistral- and Gemma-style templates
+    ``raise_exception`` for two user messages in a row or a system message in the middle): the
+    messages must change, not the model (``code`` travels in the turn's ``Failed`` event, so a
+    server can answer 400)."""
+
+    code = "conversation_rejected"
+
+
 class FormatError(UserError):
     """An answer format that cannot be used: a JSON Schema that is not JSON, asks for what cannot
     be enforced or contradicts itself, a grammar that does not parse, an empty short form. Like

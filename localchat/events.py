@@ -189,7 +189,8 @@ class Done:
 class Failed:
     message: str  # one line, written for the user
     # What kind of failure, for a front end that answers in a protocol's terms ("" when none):
-    # "context_length_exceeded" (errors.ContextOverflow).
+    # "context_length_exceeded" (errors.ContextOverflow), "conversation_rejected"
+    # (errors.ConversationRejected: the chat template refused the messages).
     code: str = ""
 
 

@@ -2056,3 +2056,224 @@ def test_46_9_files_given_for_a_shape_are_read_as_attachments_are(flag, tmp_path
     assert "no-such-model" in piped.stderr and "Traceback" not in piped.stderr, piped.stderr
     endless = ask("<(yes)")
     assert endless.returncode != 0 and "over 4 MB" in endless.stderr and "Traceback" not in endless.stderr
+
+def test_46_2a_a_lone_surrogate_in_a_message_is_a_400_naming_the_field(serve_host):
+    # JavaScript that cuts a string inside an emoji sends half of its UTF-16 pair ("\ud83d"): a
+    # client's mistake, answered 500 ("engine error: UnicodeEncodeError"), which SDKs retry.
+    from serve_fixtures import post, raw, running
+
+    cut = b'{"messages": [{"role": "user", "content": "Hi \\ud83d"}], "max_tokens": 2}'
+    whole = b'{"messages": [{"role": "user", "content": "Hi \\ud83d\\ude00"}], "max_tokens": 2}'
+    with running(serve_host) as app:
+        status, _, body = raw(app, post("/v1/chat/completions", cut))
+        error = json.loads(body)["error"]
+        assert status == 400 and error["param"] == "messages[0].content", body
+        assert "lone UTF-16 surrogate" in error["message"] and "\\ud83d" in error["message"]
+        status, _, body = raw(app, post("/api/chat", cut))
+        assert status == 400 and "messages[0].content" in json.loads(body)["error"]
+        assert raw(app, post("/v1/chat/completions", whole))[0] == 200  # a whole pair is a character
+
+
+def test_46_2b_a_conversation_the_template_rejects_is_a_400_in_the_templates_words(test_model_path):
+    # Mistral/Gemma-style templates raise_exception() for two user messages in a row or a system
+    # message in the middle: the client's conversation, answered 500 (retried three times by the
+    # openai SDK). llama-server answers 400.
+    from dataclasses import replace
+
+    import openai
+    from llama_cpp.llama_chat_format import MISTRAL_INSTRUCT_CHAT_TEMPLATE
+    from serve_fixtures import MODEL, running
+
+    from localchat.models.registry import resolve_model
+    from localchat.serve.model_host import ModelHost
+    from localchat.settings import Settings
+
+    spec = replace(resolve_model(str(test_model_path)), name=MODEL,
+                   chat_template=MISTRAL_INSTRUCT_CHAT_TEMPLATE)
+    host = ModelHost(Settings(), spec, n_ctx=512)
+    host.acquire(host.default())
+    try:
+        with running(host) as app:
+            client = openai.OpenAI(base_url=app.base_url + "/v1", api_key="x", max_retries=3)
+            twice = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+            with pytest.raises(openai.BadRequestError) as caught:  # a 400: never retried
+                client.chat.completions.create(model=MODEL, messages=twice, max_tokens=2)
+            error = caught.value.body
+            assert error["param"] == "messages" and error["type"] == "invalid_request_error"
+            assert error["message"] == ("the chat template rejected the conversation: "
+                                        "Conversation roles must alternate user/assistant/user/"
+                                        "assistant/...")
+            with pytest.raises(openai.BadRequestError, match="Only user and assistant roles"):
+                client.chat.completions.create(model=MODEL, stream=True, max_tokens=2, messages=[
+                    {"role": "user", "content": "a"}, {"role": "system", "content": "b"}])
+            reply = client.chat.completions.create(model=MODEL, max_tokens=2, messages=twice[:1])
+            assert reply.choices[0].finish_reason in ("stop", "length")
+    finally:
+        host.unload()
+
+
+def test_46_8_an_api_key_no_client_could_send_is_refused_at_start(tmp_path):
+    # Headers are read as Latin-1 and a bearer's trailing space is stripped: with such a key the
+    # server started and answered every client 401.
+    for args, env, says in [
+        (["--api-key", "clé-secrète"], {}, "--api-key must be printable ASCII"),
+        (["--api-key", "s3cret "], {}, "--api-key must not begin or end with whitespace"),
+        ([], {"LOCALCHAT_API_KEY": "\ts3cret"}, "LOCALCHAT_API_KEY must not begin or end with"),
+        ([], {"LOCALCHAT_API_KEY": "s3cr\x7fet"}, "LOCALCHAT_API_KEY must be printable ASCII"),
+    ]:
+        code, out, err = localchat("serve", "--port", "0", *args, home=tmp_path / "home",
+                                   env=env, timeout=60)
+        assert code == 1 and says in the_error(err) and err.count("\n") == 1, err
+        assert "localchat serve: http" not in out
+    write_config(tmp_path / "home", '[serve]\napi_key = "s3cret"\n')
+    code, _, err = localchat("serve", "--port", "0", home=tmp_path / "home", timeout=60)
+    assert code == 1 and "set LOCALCHAT_API_KEY" in the_error(err)
+
+
+def test_46_4_a_huge_schema_is_refused_and_a_slow_one_converts_while_others_are_answered(
+        serve_host, monkeypatch):
+    # A 1 MB response_format (30,000 optional properties) was turned into a grammar on the event
+    # loop: /health and every other client froze for 13 s, more for a larger schema.
+    import threading
+    import time
+
+    from serve_fixtures import get, post, raw, running
+
+    from localchat.formats import schema_format
+    from localchat.serve import tool_fields
+    from localchat.serve.http import Limits
+
+    def shaped(n: int) -> dict:
+        schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(n)}}
+        return {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                "response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "big", "schema": schema}}}
+
+    def slow_schema_format(schema, name=""):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:  # a conversion that takes its time, in Python
+            pass
+        return schema_format(schema, name)
+
+    limits = Limits(max_body_bytes=8 * 1024**2, request_timeout_s=5.0, idle_timeout_s=5.0)
+    with running(serve_host, limits=limits) as app:
+        started = time.monotonic()
+        status, _, body = raw(app, post("/v1/chat/completions", shaped(30_000)))
+        error = json.loads(body)["error"]
+        assert status == 400 and error["param"] == "response_format", body
+        assert error["message"] == ("response_format: the schema has 30,000 properties; at "
+                                    "most 5,000")
+        assert time.monotonic() - started < 3
+
+        monkeypatch.setattr(tool_fields, "schema_format", slow_schema_format)
+        seconds, answers = 2.0, []
+        chat = threading.Thread(target=lambda: answers.append(
+            raw(app, post("/v1/chat/completions", shaped(3)))))
+        chat.start()
+        time.sleep(0.2)
+        for _ in range(5):  # while the schema converts
+            asked = time.monotonic()
+            assert raw(app, get("/health"))[0] == 200
+            assert time.monotonic() - asked < 0.5
+            time.sleep(0.1)
+        assert chat.is_alive()
+        chat.join(30)
+        assert answers[0][0] == 200
+
+        monkeypatch.setattr(tool_fields, "SCHEMA_LIMIT_S", 0.3)  # a conversion past its deadline
+        seconds = 30.0
+        started = time.monotonic()
+        status, _, body = raw(app, post("/v1/chat/completions", shaped(3)))
+        assert status == 400 and time.monotonic() - started < 5
+        assert json.loads(body)["error"]["message"] == (
+            "response_format: the schema took over 0.3 s to turn into a grammar; make it smaller "
+            "or simpler")
+
+
+@contextlib.contextmanager
+def _serving(model: Path, home: Path, preexec_fn=None):
+    """``localchat serve`` in a subprocess on a free port; yields (process, port, stderr file).
+    Its stderr goes to a file: thousands of tracebacks would fill a pipe and stall it."""
+    import re
+    import signal
+
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "LOCALCHAT_HOME": str(home), "PYTHONPATH": str(REPO),
+           "PYTHONUNBUFFERED": "1"}
+    stderr = home / "serve-stderr.txt"
+    with open(stderr, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "localchat", "serve", "--model", str(model), "--port", "0",
+             "--n-ctx", "256"], stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+            preexec_fn=preexec_fn)
+    try:
+        line = proc.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        assert found, line + stderr.read_text()
+        yield proc, int(found.group(1)), stderr
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _ask_serve(port: int, data: bytes) -> tuple[int, dict]:
+    """One request's bytes on a new connection; the answer's status and JSON body."""
+    import socket
+
+    from serve_fixtures import read_response
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        status, _, body = read_response(sock)
+    return status, json.loads(body)
+
+
+def test_46_7_a_content_length_in_other_digits_is_a_400_not_a_traceback(test_model_path,
+                                                                          tmp_path):
+    # Read as Latin-1, byte 0xB2 is "²": str.isdigit() says yes, int() says no, and the
+    # ValueError dropped the connection with a traceback on serve's terminal.
+    with _serving(test_model_path, tmp_path / "home") as (proc, port, stderr):
+        for length in (b"\xb2", b"\xb9\xb3", b"1\xb2"):
+            status, body = _ask_serve(port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: "
+                                            b"localhost\r\nContent-Length: " + length + b"\r\n\r\n")
+            assert status == 400 and "Content-Length" in body["error"]["message"], body
+        assert _ask_serve(port, b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")[0] == 200
+    assert proc.returncode == 0
+    assert "Traceback" not in stderr.read_text(), stderr.read_text()
+
+
+def test_46_6_out_of_file_descriptors_the_server_keeps_answering_and_says_so_once(
+        test_model_path, tmp_path):
+    # `ulimit -n 128` and 200 idle connections: /health failed meanwhile and serve's stderr got
+    # thousands of tracebacks ("socket.accept() out of system resource") in 4 s.
+    import resource
+    import socket
+    import time
+
+    def few_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+    health = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    with _serving(test_model_path, tmp_path / "home", preexec_fn=few_files) as (_, port, stderr):
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(200)]
+        try:
+            time.sleep(2)
+            started = time.monotonic()
+            assert _ask_serve(port, health)[0] == 200
+            assert time.monotonic() - started < 5
+            status, body = _ask_serve(port, b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\n"
+                                            b"Content-Length: 2\r\n\r\n{}")
+            assert status == 400  # a request that needs work too (not only /health)
+            time.sleep(1)
+        finally:
+            for sock in idle:
+                sock.close()
+        assert _ask_serve(port, health)[0] == 200
+    said = stderr.read_text()
+    assert "Traceback" not in said, said[-3000:]
+    assert len(said.splitlines()) <= 3, said[-3000:]  # the warning once (and "stopped")

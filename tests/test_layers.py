@@ -95,8 +95,22 @@ def imports(path: Path, text: str | None = None) -> Iterator[tuple[str, int]]:
             else:
                 source = node.module or ""
             submodules = [f"{source}.{a.name}" for a in node.names if _exists(f"{source}.{a.name}")]
-            # ``from localchat import paths`` depends on the module, not the package.
+            # ``from localchat import paths`` depends on the module; on the package too where its
+            # __init__ is more than a face (it runs first, and ``formats/__init__`` imports
+            # ``formats.validate``: a module of it importing ``from localchat.formats import x`` is
+            # in a circle with it).
+            if submodules and _defines_something(source):
+                submodules.append(source)
             yield from ((name, node.lineno) for name in submodules or [source])
+
+
+def _defines_something(package: str) -> bool:
+    """Whether the package's __init__ defines a function or a class (not only re-exports)."""
+    init = ROOT.parent.joinpath(*package.split("."), "__init__.py")
+    if not init.exists():
+        return False
+    tree = ast.parse(init.read_text(encoding="utf-8"))
+    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in tree.body)
 
 
 def package_of(module: str) -> str:

@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
+    from localchat import logs
     from localchat.serve.app import ServeApp, ServeOptions
     from localchat.serve.safety import exposure_warning
     from localchat.settings import check_flag, load_config
@@ -52,7 +53,11 @@ def run(args: argparse.Namespace) -> int:
     config = load_config()
     options = ServeOptions.from_settings(
         config.serve, host=args.host, port=args.port, max_queue=args.max_queue,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV), cors_origins=args.cors_origin)
+        api_key=_api_key(args), cors_origins=args.cors_origin)
+    # A failure nobody foresaw keeps its traceback in the log file, never on the terminal (the
+    # asyncio loop's own reports included).
+    logs.attach()
+    logs.route("asyncio")
     host = _model_host(args, config)
     app = ServeApp(host, options)
     warning = exposure_warning(options.host, app.gate.has_key)
@@ -75,6 +80,19 @@ def run(args: argparse.Namespace) -> int:
         host.unload()
     print("localchat serve: stopped", file=sys.stderr)
     return 0
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """The key from --api-key or $LOCALCHAT_API_KEY; UserError for one no client could send
+    (the server would start and answer every request 401)."""
+    from localchat.serve.safety import key_problem
+
+    source, key = (("--api-key", args.api_key) if args.api_key
+                   else (API_KEY_ENV, os.environ.get(API_KEY_ENV)))
+    problem = key_problem(key) if key else None
+    if problem:
+        raise UserError(f"{source} {problem}")
+    return key or None
 
 
 def _model_host(args: argparse.Namespace, config):

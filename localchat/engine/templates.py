@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from localchat.engine.deadline import DeadlineExceeded, within
-from localchat.errors import EngineError
+from localchat.errors import ConversationRejected, EngineError
 
 # Rendering even a long conversation takes milliseconds; seconds mean the template loops.
 RENDER_LIMIT_S = 5.0
@@ -116,7 +116,7 @@ def make_renderer(template: str, bos_token: str, eos_token: str) -> Render:
                               "(it loops); set a working chat_template or chat_format for this "
                               "model in models.toml") from None
         except Exception as exc:  # templates raise for role orders they do not support
-            raise EngineError(f"the chat template rejected the conversation: {exc}") from None
+            raise ConversationRejected(f"the chat template rejected the conversation: {exc}") from None
 
     return render
 

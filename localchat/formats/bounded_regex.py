@@ -11,8 +11,8 @@ jsonschema runs goes through :func:`search` instead, on the ``regex`` engine wit
   valid), and the check's :class:`Budget` says that it happened, so that the message can say
   the pattern was too slow rather than that the text is wrong.
 
-jsonschema has no setting for its regular expression engine: :func:`install` points the ``re``
-its keyword modules call at this one (they call only ``re.search``).
+jsonschema has no setting for its regular expression engine: :func:`install_in_jsonschema`
+points the ``re`` its keyword modules call at this one (they call only ``re.search``).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def search(pattern: str, string: str, flags: int = 0) -> Any:
 _installed = False
 
 
-def install() -> None:
+def install_in_jsonschema() -> None:
     """Make jsonschema's keywords search with :func:`search` (once; idempotent)."""
     global _installed
     if _installed:

@@ -28,7 +28,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from localchat.formats import bounded_regex
+from localchat.formats.bounded_regex import SEARCH_S, Budget, budget, install_in_jsonschema
 from localchat.formats.keywords import FORMATS
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def schema_problem(value: Any, schema: Any) -> str | None:
     """None if ``value`` (parsed JSON) is valid under ``schema``; else the first problem. Its
     patterns run with a bound (``formats.bounded_regex``): one too slow to check is said."""
     validator = _answer_validator(json.dumps(schema))
-    with bounded_regex.budget() as patterns:
+    with budget() as patterns:
         found = [(len(error.absolute_path), n, error)
                  for n, error in enumerate(validator.iter_errors(value))]
     if not found:
@@ -54,12 +54,12 @@ def schema_problem(value: Any, schema: Any) -> str | None:
     return f"at {where}: {_words(error, validator)}{_too_slow(patterns)}"
 
 
-def _too_slow(patterns: bounded_regex.Budget) -> str:
+def _too_slow(patterns: Budget) -> str:
     if patterns.gave_up is None:
         return ""
     shown = patterns.gave_up if len(patterns.gave_up) <= 80 else patterns.gave_up[:79] + "…"
     return (f" (the pattern {shown!r} took too long to check: over "
-            f"{bounded_regex.SEARCH_S:g} s, counted as no match)")
+            f"{SEARCH_S:g} s, counted as no match)")
 
 
 def arguments_problem(schema: dict[str, Any], arguments: dict[str, Any]) -> str | None:
@@ -72,7 +72,7 @@ def arguments_problem(schema: dict[str, Any], arguments: dict[str, Any]) -> str 
             return None
         from jsonschema.exceptions import best_match
 
-        with bounded_regex.budget() as patterns:
+        with budget() as patterns:
             error = best_match(validator.iter_errors(arguments))
     except Exception:  # a schema that defeats the checker (a $ref loop, unknown $refs)
         log.warning("could not check arguments against a tool's input schema", exc_info=True)
@@ -207,7 +207,7 @@ def _answer_validator_class() -> tuple[type[Validator], FormatChecker]:
     from jsonschema import Draft202012Validator
     from jsonschema.validators import extend
 
-    bounded_regex.install()
+    install_in_jsonschema()
     keywords = {"type": _type, "multipleOf": _multiple_of, "properties": _properties}
     return extend(Draft202012Validator, keywords), _format_checker()
 
@@ -223,7 +223,7 @@ def _arguments_validator(schema_json: str) -> Validator | None:
     from jsonschema.exceptions import SchemaError
     from jsonschema.validators import validator_for
 
-    bounded_regex.install()
+    install_in_jsonschema()
     schema = json.loads(schema_json)
     cls = validator_for(schema)
     try:

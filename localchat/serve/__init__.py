@@ -5,8 +5,10 @@ A front end like ``tui`` and ``ask``: it consumes the engine (one turn at a time
 event vocabulary of ``localchat.events``) and nothing below imports it. Modules, from the socket
 inwards:
 
-- ``http``: HTTP/1.1 on asyncio streams, with the limits a local server needs (deadlines for a
-  request's head and body, a body cap, disconnects seen at once);
+- ``listener``: the listening sockets and the accept loop, within the file limit (the longest
+  idle connection closed at the cap, a backoff when accept runs out of files, said once);
+- ``http``: HTTP/1.1 on asyncio streams, requests read by h11, with the limits a local server
+  needs (deadlines for a request's head and body, a body cap, disconnects seen at once);
 - ``safety``: the gate every request passes (Host, Origin/CORS, the API key);
 - ``app``: the gate, then the route; the listening loop and its shutdown;
 - ``routes``: what each path answers, and which API's shape its errors take;

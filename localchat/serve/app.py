@@ -1,7 +1,8 @@
 """``localchat serve``'s server: the safety gate every request passes first, then its route
 (``routes``: both APIs over the one ``exchange``), and the asyncio loop that listens until
-Ctrl+C or SIGTERM. An error raised while answering is caught here once and answered in the shape
-of the API the path belongs to; answers to an allowed browser origin carry its CORS headers.
+Ctrl+C or SIGTERM (``listener``: connections within the file limit). An error raised while
+answering is caught here once and answered in the shape of the API the path belongs to; answers
+to an allowed browser origin carry its CORS headers.
 
 Shutting down (``stop``, from a signal): no new connections; waiting requests end with a 503;
 the running one is stopped within a token and its stream ends with an error event saying the
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from localchat.serve import routes
 from localchat.serve.exchange import Exchange
 from localchat.serve.http import Connection, Limits, Request, serve_connection
 from localchat.serve.http_errors import ApiError, Unreadable
+from localchat.serve.listener import Listener, bind, say_on_stderr
 from localchat.serve.model_host import ModelHost
 from localchat.serve.respond import Responder, json_bytes
 from localchat.serve.safety import Gate
@@ -61,7 +64,10 @@ class ServeApp:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._connections: dict[asyncio.Task, Connection] = {}
+        self._listener: Listener | None = None
+        self._starting: set[asyncio.Task] = set()
         self.port = options.port
+        self.notice: Callable[[str], None] = say_on_stderr  # one line about the server's state
 
     @property
     def scheduler(self) -> Scheduler:
@@ -99,17 +105,21 @@ class ServeApp:
         """Listen until ``stop``; then shut down as the module docstring says."""
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
-        server = await asyncio.start_server(self._accept, self.options.host, self.options.port)
-        self.port = server.sockets[0].getsockname()[1]
+        listener = Listener(bind(self.options.host, self.options.port), self._admit,
+                            self._connections.values, self.notice)
+        self._listener = listener
+        self.port = listener.sockets[0].getsockname()[1]
+        listener.start()
         if on_ready is not None:
             on_ready(self)
         try:
             await self._stopping.wait()
         finally:
-            server.close()
+            await listener.close()
             for connection in list(self._connections.values()):
                 if not connection.busy:  # idle keep-alive connections: nothing to finish
                     connection.hang_up()
+            self.exchange.close()
             await self._loop.run_in_executor(None, self.scheduler.close)
             if self._connections:  # the streams write their last events
                 await asyncio.wait(list(self._connections), timeout=5)
@@ -137,17 +147,31 @@ class ServeApp:
         if self._loop is not None and self._stopping is not None:
             self._loop.call_soon_threadsafe(self._stopping.set)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _admit(self, client: socket.socket) -> None:
+        """(The listener.) Serve a connection just accepted, on a task of its own."""
+        assert self._loop is not None
+        task = self._loop.create_task(self._serve(client))
+        self._starting.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._starting.discard)
+
+    async def _serve(self, client: socket.socket) -> None:
         task = asyncio.current_task()
-        assert task is not None
+        assert task is not None and self._listener is not None
+        try:
+            reader, writer = await asyncio.open_connection(sock=client)
+        except OSError:  # the client has gone already
+            client.close()
+            self._listener.left()
+            return
         connection = Connection(reader, writer, self.options.limits)
         self._connections[task] = connection
         try:
             await serve_connection(connection, self.handle, self._unreadable)
         except asyncio.CancelledError:
-            pass  # shutting down: asyncio's stream callback would log a cancelled handler
+            pass  # shutting down
         finally:
             self._connections.pop(task, None)
+            self._listener.left()
 
     @property
     def base_url(self) -> str:

@@ -7,6 +7,10 @@ As llama-server picks ``to_json_oaicompat_chat_stream()`` or ``..._chat()`` by t
 type fixed at parse time, one loop here serves every API: an API module gives a
 :class:`ReplyShape` (how one reply's pieces, ending and errors are written) and nothing else.
 
+A request is read (its JSON parsed, its fields checked, an answer format's schema turned into a
+grammar: up to seconds) on the exchange's reading thread (``Exchange.read``), one request after
+another in arrival order, so the event loop answers ``/health`` and every other client meanwhile.
+
 A failure before the first piece is raised (an ``http_errors.ApiError``) while the answer can still
 be an HTTP error; after it, the shape writes it as the stream's last event.
 """
@@ -15,11 +19,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Protocol
 
 from localchat.serve.chat_request import ChatRequest
+from localchat.serve.fields import json_object
 from localchat.serve.http import Connection
+from localchat.serve.http_errors import ShuttingDown
 from localchat.serve.model_host import ModelHost, ServedModel
 from localchat.serve.pieces import Ending, Piece, read_reply
 from localchat.serve.respond import Responder
@@ -51,6 +58,7 @@ class ReplyShape(Protocol):
 
 
 ShapeFor = Callable[[ChatRequest, ServedModel], ReplyShape]
+ParseChat = Callable[[dict[str, Any]], ChatRequest]  # an API's parse_chat
 
 
 class Exchange:
@@ -60,6 +68,23 @@ class Exchange:
         self.host = host
         self.scheduler = Scheduler(host, max_queue)
         self.raw_calls = RawCalls()
+        # One thread: requests are read in the order they arrived (and a client sending heavy
+        # schemas takes one core, not all of them).
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="localchat-serve-read")
+        self._closed = False
+
+    async def read(self, parse: ParseChat, body: bytes) -> ChatRequest:
+        """``parse`` of ``body`` as a JSON object, on the reading thread (BadRequest naming the
+        field, as ``parse`` raises it)."""
+        if self._closed:
+            raise ShuttingDown()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reader, lambda: parse(json_object(body)))
+
+    def close(self) -> None:
+        """Stop the reading thread (once the server no longer listens)."""
+        self._closed = True
+        self._reader.shutdown(wait=False, cancel_futures=True)
 
     def start_job(self, chat: ChatRequest, connection: Connection) -> Job:
         """Queue ``chat`` (its tool rounds as the model wrote them) for the model it names

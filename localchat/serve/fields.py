@@ -7,6 +7,7 @@ traceback. Both APIs read their own shapes with these (``openai_api``, ``ollama_
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from localchat.serve.http_errors import BadRequest, bad
@@ -24,7 +25,36 @@ def json_object(body: bytes) -> dict[str, Any]:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise BadRequest("the request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(body):
+        try:
+            _refuse_lone_surrogates(value, "")
+        except RecursionError:
+            raise BadRequest("the request body is nested too deeply") from None
     return value
+
+
+# A JSON escape of a UTF-16 surrogate. A pair decodes to one character; half of one (what
+# JavaScript sends after cutting a string inside an emoji) stays a lone surrogate, which no
+# UTF-8 text can hold: the tokenizer would fail on it (a 500), so it is the client's 400.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _refuse_lone_surrogates(value: Any, where: str) -> None:
+    """A 400 naming the first string (or key) in ``value`` that holds a lone surrogate."""
+    if isinstance(value, str):
+        found = _SURROGATE.search(value)
+        if found:
+            raise bad(where or "the request body", f"holds a lone UTF-16 surrogate "
+                      f"(\\u{ord(found.group()):04x} at character {found.start()}): the text was "
+                      "cut inside a character; send whole characters")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_lone_surrogates(key, where)
+            _refuse_lone_surrogates(item, f"{where}.{key}" if where else key)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_lone_surrogates(item, f"{where}[{i}]")
 
 
 _NAMES = {str: "a string", bool: "true or false", int: "an integer", float: "a number",

@@ -1,15 +1,23 @@
 """HTTP/1.1 over asyncio streams: the part of a web server that ``localchat serve`` needs, and
 nothing it does not (no TLS, no upgrades, no multipart).
 
-Why the standard library and not starlette/uvicorn: the limits a local server must hold against
-a hostile page or a stuck client are the protocol's own, and here each is one line in one place:
+Requests are read by h11 (a well-kept HTTP/1.1 parser: Content-Length and chunk sizes in ASCII
+digits only, one framing per request, the Host rules, no hand-made parsing that a Unicode digit
+or a ``0x`` chunk size gets past), one parser per request, its unread bytes (a pipelined
+request) kept for the next. What h11 lets through and a local server refuses is checked here:
+both framings at once, a repeated Host, Content-Length or Authorization, a target that is not
+a path, another HTTP version. Anything the client sent that cannot be read is an ``Unreadable``
+(one line, the connection closed), never a traceback.
+
+Why asyncio streams and not starlette/uvicorn: the limits a local server must hold against a
+hostile page or a stuck client are the protocol's own, and here each is one line in one place:
 a request's head and body must arrive within ``request_timeout_s`` of its first byte (slowloris),
 an idle keep-alive connection is closed after ``idle_timeout_s``, a body over ``max_body_bytes``
 is refused (413) before it is read, a head over 64 KiB gets 431, and a client that goes away is
 seen at once (``Connection.gone``) while its request waits or streams, without reading a byte
 of a request it may have pipelined behind. uvicorn has no deadline for a request's head or body,
-and a body cap and disconnect watching would be middleware around it; none of it adds a
-dependency or a hop per streamed token here.
+and a body cap and disconnect watching would be middleware around it; none of it adds a hop per
+streamed token here. Responses are written here as they always were.
 
 A handler gets a :class:`Request` and answers through its :class:`Connection`: ``send`` a whole
 response, or ``start_stream`` and ``write`` chunks (``Transfer-Encoding: chunked``, so the
@@ -20,13 +28,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
 
+import h11
+
 from localchat.serve.http_errors import Unreadable
+
+log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 64 * 1024
 _READ_SIZE = 64 * 1024
@@ -77,6 +90,7 @@ class Connection:
         self._chunked = False
         self.keep_alive = True
         self.busy = False  # a request is being answered
+        self.idle_since: float | None = None  # waiting for its next request since (monotonic)
         self.responded = False  # this request's response head has been written
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
@@ -87,10 +101,13 @@ class Connection:
         """The next request; None when the client closed the connection or left it idle. Raises
         Unreadable for one that is malformed, too large or too slow."""
         if not self._buffer:
+            self.idle_since = time.monotonic()
             try:
                 await asyncio.wait_for(self._fill(), self._limits.idle_timeout_s)
             except TimeoutError:
                 return None
+            finally:
+                self.idle_since = None
             if not self._buffer:
                 return None
         try:
@@ -106,87 +123,80 @@ class Connection:
             self._eof = True
 
     async def _read_request(self) -> Request:
-        while (end := self._buffer.find(b"\r\n\r\n")) < 0:
-            if len(self._buffer) > MAX_HEAD_BYTES:
-                raise Unreadable(431, "the request's headers are too large")
-            if self._eof:
+        """One request as h11 reads it from the buffer (and what arrives), its unread bytes (a
+        pipelined request) back in the buffer."""
+        parser = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        request: Request | None = None
+        body = bytearray()
+        continued = False
+        while True:
+            self._feed(parser)
+            try:
+                event = parser.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise _unreadable(exc) from None
+            if event is h11.NEED_DATA:
+                if self._eof:
+                    where = "request" if request is None else "request body"
+                    raise Unreadable(400, f"the connection closed in the middle of a {where}")
+                waiting = request is not None and parser.they_are_waiting_for_100_continue
+                if waiting and not continued:  # curl and others wait for it to send a body
+                    continued = True
+                    self._writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    await self._writer.drain()
+                await self._fill()
+            elif isinstance(event, h11.Request):
+                request = self._checked(event)
+            elif isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > self._limits.max_body_bytes:
+                    raise Unreadable(413, f"the request body is over the limit of "
+                                         f"{self._limits.max_body_bytes} bytes")
+            elif isinstance(event, h11.EndOfMessage) and request is not None:
+                unread, closed = parser.trailing_data
+                self._buffer[:0] = unread
+                self._eof = self._eof or closed
+                request.body = bytes(body)
+                return request
+            else:  # ConnectionClosed (or PAUSED) before the request ended
                 raise Unreadable(400, "the connection closed in the middle of a request")
-            await self._fill()
-        if end > MAX_HEAD_BYTES:
-            raise Unreadable(431, "the request's headers are too large")
-        head = bytes(self._buffer[:end]).decode("latin-1")
-        del self._buffer[:end + 4]
-        request = _parse_head(head)
-        request.body = await self._read_body(request)
-        return request
 
-    async def _read_body(self, request: Request) -> bytes:
-        headers = request.headers
-        if "transfer-encoding" in headers:
-            if "content-length" in headers:
-                raise Unreadable(400, "a request may not have both Content-Length and "
-                                     "Transfer-Encoding")
-            if headers["transfer-encoding"].lower() != "chunked":
-                raise Unreadable(501, "only the chunked transfer encoding is supported")
-            await self._continue(request)
-            return await self._read_chunked()
-        length_text = headers.get("content-length", "0").strip()
-        if not length_text.isdigit():
-            raise Unreadable(400, "Content-Length is not a number")
-        length = int(length_text)
+    def _feed(self, parser: h11.Connection) -> None:
+        """Hand what the buffer holds to ``parser`` (and the end of the stream, once seen)."""
+        if self._buffer:
+            parser.receive_data(bytes(self._buffer))
+            self._buffer.clear()
+        if self._eof and not parser.trailing_data[1]:
+            parser.receive_data(b"")
+
+    def _checked(self, event: h11.Request) -> Request:
+        """``event`` as a Request, refused (Unreadable) where h11 lets through what this server
+        does not take: a head over MAX_HEAD_BYTES, another HTTP version, a target that is not a
+        path, a header that matters given twice, both framings, a body over the cap."""
+        version = "HTTP/" + event.http_version.decode("ascii")
+        target = event.target.decode("latin-1")
+        if version not in ("HTTP/1.1", "HTTP/1.0") or not target.startswith("/"):
+            raise Unreadable(400, "a malformed request line")
+        head_bytes = len(event.target) + sum(len(n) + len(v) + 4 for n, v in event.headers)
+        if head_bytes > MAX_HEAD_BYTES:
+            raise Unreadable(431, "the request's headers are too large")
+        headers: dict[str, str] = {}
+        for raw_name, raw_value in event.headers:
+            name, value = raw_name.decode("ascii"), raw_value.decode("latin-1")
+            if name in headers:
+                if name in _SINGLE_HEADERS:
+                    raise Unreadable(400, f"the {name} header is repeated")
+                headers[name] += ", " + value
+            else:
+                headers[name] = value
+        if "transfer-encoding" in headers and "content-length" in headers:
+            raise Unreadable(400, "a request may not have both Content-Length and "
+                                 "Transfer-Encoding")
+        length = int(headers.get("content-length", "0"))  # h11 took only ASCII digits
         if length > self._limits.max_body_bytes:
             raise Unreadable(413, f"the request body is {length} bytes; the limit is "
                                  f"{self._limits.max_body_bytes}")
-        if length:
-            await self._continue(request)
-        return await self._take(length)
-
-    async def _continue(self, request: Request) -> None:
-        """curl and others wait for this before sending a larger body."""
-        if request.headers.get("expect", "").lower() == "100-continue" and not self._buffer:
-            self._writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            await self._writer.drain()
-
-    async def _take(self, n: int) -> bytes:
-        while len(self._buffer) < n:
-            if self._eof:
-                raise Unreadable(400, "the connection closed in the middle of a request body")
-            await self._fill()
-        data = bytes(self._buffer[:n])
-        del self._buffer[:n]
-        return data
-
-    async def _line(self) -> bytes:
-        while (end := self._buffer.find(b"\r\n")) < 0:
-            if len(self._buffer) > 1024:
-                raise Unreadable(400, "a malformed chunk in the request body")
-            if self._eof:
-                raise Unreadable(400, "the connection closed in the middle of a request body")
-            await self._fill()
-        line = bytes(self._buffer[:end])
-        del self._buffer[:end + 2]
-        return line
-
-    async def _read_chunked(self) -> bytes:
-        body = bytearray()
-        while True:
-            size_text = (await self._line()).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise Unreadable(400, "a malformed chunk size in the request body") from None
-            if size < 0:
-                raise Unreadable(400, "a malformed chunk size in the request body")
-            if size == 0:
-                while await self._line():  # trailers, up to the empty line
-                    pass
-                return bytes(body)
-            if len(body) + size > self._limits.max_body_bytes:
-                raise Unreadable(413, f"the request body is over the limit of "
-                                     f"{self._limits.max_body_bytes} bytes")
-            body += await self._take(size)
-            if await self._take(2) != b"\r\n":
-                raise Unreadable(400, "a malformed chunk in the request body")
+        return Request(event.method.decode("ascii"), target, version, headers)
 
     # -- watching for the client leaving ------------------------------------------------------
 
@@ -291,26 +301,34 @@ class Connection:
             await self._writer.wait_closed()
 
 
-def _parse_head(head: str) -> Request:
-    request_line, *header_lines = head.split("\r\n")
-    parts = request_line.split(" ")
-    if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0") or not parts[1].startswith("/"):
-        raise Unreadable(400, "a malformed request line")
-    headers: dict[str, str] = {}
-    for line in header_lines:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise Unreadable(400, "a malformed header line")
-        name = name.lower()
-        if name in headers:
-            if name in ("host", "content-length", "transfer-encoding", "authorization"):
-                raise Unreadable(400, f"the {name} header is repeated")
-            headers[name] += ", " + value.strip()
-        else:
-            headers[name] = value.strip()
-    if parts[2] == "HTTP/1.1" and "host" not in headers:
-        raise Unreadable(400, "the Host header is missing")
-    return Request(parts[0], parts[1], parts[2], headers)
+# Headers whose second copy would leave it open which one counts (the key, the framing).
+_SINGLE_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "authorization"})
+
+# h11's words for what it refuses, in this server's (the rest: "a malformed request: ...").
+_H11_WORDS = {
+    "bad Content-Length": "Content-Length is not a number",
+    "conflicting Content-Length headers": "the content-length header is repeated",
+    "Found multiple Host: headers": "the host header is repeated",
+    "Missing mandatory Host: header": "the Host header is missing",
+    "illegal request line": "a malformed request line",
+    "illegal header line": "a malformed header line",
+    "Only Transfer-Encoding: chunked is supported": "only the chunked transfer encoding is "
+                                                    "supported",
+}
+
+
+def _unreadable(exc: h11.RemoteProtocolError) -> Unreadable:
+    """h11's refusal as this server answers it: its status (400, 431 for a head too large, 501
+    for a transfer coding), in one line without the bytes it quotes."""
+    if exc.error_status_hint == 431:
+        return Unreadable(431, "the request's headers are too large")
+    words = str(exc).split(": bytearray(", 1)[0]
+    if words.startswith("peer"):  # "peer unexpectedly closed connection", "peer closed ..."
+        return Unreadable(400, "the connection closed in the middle of a request")
+    chunk = words.startswith(("illegal chunk", "malformed chunk"))
+    message = ("a malformed chunk in the request body" if chunk
+               else _H11_WORDS.get(words, f"a malformed request: {words}"))
+    return Unreadable(exc.error_status_hint, message)
 
 
 Handler = Callable[[Request, Connection], Awaitable[None]]
@@ -326,6 +344,11 @@ async def serve_connection(connection: Connection, handler: Handler,
             except Unreadable as exc:
                 connection.keep_alive = False
                 await on_error(connection, exc)
+                break
+            except Exception:  # a bug in reading: one answer, the traceback in the log only
+                log.exception("reading a request from %s failed", connection.peer)
+                connection.keep_alive = False
+                await on_error(connection, Unreadable(400, "the request could not be read"))
                 break
             if request is None:
                 break

@@ -103,16 +103,19 @@ class Busy(ApiError):
                          headers={"Retry-After": str(retry_after_s)})
 
 
-# Failure codes (events.Failed.code) and the HTTP status each answers with.
-_FAILURE_STATUS = {"context_length_exceeded": 400, "shutting_down": 503, "model_not_loaded": 500}
+# Failure codes (events.Failed.code) and the HTTP status each answers with. The 400s are the
+# client's messages: too long for the context, or refused by the model's chat template.
+_FAILURE_STATUS = {"context_length_exceeded": 400, "conversation_rejected": 400,
+                   "shutting_down": 503, "model_not_loaded": 500}
 
 
 class ReplyFailed(ApiError):
-    """The engine could not answer (``events.Failed``): a prompt over the context (400), the
-    model not loadable (500), the server stopping (503), or a bug (500)."""
+    """The engine could not answer (``events.Failed``): a prompt over the context or a
+    conversation the chat template refuses (400, ``param`` "messages"), the model not loadable
+    (500), the server stopping (503), or a bug (500)."""
 
     def __init__(self, message: str, code: str = "") -> None:
         status = _FAILURE_STATUS.get(code, 500)
         super().__init__(status, message, code=code or None,
                          kind="invalid_request_error" if status == 400 else "server_error",
-                         param="messages" if code == "context_length_exceeded" else None)
+                         param="messages" if status == 400 else None)

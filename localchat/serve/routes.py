@@ -45,12 +45,12 @@ async def _show(exchange: Exchange, out: Responder) -> None:
 
 
 async def _chat_completions(exchange: Exchange, out: Responder) -> None:
-    chat = openai_api.parse_chat(json_object(out.request.body))
+    chat = await exchange.read(openai_api.parse_chat, out.request.body)
     await exchange.answer(chat, openai_api.ChatShape, out)
 
 
 async def _ollama_chat(exchange: Exchange, out: Responder) -> None:
-    chat = ollama_api.parse_chat(json_object(out.request.body))
+    chat = await exchange.read(ollama_api.parse_chat, out.request.body)
     await exchange.answer(chat, ollama_api.ChatShape, out)
 
 

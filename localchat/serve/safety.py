@@ -13,7 +13,9 @@ servers reached after their CVEs.
   answered. A request whose Origin is not named gets 403 before anything runs.
 - **Key**: with ``--api-key`` (or ``LOCALCHAT_API_KEY``) every route but ``/health`` and ``/``
   needs ``Authorization: Bearer KEY``, compared in constant time (``hmac.compare_digest``), else
-  401. Without a key any bearer is accepted (Open WebUI always sends one).
+  401. Without a key any bearer is accepted (Open WebUI always sends one). A key a client could
+  not send as it is (``key_problem``: not printable ASCII, or whitespace at either end, which a
+  header loses) is refused when serve starts.
 """
 
 from __future__ import annotations
@@ -53,6 +55,19 @@ def host_of(header: str) -> str:
     if header.startswith("["):
         return header[:header.find("]") + 1] if "]" in header else header
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def key_problem(key: str) -> str | None:
+    """Why no client could send ``key`` in ``Authorization: Bearer KEY`` (None: one can).
+    Headers travel as Latin-1 at best (http reads them so), and the space around a header's
+    value is not part of it: a key outside printable ASCII, or with a space at either end,
+    would never match, and every request would get 401."""
+    if key != key.strip():
+        return "must not begin or end with whitespace (a header's value loses it)"
+    if not all(" " <= char <= "~" for char in key):
+        return ("must be printable ASCII (letters, digits and punctuation): a client sends it "
+                "in a header")
+    return None
 
 
 class Gate:

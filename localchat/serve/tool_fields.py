@@ -12,7 +12,10 @@ APIs send them; and the memory that keeps a tool round exact in the cache.
   named by its ``tool_call_id`` (OpenAI) or ``tool_name`` (Ollama), else the next one unanswered.
 - ``response_format`` (OpenAI: ``json_object``, ``json_schema``) and ``format`` (Ollama:
   ``"json"`` or a JSON Schema): the reply is sampled under the shape's grammar (issue 39's
-  ``localchat.formats``); a schema that cannot be enforced is a 400 naming the field.
+  ``localchat.formats``); a schema that cannot be enforced is a 400 naming the field, and so is
+  one over ``formats.limits`` (checked before it is converted, a tool's parameters too) or one
+  whose conversion runs past ``SCHEMA_LIMIT_S``. Requests are read off the event loop
+  (``Exchange.read``), so a schema converting never holds up other clients.
 
 :class:`RawCalls`: a client sends a call back as the API gave it (content without the call's
 marker, arguments re-serialized), which the template would render otherwise than the model
@@ -29,14 +32,18 @@ import json
 from collections import OrderedDict
 from typing import Any
 
+from localchat.engine.deadline import DeadlineExceeded, within
 from localchat.errors import FormatError
 from localchat.formats import AnswerFormat, json_format, schema_format
+from localchat.formats.limits import schema_size_problem
 from localchat.reply.calls import ToolCall, nine_character_id
 from localchat.serve.fields import field_of
 from localchat.serve.http_errors import BadRequest, bad
 
 MAX_TOOLS = 128
 REMEMBERED = 1024  # replies with calls kept for exact rendering (a few KB each)
+# A schema within formats.limits converts in well under a second; past this, it is refused.
+SCHEMA_LIMIT_S = 5.0
 
 
 def tools_of(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
@@ -65,6 +72,8 @@ def tools_of(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
         if function.get("description"):
             entry["description"] = function["description"]
         if parameters is not None:
+            if problem := schema_size_problem(parameters):
+                raise bad(where + "function.parameters", problem)
             entry["parameters"] = parameters
         tools.append({"type": "function", "function": entry})
     return tuple(tools)
@@ -156,15 +165,27 @@ def answer_format(value: Any, param: str) -> AnswerFormat | None:
             if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
                 raise bad(param + ".json_schema.schema", "must be a JSON Schema object")
             name = spec.get("name")
-            return schema_format(spec["schema"], name if isinstance(name, str) else "")
+            return _converted(spec["schema"], name if isinstance(name, str) else "")
         if isinstance(value, dict) and "type" in value and param == "response_format":
             raise bad(param + ".type", "must be text, json_object or json_schema, not "
                                        f"{json.dumps(value.get('type'))}")
         if isinstance(value, dict):  # Ollama: the schema itself
-            return schema_format(value)
+            return _converted(value, "")
     except FormatError as exc:
         raise BadRequest(f"{param}: {exc}", param) from None
     raise bad(param, f"must be \"json\" or a JSON Schema object, not {json.dumps(value)[:40]}")
+
+
+def _converted(schema: dict[str, Any], name: str) -> AnswerFormat:
+    """``schema`` as an answer format, if it is within ``formats.limits`` and converts within
+    ``SCHEMA_LIMIT_S`` (FormatError otherwise)."""
+    if problem := schema_size_problem(schema):
+        raise FormatError(problem)
+    try:
+        return within(SCHEMA_LIMIT_S, lambda: schema_format(schema, name))
+    except DeadlineExceeded:
+        raise FormatError(f"the schema took over {SCHEMA_LIMIT_S:g} s to turn into a grammar; "
+                          "make it smaller or simpler") from None
 
 
 class RawCalls:

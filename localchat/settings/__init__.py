@@ -308,6 +308,7 @@ def check_flag(flag: str, dotted: str, value: Any) -> None:
 _REFUSED = {
     "remote.api_key": "do not put the key in config.toml; set an environment variable and "
                       "name it with api_key_env",
+    "serve.api_key": "do not put the key in config.toml; set LOCALCHAT_API_KEY or pass --api-key",
 }
 
 
