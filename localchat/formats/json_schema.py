@@ -270,6 +270,10 @@ class _Converter:
         (no comma; a later member may come first); either may be empty."""
         ws = self.rules.primitive("ws")
         after = first = ""  # the terms of the position after this one
+        # Every member before position i is optional exactly while i <= the first that is not
+        # (asked once: asking each position again made 30,000 properties a quadratic wait).
+        first_not_optional = next((k for k, (_, required) in enumerate(pairs) if required is not False),
+                                  len(pairs))
         for i in range(len(pairs) - 1, -1, -1):
             kv, required = pairs[i]
             comma_kv = f'"," {ws} {kv}'
@@ -286,8 +290,8 @@ class _Converter:
             # Named, so that each is written once however many positions before refer to it;
             # "none yet" is only reached while every member before it was left out.
             after = self.rules.add(f"{hint}-after-{i}", after_i.strip())
-            optional_before = all(required is False for _, required in pairs[:i])
-            first = self.rules.add(f"{hint}-first-{i}", first_i.strip()) if optional_before else ""
+            first = (self.rules.add(f"{hint}-first-{i}", first_i.strip()) if i <= first_not_optional
+                     else "")
         return ""
 
     def array(self, schema: dict, hint: str, path: str) -> str:
