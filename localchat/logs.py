@@ -133,14 +133,20 @@ def cut_record(data: bytes, limit: int | None = None) -> bytes:
 
 
 def route(*names: str) -> None:
-    """Send the loggers ``names`` (and their children) to the log file too, not to the screen:
-    a logger with no handler of its own ends up on stderr through logging's last resort."""
+    """Send the loggers ``names`` (and their children) to the log file, not to the screen: a
+    logger with no handler of its own ends up on stderr through logging's last resort, and a
+    library may give its logger a handler on stderr itself (huggingface_hub does, at import:
+    its download warnings drew over the app's screen; and one made while a test captured stderr
+    writes to that capture after it is closed, a "--- Logging error ---" later on)."""
     attach()
     with _lock:
         for name in names:
+            logger = logging.getLogger(name)
+            for handler in list(logger.handlers):
+                if type(handler) is logging.StreamHandler:  # a terminal's, not a file's
+                    logger.removeHandler(handler)
             if name not in _routed:
                 _routed.add(name)
-                logger = logging.getLogger(name)
                 logger.addHandler(logging.NullHandler())  # no file (a read-only home): silence
                 if _handler is not None:
                     logger.addHandler(_handler)

@@ -537,6 +537,28 @@ def _stalled_pull(monkeypatch, ref: str, content: bytes) -> int:
         return main(["pull", ref])
 
 
+def test_49_the_hubs_own_warnings_go_to_the_log_not_the_screen(monkeypatch, capsys):
+    # huggingface_hub gives its logger a handler on the stderr of the moment it is imported: its
+    # retry warnings printed beside the progress bar (over the app's screen in a download), and
+    # when that stderr was an earlier test's capture, closed since, each warning became a
+    # "--- Logging error ---" with a traceback (a failure found by a shuffled run).
+    import io
+    import logging
+
+    from hub_server import make_gguf
+
+    closed = io.StringIO()
+    closed.close()
+    stale = logging.StreamHandler(closed)
+    logging.getLogger("huggingface_hub").addHandler(stale)
+    try:
+        code = _stalled_pull(monkeypatch, "hf:acme/Tiny-GGUF/tiny.gguf", make_gguf())
+    finally:
+        logging.getLogger("huggingface_hub").removeHandler(stale)
+    err = capsys.readouterr().err
+    assert code == 1 and "Logging error" not in err and "Trying to resume" not in err, err
+
+
 def test_16_a_stalled_pull_says_the_hub_stopped_sending(monkeypatch, capsys):
     from hub_server import make_gguf
 

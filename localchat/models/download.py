@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
+from localchat import logs
 from localchat.errors import DownloadError
 from localchat.models.gguf import GGUFError, read_gguf
 from localchat.models.progress import ProgressCallback, check_disk_space
@@ -103,6 +104,7 @@ def pull_from_hub(spec: ModelSpec, dest: Path, progress: ProgressCallback | None
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.utils import WeakFileLock
 
+    logs.route("huggingface_hub")  # its retry warnings go to the log, not over a progress bar
     if hub_offline():
         raise HubError("HF_HUB_OFFLINE is set, so the Hub is not contacted", unreachable=True)
     try:
