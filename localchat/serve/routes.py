@@ -1,6 +1,8 @@
 """What each path answers: ``GET /``, ``GET /health`` (llama-server's), the OpenAI API (``GET
 /v1/models``, ``POST /v1/chat/completions``, also without ``/v1``) and the Ollama API (``GET
-/api/tags``, ``GET /api/version``, ``POST /api/show``, ``POST /api/chat``). The chats run
+/api/tags``, ``GET /api/version``, ``POST /api/show``, ``POST /api/chat``); completions, a prompt
+continued as it is (OpenAI's ``POST /v1/completions``, llama-server's ``POST /infill``, Ollama's
+``POST /api/generate``). The chats run
 through the one ``exchange``, each in its API's shape; errors take the shape of the API the
 path belongs to (:func:`error_body`).
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from localchat.serve import ollama_api, openai_api
+from localchat.serve import infill_api, ollama_api, ollama_generate, openai_api, openai_completions
 from localchat.serve.exchange import Exchange
 from localchat.serve.fields import json_object
 from localchat.serve.http import Request
@@ -54,6 +56,24 @@ async def _ollama_chat(exchange: Exchange, out: Responder) -> None:
     await exchange.answer(chat, ollama_api.ChatShape, out)
 
 
+async def _completions(exchange: Exchange, out: Responder) -> None:
+    request = await exchange.read(openai_completions.parse_completion, out.request.body)
+    await exchange.answer(request, openai_completions.CompletionShape, out)
+
+
+async def _infill(exchange: Exchange, out: Responder) -> None:
+    request = await exchange.read(infill_api.parse_infill, out.request.body)
+    await exchange.answer(request, infill_api.InfillShape, out)
+
+
+async def _generate(exchange: Exchange, out: Responder) -> None:
+    request = await exchange.read(ollama_generate.parse_generate, out.request.body)
+    if ollama_generate.only_loads(request):
+        await out.send_json(200, ollama_generate.load_body(exchange.host.resolve(request.model)))
+        return
+    await exchange.answer(request, ollama_generate.GenerateShape, out)
+
+
 ROUTES: dict[str, dict[str, Route]] = {
     "/": {"GET": _root, "HEAD": _root},
     "/health": {"GET": _health}, "/v1/health": {"GET": _health},
@@ -63,6 +83,12 @@ ROUTES: dict[str, dict[str, Route]] = {
     "/api/tags": {"GET": _tags}, "/api/version": {"GET": _version},
     "/api/show": {"POST": _show}, "/api/chat": {"POST": _ollama_chat},
 }
+
+# Completions: a prompt continued as it is, no chat template (``prompt_tokens``).
+ROUTES.update({
+    "/v1/completions": {"POST": _completions}, "/completions": {"POST": _completions},
+    "/infill": {"POST": _infill}, "/api/generate": {"POST": _generate},
+})
 
 
 def route_for(request: Request) -> Route:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from localchat.errors import UserError
 from localchat.events import Done, Failed, Thinking, Token, Turn
 from localchat.serve.chat_request import ChatRequest
-from localchat.serve.http_errors import SHUTTING_DOWN, Busy, ShuttingDown
+from localchat.serve.http_errors import SHUTTING_DOWN, ApiError, Busy, ShuttingDown
 from localchat.serve.model_host import ModelHost, ServedModel
 
 log = logging.getLogger(__name__)
@@ -37,13 +37,21 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Started:
     """The job's turn has begun: which model answers, and how long loading it took (ms; 0 when
-    it was loaded already)."""
+    it was loaded already); a completion's prompt tokens."""
 
     model: str
     load_ms: float
+    prompt: tuple[int, ...] = ()
 
 
-JobEvent = Started | Token | Thinking | Done | Failed
+@dataclass(frozen=True)
+class Rejected:
+    """The loaded model cannot take the request's prompt (``ChatRequest.prompt``): a 400."""
+
+    error: ApiError
+
+
+JobEvent = Started | Rejected | Token | Thinking | Done | Failed
 
 
 class Job:
@@ -185,9 +193,22 @@ class Scheduler:
         except UserError as exc:
             job.deliver(Failed(str(exc), code="model_not_loaded"))
             return
-        job.deliver(Started(job.model.name, load_ms))
         sampling = job.request.sampling_over(self.host.sampling)
-        turn = engine.submit(job.request.messages, sampling, pool=pool)
+        recipe = job.request.prompt
+        if recipe is None:
+            job.deliver(Started(job.model.name, load_ms))
+            turn = engine.submit(job.request.messages, sampling, pool=pool)
+        else:
+            try:
+                prompt = recipe.build(engine, job.model.name)
+            except ApiError as exc:
+                job.deliver(Rejected(exc))
+                return
+            except UserError as exc:  # the chat template refused Ollama's prompt
+                job.deliver(Failed(str(exc), code="conversation_rejected"))
+                return
+            job.deliver(Started(job.model.name, load_ms, prompt.tokens))
+            turn = engine.submit_prompt(prompt, sampling, pool)
         job.attach(turn)
         for event in turn:
             if isinstance(event, (Token, Thinking, Done, Failed)):
