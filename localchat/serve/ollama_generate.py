@@ -5,7 +5,7 @@
   a gap filled with the model's fill-in-the-middle tokens), ``context`` (the token ids a previous
   reply returned: the prompt goes on after them), ``stream`` (true unless false, as Ollama),
   ``format``, ``options`` as ``/api/chat`` reads them, ``keep_alive`` (accepted). Refused with a
-  400: ``template`` (the model's own is used), ``images``, ``think``.
+  400: ``template`` (the model's own is used), ``images``, ``think``, ``logprobs``.
 - No prompt at all (no suffix, no context) is Ollama's way to load a model: answered at once
   with ``done_reason: "load"`` (the model loads with the first request that needs it).
 - Streamed as NDJSON: ``{"model", "created_at", "response", "done": false}`` lines, then one
@@ -31,7 +31,8 @@ def parse_generate(body: dict[str, Any]) -> ChatRequest:
     """An ``/api/generate`` body as a ChatRequest with a prompt (BadRequest naming the field)."""
     for name, why in (("template", "the model's own chat template is used"),
                       ("images", "images are not supported"),
-                      ("think", "thinking is not supported on /api/generate (use /api/chat)")):
+                      ("think", "thinking is not supported on /api/generate (use /api/chat)"),
+                      ("logprobs", "logprobs are not supported")):
         if body.get(name):
             raise BadRequest(f"{name}: {why} by localchat serve", name)
     options = field_of(body, "options", dict) or {}
@@ -47,7 +48,7 @@ def parse_generate(body: dict[str, Any]) -> ChatRequest:
         stop=stops(options, "stop", "options."),
         answer_format=answer_format(body.get("format"), "format"),
         prompt=GeneratePrompt(prompt=field_of(body, "prompt", str) or "",
-                              suffix=field_of(body, "suffix", str),
+                              suffix=field_of(body, "suffix", str) or None,  # "": no gap
                               raw=bool(field_of(body, "raw", bool)),
                               system=field_of(body, "system", str),
                               context=token_ids(context, "context") if context else ()),

@@ -55,7 +55,7 @@ def parse_completion(body: dict[str, Any]) -> ChatRequest:
 
 def _prompt(body: dict[str, Any]) -> TextPrompt:
     value = body.get("prompt")
-    suffix = field_of(body, "suffix", str)
+    suffix = field_of(body, "suffix", str) or None  # "": no gap
     if isinstance(value, list) and value and isinstance(value[0], (str, list)):
         if len(value) > 1:  # several prompts: OpenAI answers each, as n choices
             raise bad("prompt", f"holds {len(value)} prompts: localchat serve completes one "
