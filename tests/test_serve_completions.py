@@ -37,9 +37,6 @@ def server(serve_host):
         yield app
 
 
-@pytest.fixture
-def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="any", max_retries=0)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +61,15 @@ def fim_oracle(fim_path):
     """The exactness oracle for the FIM model (its own vocabulary lays the prompts)."""
     with loaded_engine(fim_path, 1024, "fim-oracle", speculative="off") as engine:
         yield engine
+
+
+def openai_client(app) -> openai.OpenAI:
+    return openai.OpenAI(base_url=app.base_url + "/v1", api_key="any", max_retries=0)
+
+
+@pytest.fixture
+def client(server):
+    return openai_client(server)
 
 
 def text_prompt(engine, text: str) -> RawPrompt:
@@ -145,7 +151,7 @@ def test_completions_a_model_cannot_honour_are_400s_naming_the_field(client, fie
 
 
 def test_a_suffix_fills_the_gap_with_the_models_fim_tokens(fim_server, fim_oracle):
-    client = openai.OpenAI(base_url=fim_server.base_url + "/v1", api_key="any", max_retries=0)
+    client = openai_client(fim_server)
 
     reply = client.completions.create(model=FIM_MODEL, prompt="def add(a, b):\n    ",
                                       suffix="\n\nprint(add(1, 2))\n", **EXACT)

@@ -19,15 +19,14 @@ The prompt's cells are reused by exact token prefix: a prompt that extends the p
 from __future__ import annotations
 
 import secrets
-import time
 from typing import Any
 
 from localchat.serve.chat_request import ChatRequest, read_sampling
 from localchat.serve.fields import field_of, integer, shown, stops
 from localchat.serve.http_errors import BadRequest, bad
 from localchat.serve.model_host import ServedModel
-from localchat.serve.openai_api import _DONE, _event, error_body, server_timings, usage
-from localchat.serve.pieces import Ending, Piece
+from localchat.serve.openai_api import ChatShape, _event, server_timings, usage
+from localchat.serve.pieces import Ending
 from localchat.serve.prompt_tokens import TextPrompt, token_ids
 
 
@@ -70,41 +69,23 @@ def _prompt(body: dict[str, Any]) -> TextPrompt:
     raise bad("prompt", f"must be a string or an array of token ids, not {shown(value)}")
 
 
-class CompletionShape:
+class CompletionShape(ChatShape):
     """One ``text_completion`` (or its chunks) for ``request``, answered by ``model``
-    (``exchange.ReplyShape``)."""
-
-    stream_type = "text/event-stream"
+    (``exchange.ReplyShape``): a chat completion's stream and ending, with text for a delta."""
 
     def __init__(self, request: ChatRequest, model: ServedModel) -> None:
-        self._head = {"id": f"cmpl-{secrets.token_hex(12)}", "object": "text_completion",
-                      "created": int(time.time()), "model": model.name,
-                      "system_fingerprint": "localchat"}
-        self._include_usage = request.include_usage
+        super().__init__(request, model)
+        self._head.update(id=f"cmpl-{secrets.token_hex(12)}", object="text_completion")
 
-    def _chunk(self, text: str, finish: str | None = None, **extra: Any) -> bytes:
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        text = "".join(delta.get(key, "") for key in ("reasoning_content", "content"))
         return _event({**self._head, "choices": [
             {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}], **extra})
 
     def opening(self) -> bytes:
-        return b""
-
-    def piece(self, piece: Piece) -> bytes:
-        return self._chunk(piece.text)
-
-    def ending(self, ending: Ending) -> list[bytes]:
-        if ending.error is not None:
-            return [_event(error_body(ending.error)) + _DONE]
-        last = self._chunk("", _finish(ending), timings=server_timings(ending.timings))
-        if self._include_usage:
-            last += _event({**self._head, "choices": [], "usage": usage(ending.timings)})
-        return [last + _DONE]
+        return b""  # no role chunk: a completion is text
 
     def whole(self, ending: Ending) -> dict[str, Any]:
         return {**self._head, "choices": [{"text": ending.thinking + ending.content, "index": 0,
-                                           "logprobs": None, "finish_reason": _finish(ending)}],
+                                           "logprobs": None, "finish_reason": ending.finish_reason}],
                 "usage": usage(ending.timings), "timings": server_timings(ending.timings)}
-
-
-def _finish(ending: Ending) -> str:
-    return "length" if ending.finish_reason == "length" else "stop"

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from localchat.serve import infill_api, ollama_api, ollama_generate, openai_api, openai_completions
-from localchat.serve.exchange import Exchange
+from localchat.serve.exchange import Exchange, ParseChat, ShapeFor
 from localchat.serve.fields import json_object
 from localchat.serve.http import Request
 from localchat.serve.http_errors import MethodNotAllowed, NotFound, ServeError
@@ -56,14 +56,12 @@ async def _ollama_chat(exchange: Exchange, out: Responder) -> None:
     await exchange.answer(chat, ollama_api.ChatShape, out)
 
 
-async def _completions(exchange: Exchange, out: Responder) -> None:
-    request = await exchange.read(openai_completions.parse_completion, out.request.body)
-    await exchange.answer(request, openai_completions.CompletionShape, out)
+def _answering(parse: ParseChat, shape: ShapeFor) -> Route:
+    """The route that reads its body with ``parse`` and answers in the shape ``shape`` makes."""
+    async def route(exchange: Exchange, out: Responder) -> None:
+        await exchange.answer(await exchange.read(parse, out.request.body), shape, out)
 
-
-async def _infill(exchange: Exchange, out: Responder) -> None:
-    request = await exchange.read(infill_api.parse_infill, out.request.body)
-    await exchange.answer(request, infill_api.InfillShape, out)
+    return route
 
 
 async def _generate(exchange: Exchange, out: Responder) -> None:
@@ -85,9 +83,11 @@ ROUTES: dict[str, dict[str, Route]] = {
 }
 
 # Completions: a prompt continued as it is, no chat template (``prompt_tokens``).
+_completions = _answering(openai_completions.parse_completion, openai_completions.CompletionShape)
 ROUTES.update({
     "/v1/completions": {"POST": _completions}, "/completions": {"POST": _completions},
-    "/infill": {"POST": _infill}, "/api/generate": {"POST": _generate},
+    "/infill": {"POST": _answering(infill_api.parse_infill, infill_api.InfillShape)},
+    "/api/generate": {"POST": _generate},
 })
 
 
