@@ -7,6 +7,9 @@ of their own, so the event loop never waits on the engine (and the engine never 
 - A request whose client went away while it waited is dropped before it runs; one whose client
   goes away while it runs is stopped within one token (``Turn.stop``), and what it decoded stays
   in the cache for the next request.
+- A completion's prompt (``ChatRequest.prompt``) becomes tokens here, with the loaded model's
+  vocabulary, and goes to the engine as they are (``Engine.submit_prompt``); one the model
+  cannot take is the client's 400 (``Rejected``).
 - Before a turn the host loads the model the request names (a switch happens here, after the
   requests before it); the turn goes to the engine with the host's state pool
   (``engine.state_pool``), so each conversation's cache is found again however they interleave.
