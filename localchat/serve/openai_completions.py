@@ -4,7 +4,7 @@
 - A request's fields: ``model``, ``prompt`` (a string, or an array of token ids; an array of one
   of those too), ``suffix`` (the prompt is then the prefix of a gap filled with the model's
   fill-in-the-middle tokens, ``prompt_tokens``), ``stream``, ``stream_options.include_usage``,
-  ``max_tokens``, ``stop`` and the sampling fields both APIs read (``chat_request``). What cannot
+  ``max_tokens`` (absent: the server's limit, as llama-server; not OpenAI's 16), ``stop`` and the sampling fields both APIs read (``chat_request``). What cannot
   be honoured is a 400 that says so: ``n`` or ``best_of`` > 1, several prompts, ``echo``,
   ``logprobs``.
 - Answered: a ``text_completion`` (``choices[0].text``, ``finish_reason`` ``stop`` | ``length``,
