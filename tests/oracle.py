@@ -20,6 +20,8 @@ from pathlib import Path
 
 from localchat.context.chat_context import ChatContext
 from localchat.engine.engine import Engine
+from localchat.engine.fresh import fresh_logits
+from localchat.engine.layout import RawPrompt
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.events import Done, Token
 
@@ -86,14 +88,16 @@ def take_back_last_exchange(chat: ChatContext) -> str:
     return text
 
 
-def assert_text_matches_fresh(text: str, oracle: Engine, messages: list[dict],
+def assert_text_matches_fresh(text: str, oracle: Engine, messages: list[dict] | RawPrompt,
                               sampling: Sampling = GREEDY) -> None:
     """``text`` (a greedy reply read through an API, which gives text, not token ids) is what a
-    fresh prefill of ``messages`` gives, up to a near-tie: where the texts part, the fresh
-    engine's top-2 margin at that token must be under NEAR_TIE."""
+    fresh prefill of ``messages`` (or of a prompt given as tokens) gives, up to a near-tie: where
+    the texts part, the fresh engine's top-2 margin at that token must be under NEAR_TIE."""
     oracle.reset()
     tokens, pieces = [], []
-    for event in oracle.submit(messages, sampling):
+    turn = (oracle.submit_prompt(messages, sampling) if isinstance(messages, RawPrompt)
+            else oracle.submit(messages, sampling))
+    for event in turn:
         if isinstance(event, Token):
             tokens.append(event.token_id)
             pieces.append(event.text)
@@ -104,7 +108,11 @@ def assert_text_matches_fresh(text: str, oracle: Engine, messages: list[dict],
     while i < len(pieces) and text.startswith(shown + pieces[i]):
         shown += pieces[i]
         i += 1
-    logits = oracle.fresh_logits(messages, tokens[:i])
+    if isinstance(messages, RawPrompt):
+        prompt = list(messages.tokens)
+        logits = oracle.with_cache(lambda kv: fresh_logits(kv, prompt, tokens[:i], None, 128))
+    else:
+        logits = oracle.fresh_logits(messages, tokens[:i])
     best, second = sorted(float(x) for x in logits[logits.argsort()[-2:]])[::-1]
     assert best - second < NEAR_TIE, (
         f"reply differs from a fresh prefill after {shown!r}: the fresh engine's choice there "

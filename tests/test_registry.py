@@ -17,6 +17,7 @@ from localchat.models.registry import (
 from localchat.models.user_registry import add_user_entry, remove_user_entry
 
 REQUIRED = ["smollm2-135m", "smollm2-1.7b", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b",
+            "qwen2.5-coder-1.5b", "qwen2.5-coder-7b",
             "qwen2.5-7b", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "gemma3-1b", "gemma3-4b",
             "gemma3-12b", "phi4-mini", "qwen3-4b", "qwen3-4b-thinking", "qwen3-1.7b",
             "deepseek-r1-1.5b", "gemma4-e2b", "gemma4-e4b"]

@@ -4,7 +4,7 @@ through the API (test_serve_clients.py) check the same with the real model."""
 
 from __future__ import annotations
 
-from localchat.engine.layout import CachedMessage
+from localchat.engine.layout import PROMPT, CachedMessage, RawPrompt
 from localchat.engine.snapshot_file import KVSnapshot
 from localchat.engine.state_pool import StatePool, StateView
 
@@ -119,3 +119,39 @@ def test_the_state_taken_back_is_out_before_saving_the_live_one_evicts_it():
 
     assert chosen is not None and chosen.records == a
     assert [s.records for s in pool._entries] == [b] and pool.size_bytes <= pool.cap_bytes
+
+
+def prompt_state(tokens: list[int], reply: list[int]) -> list[CachedMessage]:
+    """A completion's state: its prompt given as tokens, then the reply."""
+    return [CachedMessage(PROMPT, "", "", tokens),
+            CachedMessage("assistant", "", "", reply, open=True)]
+
+
+def test_a_prompt_given_as_tokens_keeps_the_leading_tokens_it_shares_with_a_state():
+    state = prompt_state(list(range(20)), [90, 91])
+
+    assert StateView(state, 22).kept(RawPrompt(tuple(range(25)))) == 20
+    assert StateView(state, 22).kept(RawPrompt((*range(20), 90, 7))) == 21  # into the reply
+    assert StateView(state, 10).kept(RawPrompt(tuple(range(25)))) == 10  # exact cells only
+    assert StateView(conversation("sea", 1), 25).kept(RawPrompt(tuple(range(5)))) == 5
+
+
+def test_the_next_keystroke_of_a_completion_does_not_save_the_live_state():
+    pool = StatePool(10_000)
+    live = prompt_state(list(range(20)), [90, 91])
+    typed = RawPrompt((*range(19), 40, 41))  # the last token changed, two more
+
+    assert pool.swap(live_of(live), typed, False, lambda: snapshot(live)) is None
+    assert len(pool) == 0  # keeps 19 of 22 tokens: an edit of the live state, not another one
+
+
+def test_a_chat_after_completions_saves_them_and_a_completion_takes_them_back():
+    pool = StatePool(10_000)
+    completion, sea = prompt_state(list(range(20)), [90, 91]), conversation("sea", 2)
+
+    assert pool.swap(live_of(completion), messages_of(sea, "more"), False,
+                     lambda: snapshot(completion)) is None
+    chosen = pool.swap(live_of(sea), RawPrompt((*range(20), 30)), False, lambda: snapshot(sea))
+
+    assert chosen is not None and chosen.records == completion
+    assert [s.records for s in pool._entries] == [sea]

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from localchat import logs
 from localchat.engine.fresh import fresh_logits
 from localchat.engine.kv import ConversationCache, KVSnapshot
-from localchat.engine.layout import CachedMessage, Layout, plan_layout
+from localchat.engine.layout import CachedMessage, Layout, RawPrompt, plan_layout
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.preflight import Preflight, preflight
 from localchat.engine.prompts import ModelPrompts
@@ -33,10 +33,9 @@ from localchat.engine.sampling.constrained import TurnConstraint
 from localchat.engine.snapshot_file import engine_fingerprint
 from localchat.engine.speculate import Speculator, build_speculator, plan_speculation
 from localchat.engine.state_pool import StatePool
-from localchat.engine.templates import (
-    make_renderer,
-)
+from localchat.engine.templates import make_renderer
 from localchat.engine.turn import ReplyEvents, TurnClock, TurnHandle
+from localchat.engine.vocabulary import Vocabulary
 from localchat.errors import ContextOverflow, EngineError, FormatError, UserError
 from localchat.events import Done, Failed, Loaded, Notice, PrefillProgress, Timings
 from localchat.reply.reasoning import prompt_opens_thinking
@@ -123,6 +122,13 @@ class Engine:
                 pending.stop()
         self._queue_turn(handle, lambda: self._run_turn(handle, snapshot, sampling or Sampling(),
                                                         background, pool))
+        return handle
+
+    def submit_prompt(self, prompt: RawPrompt, sampling: Sampling, pool: StatePool | None = None) -> TurnHandle:
+        """``submit`` for a prompt given as tokens, laid as they are (``layout.RawPrompt``)."""
+        handle = TurnHandle(on_stop=self._stop_handle)
+        turn = lambda: self._turn(handle, [], sampling, pool=pool, raw=prompt)  # noqa: E731
+        self._queue_turn(handle, lambda: self._run_job(handle, turn, False))
         return handle
 
     def prepare(self, messages: list[dict[str, str]],
@@ -315,6 +321,10 @@ class Engine:
         return self._require_runtime().n_vocab
 
     @property
+    def vocabulary(self) -> Vocabulary:
+        return Vocabulary(self._require_runtime())
+
+    @property
     def memory_kind(self) -> str:
         """kv | swa | recurrent | hybrid: how the model's context memory behaves."""
         return self._require_runtime().memory_kind
@@ -505,7 +515,7 @@ class Engine:
             kv.put_back(saved)
 
     def _turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling,
-              layout: Layout | None = None, pool: StatePool | None = None) -> None:
+              layout: Layout | None = None, pool: StatePool | None = None, raw: RawPrompt | None = None) -> None:
         kv = self._require_kv()
         runtime = kv.runtime
         clock = TurnClock(handle.submitted_at)
@@ -515,10 +525,10 @@ class Engine:
             if layout is None:
                 shaped = tools.messages if tools is not None else messages
                 if pool is not None:
-                    timings.restore_ms = kv.take_best_state(pool, shaped)
+                    timings.restore_ms = kv.take_best_state(pool, raw or shaped)
                 render = self._prompts.turn_render(tools, sampling)
-                layout = plan_layout(kv.records, shaped, render, runtime.tokenize,
-                                     allow_shift=runtime.can_shift and pool is None)
+                layout = raw.layout() if raw is not None else plan_layout(
+                    kv.records, shaped, render, runtime.tokenize, allow_shift=runtime.can_shift and pool is None)
             self._check_fits(len(layout.tokens))
             inside = prompt_opens_thinking(layout.messages[-1].text)
             constraint = TurnConstraint.for_turn(

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from localchat.engine.layout import CachedMessage, Shift, without_partial
+from localchat.engine.layout import CachedMessage, RawPrompt, Shift, without_partial
 from localchat.engine.options import Sampling
 from localchat.engine.runtime import DecodeAborted, LlamaRuntime
 from localchat.engine.sampling.confidence import TokenStats, token_stats
@@ -335,7 +335,7 @@ class ConversationCache:
         return KVSnapshot(self.copy_records(), self.runtime.export_sequence(), self.exact_n,
                           checkpoints)
 
-    def take_best_state(self, pool: StatePool, messages: list[dict]) -> float:
+    def take_best_state(self, pool: StatePool, messages: list[dict] | RawPrompt) -> float:
         """Bring the live context to the state that keeps the most of ``messages`` (the live
         one, or one from ``pool``, see ``state_pool``); the ms a restore took (0: none)."""
         rolls_back = self.uses_checkpoints

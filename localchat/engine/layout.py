@@ -92,6 +92,25 @@ class Layout:
         return [t for m in self.messages for t in m.tokens]
 
 
+PROMPT = "prompt"  # the role of a prompt given as tokens (``RawPrompt``): no message has it
+
+
+@dataclass(frozen=True)
+class RawPrompt:
+    """A prompt given as tokens, laid as they are: no template, no messages (a completion, a
+    fill-in-the-middle prompt). Its cells are reused by token prefix as far as they are exact
+    (``ConversationCache.exact_n``), never matched as a message: a prompt that extends the one
+    before it (the next keystroke, a completion continued from the tokens it returned) prefills
+    only what it adds, and its reply is the reply of a fresh prefill."""
+
+    tokens: tuple[int, ...]
+
+    def layout(self) -> Layout:
+        """The cache after its prefill: one record for the prompt, then the open reply."""
+        return Layout([CachedMessage(PROMPT, "", "", list(self.tokens)),
+                       CachedMessage("assistant", "", "", [], open=True)])
+
+
 class _Mismatch(Exception):
     """The rendered prompt does not agree with the cache; take the fallback path."""
 

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from localchat.engine.kv import ConversationCache
-from localchat.engine.layout import CachedMessage, Layout
+from localchat.engine.layout import PROMPT, CachedMessage, Layout
 from localchat.engine.runtime import DecodeAborted
 from localchat.events import Timings
 
@@ -84,7 +84,7 @@ def _held_before(records: list[CachedMessage], reused: int, wanted: int, layout:
     for message in layout.messages:
         end = position + len(message.tokens)
         key = (message.role, message.content)
-        if not message.open and held[key] > 0:
+        if not message.open and message.role != PROMPT and held[key] > 0:
             held[key] -= 1  # matched once: a later message with the same text is new
             if end > wanted:
                 again += end - max(position, wanted)

@@ -168,6 +168,11 @@ class LlamaRuntime:
         add_bos = at_start and self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
         return self.model.tokenize(text.encode("utf-8"), add_bos, True)
 
+    def fim_token(self, kind: str) -> int:
+        """llama.cpp's fill-in-the-middle token of ``kind`` (pre, suf, mid, pad, rep, sep), as it
+        read it from the GGUF or found it by its text; -1: the model has none."""
+        return int(getattr(self._lib, f"llama_vocab_fim_{kind}")(self.vocab))
+
     # Both looked up in llama.cpp once per token id: right after a decode has flushed the CPU
     # caches, a ctypes call with its buffer took ~20-50 us a token, a dict lookup ~1.
 

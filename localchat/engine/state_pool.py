@@ -14,10 +14,14 @@ tools/server/server-task.cpp), over the engine's per-message records instead of 
   (restoring a long state to use a sliver of it trashes it for its own conversation);
 - a state restored leaves the pool (it is live now; it comes back when it is displaced);
 - saving skips a state already held whole by an entry, and removes the entries it holds whole;
-- least recently saved states go first beyond the byte cap.
+- least recently saved states go first beyond the byte cap;
+- a prompt given as tokens that keeps at least half of the live state edits it (the next
+  keystroke of a completion, which drops the last reply and the text after the cursor): the
+  live state is not saved for it, or a few typed lines would crowd every conversation out.
 
 "Keeps" is read from the records: the leading cached messages equal to the request's messages
-(role and content), at most ``exact_n`` cells (only cells computed in order from exactly the
+(role and content), or for a prompt given as tokens (``layout.RawPrompt``: a completion) the
+leading cached tokens equal to its own; at most ``exact_n`` cells (only cells computed in order from exactly the
 tokens before them are reused), and, for a memory that cannot drop cells (recurrent, sliding
 window), only as far back as a checkpoint unless the whole state is kept. It is an estimate that
 is never wrong about exactness: the turn's own layout then decides which cells it reuses.
@@ -30,11 +34,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from localchat.engine.layout import CachedMessage
+from localchat.engine.layout import CachedMessage, RawPrompt
 from localchat.engine.snapshot_file import KVSnapshot
 
 # llama-server's "don't trash large prompts": a saved state must keep this share of itself.
 MIN_KEEP = 0.25
+# A prompt given as tokens that keeps this share of the live state goes on with it (see above).
+EDIT_KEEP = 0.5
+
+Wanted = Sequence[dict] | RawPrompt  # a turn's messages, or its prompt given as tokens
 
 
 @dataclass(frozen=True)
@@ -50,13 +58,18 @@ class StateView:
     def n_tokens(self) -> int:
         return sum(len(m.tokens) for m in self.records)
 
-    def kept(self, messages: Sequence[dict]) -> int:
-        """Cells of this state that a turn for ``messages`` would keep (see the module doc)."""
+    def kept(self, wanted: Wanted) -> int:
+        """Cells of this state that a turn for ``wanted`` would keep (see the module doc)."""
         kept = 0
-        for record, message in zip(self.records, messages):
-            if not record.matches(message):
-                break
-            kept += len(record.tokens)
+        if isinstance(wanted, RawPrompt):
+            held = [t for m in self.records for t in m.tokens]
+            while kept < min(len(held), len(wanted.tokens)) and held[kept] == wanted.tokens[kept]:
+                kept += 1
+        else:
+            for record, message in zip(self.records, wanted):
+                if not record.matches(message):
+                    break
+                kept += len(record.tokens)
         kept = min(kept, self.exact_n)
         if self.checkpoints is not None and kept < self.n_tokens:
             kept = max((n for n in self.checkpoints if n <= kept), default=0)
@@ -90,7 +103,7 @@ class StatePool:
     def clear(self) -> None:
         self._entries = []
 
-    def swap(self, live: StateView, messages: Sequence[dict], rolls_back: bool,
+    def swap(self, live: StateView, messages: Wanted, rolls_back: bool,
              export_live: Callable[[], KVSnapshot]) -> KVSnapshot | None:
         """Before a turn for ``messages``: the saved state to restore instead of the live one
         (taken out of the pool), or None to keep the live one. The live state is saved first
@@ -102,11 +115,12 @@ class StatePool:
             # to restore among them (a ValueError from ``remove`` once, a 500 in serve).
             self._entries.remove(best)
             self.restored += 1
-        if self.cap_bytes > 0 and live_kept < live.n_tokens:
+        edits_live = isinstance(messages, RawPrompt) and live_kept >= EDIT_KEEP * live.n_tokens
+        if self.cap_bytes > 0 and live_kept < live.n_tokens and not edits_live:
             self.save(export_live())
         return best
 
-    def _best(self, live: StateView, live_kept: int, messages: Sequence[dict],
+    def _best(self, live: StateView, live_kept: int, messages: Wanted,
               rolls_back: bool) -> KVSnapshot | None:
         best_keep = live_kept / live.n_tokens if live.n_tokens else -1.0  # empty: any state wins
         best_kept = live_kept

@@ -16,6 +16,9 @@ inwards:
 - ``exchange``: one chat request run as a job, its reply streamed or gathered in an API's shape;
 - ``openai_api`` and ``ollama_api``: each API's shapes only (request fields -> ``ChatRequest``,
   reply pieces and ending -> bytes, errors -> bodies, model listings);
+- ``openai_completions``, ``infill_api`` and ``ollama_generate``: completions (``/v1/completions``,
+  llama-server's ``/infill``, ``/api/generate``), their shapes only; ``prompt_tokens``: their
+  prompts as tokens, fill-in-the-middle laid with the model's own FIM tokens;
 - ``chat_request``: a chat request as the engine takes it, and the table of sampling fields
   both APIs read; ``fields``: the JSON checks (400s name the field); ``request_messages`` and
   ``tool_fields``: the messages, tools, tool calls and answer formats of both APIs;

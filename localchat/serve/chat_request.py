@@ -3,18 +3,33 @@ and the one table of sampling values both APIs read (:data:`SAMPLING_FIELDS`): O
 top level of the body, Ollama's under ``options``, with the same names and ranges.
 
 The messages are the app's own ``{"role", "content"}`` dicts (``request_messages``), laid out by the
-engine exactly as the app lays them out; nothing in a request can name a file.
+engine exactly as the app lays them out; nothing in a request can name a file. A completion has
+no messages but a ``prompt`` (:class:`PromptRecipe`, ``prompt_tokens``): tokens made with the
+loaded model's vocabulary when its turn comes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from localchat.engine.options import Sampling, shaped
 from localchat.formats import AnswerFormat
 from localchat.serve.fields import integer, number
+
+if TYPE_CHECKING:
+    from localchat.engine.engine import Engine
+    from localchat.engine.layout import RawPrompt
+
+
+class PromptRecipe(Protocol):
+    """How a completion's prompt becomes tokens (``prompt_tokens``)."""
+
+    def build(self, engine: Engine, model: str) -> RawPrompt:
+        """The tokens, with ``engine``'s vocabulary (the loaded ``model``); BadRequest naming
+        the field when the model cannot take them."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,7 @@ class ChatRequest:
     tools: tuple[dict[str, Any], ...] = ()  # OpenAI function specs the model may call
     tool_choice: str = "auto"  # "auto" | "none" | "required" | a tool's name
     answer_format: AnswerFormat | None = None  # response_format / Ollama's format
+    prompt: PromptRecipe | None = None  # a completion's (``messages`` is then empty)
 
     def sampling_over(self, defaults: Sampling) -> Sampling:
         """``defaults`` with what this request asked for."""

@@ -24,7 +24,7 @@ from localchat.events import Done, Failed, Thinking, Timings, Token
 from localchat.reply.calls import ToolCall
 from localchat.serve.http import Connection
 from localchat.serve.http_errors import ApiError, ReplyFailed, ShuttingDown
-from localchat.serve.scheduler import Job, Started
+from localchat.serve.scheduler import Job, Rejected, Started
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class Ending:
     error: ApiError | None = None  # the reply was cut (the server shutting down) after text went
     tool_calls: tuple[ToolCall, ...] = ()  # the calls the client is to run
     reply: str = ""  # the reply as the model wrote it (markers and calls included)
+    # A completion's prompt and reply tokens (to the stop string's token): Ollama's ``context``.
+    tokens: tuple[int, ...] = ()
 
 
 class StopMatcher:
@@ -91,12 +93,15 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
         stopped = False
         started = Started("", 0.0)
         sent_any = False
+        sampled: list[int] = []  # the reply's tokens sent (a completion's context)
         while True:
             event = await job.events.get()
             if event is GONE:
                 raise ConnectionResetError("the client has gone")
             if isinstance(event, Started):
                 started = event
+            elif isinstance(event, Rejected):
+                raise event.error
             elif isinstance(event, Thinking) and event.text:
                 thinking.append(event.text)
                 sent_any = True
@@ -105,6 +110,8 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
                 text, stopped = stops.feed(event.text)
                 if stopped:
                     job.stop_reply()
+                else:
+                    sampled.append(event.token_id)
                 if text:
                     content.append(text)
                     sent_any = True
@@ -126,7 +133,9 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
                 error = None
                 if event.finish_reason == "aborted" and not stopped and job.shutting_down:
                     error = ShuttingDown()
-                yield _ending(event, event.timings, content, thinking, started, error, stopped)
+                ending = _ending(event, event.timings, content, thinking, started, error, stopped)
+                ending.tokens = (*started.prompt, *sampled) if started.prompt else ()
+                yield ending
                 return
     finally:
         connection.forget(gone)

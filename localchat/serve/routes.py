@@ -1,6 +1,8 @@
 """What each path answers: ``GET /``, ``GET /health`` (llama-server's), the OpenAI API (``GET
 /v1/models``, ``POST /v1/chat/completions``, also without ``/v1``) and the Ollama API (``GET
-/api/tags``, ``GET /api/version``, ``POST /api/show``, ``POST /api/chat``). The chats run
+/api/tags``, ``GET /api/version``, ``POST /api/show``, ``POST /api/chat``); completions, a prompt
+continued as it is (OpenAI's ``POST /v1/completions``, llama-server's ``POST /infill``, Ollama's
+``POST /api/generate``). The chats run
 through the one ``exchange``, each in its API's shape; errors take the shape of the API the
 path belongs to (:func:`error_body`).
 """
@@ -10,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from localchat.serve import ollama_api, openai_api
-from localchat.serve.exchange import Exchange
+from localchat.serve import infill_api, ollama_api, ollama_generate, openai_api, openai_completions
+from localchat.serve.exchange import Exchange, ParseChat, ShapeFor
 from localchat.serve.fields import json_object
 from localchat.serve.http import Request
 from localchat.serve.http_errors import MethodNotAllowed, NotFound, ServeError
@@ -54,6 +56,22 @@ async def _ollama_chat(exchange: Exchange, out: Responder) -> None:
     await exchange.answer(chat, ollama_api.ChatShape, out)
 
 
+def _answering(parse: ParseChat, shape: ShapeFor) -> Route:
+    """The route that reads its body with ``parse`` and answers in the shape ``shape`` makes."""
+    async def route(exchange: Exchange, out: Responder) -> None:
+        await exchange.answer(await exchange.read(parse, out.request.body), shape, out)
+
+    return route
+
+
+async def _generate(exchange: Exchange, out: Responder) -> None:
+    request = await exchange.read(ollama_generate.parse_generate, out.request.body)
+    if ollama_generate.only_loads(request):
+        await out.send_json(200, ollama_generate.load_body(exchange.host.resolve(request.model)))
+        return
+    await exchange.answer(request, ollama_generate.GenerateShape, out)
+
+
 ROUTES: dict[str, dict[str, Route]] = {
     "/": {"GET": _root, "HEAD": _root},
     "/health": {"GET": _health}, "/v1/health": {"GET": _health},
@@ -63,6 +81,14 @@ ROUTES: dict[str, dict[str, Route]] = {
     "/api/tags": {"GET": _tags}, "/api/version": {"GET": _version},
     "/api/show": {"POST": _show}, "/api/chat": {"POST": _ollama_chat},
 }
+
+# Completions: a prompt continued as it is, no chat template (``prompt_tokens``).
+_completions = _answering(openai_completions.parse_completion, openai_completions.CompletionShape)
+ROUTES.update({
+    "/v1/completions": {"POST": _completions}, "/completions": {"POST": _completions},
+    "/infill": {"POST": _answering(infill_api.parse_infill, infill_api.InfillShape)},
+    "/api/generate": {"POST": _generate},
+})
 
 
 def route_for(request: Request) -> Route:

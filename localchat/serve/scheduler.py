@@ -7,6 +7,9 @@ of their own, so the event loop never waits on the engine (and the engine never 
 - A request whose client went away while it waited is dropped before it runs; one whose client
   goes away while it runs is stopped within one token (``Turn.stop``), and what it decoded stays
   in the cache for the next request.
+- A completion's prompt (``ChatRequest.prompt``) becomes tokens here, with the loaded model's
+  vocabulary, and goes to the engine as they are (``Engine.submit_prompt``); one the model
+  cannot take is the client's 400 (``Rejected``).
 - Before a turn the host loads the model the request names (a switch happens here, after the
   requests before it); the turn goes to the engine with the host's state pool
   (``engine.state_pool``), so each conversation's cache is found again however they interleave.
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 from localchat.errors import UserError
 from localchat.events import Done, Failed, Thinking, Token, Turn
 from localchat.serve.chat_request import ChatRequest
-from localchat.serve.http_errors import SHUTTING_DOWN, Busy, ShuttingDown
+from localchat.serve.http_errors import SHUTTING_DOWN, ApiError, Busy, ShuttingDown
 from localchat.serve.model_host import ModelHost, ServedModel
 
 log = logging.getLogger(__name__)
@@ -37,13 +40,21 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Started:
     """The job's turn has begun: which model answers, and how long loading it took (ms; 0 when
-    it was loaded already)."""
+    it was loaded already); a completion's prompt tokens."""
 
     model: str
     load_ms: float
+    prompt: tuple[int, ...] = ()
 
 
-JobEvent = Started | Token | Thinking | Done | Failed
+@dataclass(frozen=True)
+class Rejected:
+    """The loaded model cannot take the request's prompt (``ChatRequest.prompt``): a 400."""
+
+    error: ApiError
+
+
+JobEvent = Started | Rejected | Token | Thinking | Done | Failed
 
 
 class Job:
@@ -185,9 +196,22 @@ class Scheduler:
         except UserError as exc:
             job.deliver(Failed(str(exc), code="model_not_loaded"))
             return
-        job.deliver(Started(job.model.name, load_ms))
         sampling = job.request.sampling_over(self.host.sampling)
-        turn = engine.submit(job.request.messages, sampling, pool=pool)
+        recipe = job.request.prompt
+        if recipe is None:
+            job.deliver(Started(job.model.name, load_ms))
+            turn = engine.submit(job.request.messages, sampling, pool=pool)
+        else:
+            try:
+                prompt = recipe.build(engine, job.model.name)
+            except ApiError as exc:
+                job.deliver(Rejected(exc))
+                return
+            except UserError as exc:  # the chat template refused Ollama's prompt
+                job.deliver(Failed(str(exc), code="conversation_rejected"))
+                return
+            job.deliver(Started(job.model.name, load_ms, prompt.tokens))
+            turn = engine.submit_prompt(prompt, sampling, pool)
         job.attach(turn)
         for event in turn:
             if isinstance(event, (Token, Thinking, Done, Failed)):
