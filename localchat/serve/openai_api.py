@@ -6,7 +6,8 @@ additions where clients read them.
   llama-server's ``top_k, min_p, repeat_penalty`` and ``chat_template_kwargs.enable_thinking``;
   ``tools`` and ``tool_choice``, assistant messages with ``tool_calls`` and ``tool`` messages;
   ``response_format`` (``text``, ``json_object``, ``json_schema``: the reply is sampled in that
-  shape). Message content is a string or an array of text parts. Unknown fields are ignored, as
+  shape), or llama-server's ``grammar`` (GBNF) or ``json_schema`` in its place
+  (``shape_fields``). Message content is a string or an array of text parts. Unknown fields are ignored, as
   OpenAI's SDK sends many; what cannot be honoured (``n`` > 1, ``logprobs``, image parts, a
   schema that cannot be enforced) is a 400 that says so.
 - Streamed: ``chat.completion.chunk`` events (a ``role`` delta first, then ``content`` deltas and
@@ -38,7 +39,8 @@ from localchat.serve.http_errors import BadRequest, ServeError, bad
 from localchat.serve.model_host import ServedModel
 from localchat.serve.pieces import Ending, Piece
 from localchat.serve.request_messages import message_list
-from localchat.serve.tool_fields import answer_format, tool_choice_of, tools_of
+from localchat.serve.shape_fields import answer_shape
+from localchat.serve.tool_fields import tool_choice_of, tools_of
 
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
@@ -47,7 +49,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         raise bad("n", "must be 1: localchat serve answers with one choice")
     if body.get("logprobs"):
         raise BadRequest("logprobs are not supported by localchat serve", "logprobs")
-    shape = answer_format(field_of(body, "response_format", dict), "response_format")
+    shape = answer_shape(body)
     tools = tools_of(body)
     options = field_of(body, "stream_options", dict) or {}
     template_kwargs = field_of(body, "chat_template_kwargs", dict) or {}

@@ -1,0 +1,101 @@
+"""What clients send ``localchat serve`` beyond the plain chat (issue 48, item 4, found by running
+llama.cpp's server tests against it), through the ``openai`` SDK and the ``ollama`` library on
+real sockets over the real test model: llama-server's shapes (``response_format`` json_object
+with a schema, top-level ``grammar`` and ``json_schema``), a browser SDK's preflight, ``n``."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from serve_fixtures import MODEL, raw, running
+from test_serve_safety import CHAT, HELLO, error_of, post
+
+pytestmark = pytest.mark.model
+
+EXACT = {"temperature": 0, "max_tokens": 24, "extra_body": {"repeat_penalty": 1.0}}
+COLOUR = [{"role": "user", "content": "Name a colour."}]
+SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}},
+          "required": ["colour"]}
+
+
+@pytest.fixture(scope="module")
+def server(serve_host):
+    with running(serve_host) as app:
+        yield app
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="any", max_retries=0)
+
+
+def ask(client, messages=COLOUR, **extra):
+    body = {**EXACT, **extra, "extra_body": {**EXACT["extra_body"], **extra.get("extra_body", {})}}
+    return client.chat.completions.create(model=MODEL, messages=messages, **body)
+
+
+def test_json_object_with_a_schema_enforces_it_and_extra_keys_are_accepted(client):
+    shaped = ask(client, response_format={"type": "json_object", "schema": SCHEMA})
+    assert json.loads(shaped.choices[0].message.content)["colour"] in ("red", "green", "blue")
+    named = ask(client, response_format={"type": "json_schema", "strict": True, "x-extra": 1,
+                                         "json_schema": {"name": "c", "schema": SCHEMA}})
+    assert set(json.loads(named.choices[0].message.content)) == {"colour"}
+    anything = ask(client, response_format={"type": "json_object", "x-extra": {"a": 1}})
+    assert anything.choices[0].message.content.startswith("{")
+    plain = ask(client, response_format={"type": "text", "x-extra": 1})
+    assert plain.choices[0].finish_reason in ("stop", "length")
+
+
+def test_top_level_grammar_and_json_schema_shape_the_reply(client):
+    answers = {ask(client, extra_body={"grammar": 'root ::= "yes" | "no"'}).choices[0]
+               .message.content for _ in range(2)}
+    assert answers <= {"yes", "no"} and len(answers) == 1
+    streamed = "".join(c.choices[0].delta.content or "" for c in ask(
+        client, stream=True, extra_body={"grammar": 'root ::= [0-9] [0-9] [0-9]'}) if c.choices)
+    assert len(streamed) == 3 and streamed.isdigit()
+    shaped = ask(client, extra_body={"json_schema": SCHEMA})
+    assert json.loads(shaped.choices[0].message.content)["colour"] in ("red", "green", "blue")
+
+
+@pytest.mark.parametrize("extra, param, says", [
+    ({"grammar": "root ::= (("}, "grammar", "does not parse"),
+    ({"grammar": 'start ::= "a"'}, "grammar", "root"),
+    ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "grammar",
+     "cannot be given with response_format"),
+    ({"json_schema": SCHEMA, "response_format": {"type": "json_object"}}, "json_schema",
+     "cannot be given with response_format"),
+    ({"grammar": 'root ::= "a"', "json_schema": SCHEMA}, "json_schema",
+     "cannot be given with grammar"),
+    ({"json_schema": "x"}, "json_schema", "must be an object"),
+    ({"response_format": {"type": "json_object", "schema": 3}}, "response_format.schema",
+     "JSON Schema"),
+    ({"n": 2}, "n", "must be 1"),
+    ({"n": 1000}, "n", "must be 1"),
+])
+def test_a_shape_or_choice_count_that_cannot_be_honoured_is_a_400_naming_the_field(
+        server, extra, param, says):
+    status, _, answer = raw(server, post(CHAT, {**HELLO, **extra}))
+    error = error_of(answer)
+    assert status == 400 and error["param"] == param and says in error["message"], error
+
+
+def test_a_preflight_allows_the_headers_an_allowed_origin_asks_for(serve_host):
+    def preflight(app, origin: str) -> tuple[int, dict[str, str]]:
+        request = (f"OPTIONS {CHAT} HTTP/1.1\r\nHost: localhost\r\nOrigin: {origin}\r\n"
+                   "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: "
+                   "authorization, content-type, x-stainless-os, x-stainless-retry-count, "
+                   "bad header\r\nConnection: close\r\n\r\n").encode()
+        status, headers, _ = raw(app, request)
+        return status, headers
+
+    with running(serve_host, cors_origins=["http://localhost:3000"]) as app:
+        status, headers = preflight(app, "http://localhost:3000")
+        allowed = [h.strip().lower() for h in headers["access-control-allow-headers"].split(",")]
+        assert status == 204 and headers["access-control-allow-origin"] == "http://localhost:3000"
+        assert {"authorization", "content-type", "x-stainless-os",
+                "x-stainless-retry-count"} <= set(allowed)
+        assert "bad header" not in allowed and len(allowed) == len(set(allowed))
+        status, headers = preflight(app, "http://other.example")
+        assert status == 403 and "access-control-allow-headers" not in headers
