@@ -1,16 +1,24 @@
 """What clients send ``localchat serve`` beyond the plain chat (issue 48, item 4, found by running
 llama.cpp's server tests against it), through the ``openai`` SDK and the ``ollama`` library on
 real sockets over the real test model: llama-server's shapes (``response_format`` json_object
-with a schema, top-level ``grammar`` and ``json_schema``), a browser SDK's preflight, ``n``."""
+with a schema, top-level ``grammar`` and ``json_schema``), a browser SDK's preflight, ``n``,
+Ollama's digests and ``/api/ps``, and aliases for tools that hard-code a model's name."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
+import ollama
 import openai
 import pytest
 from serve_fixtures import MODEL, raw, running
 from test_serve_safety import CHAT, HELLO, error_of, post
+
+from localchat.errors import UserError
+from localchat.serve.aliases import Aliases
+from localchat.serve.model_host import ModelHost
+from localchat.settings import Settings
 
 pytestmark = pytest.mark.model
 
@@ -99,3 +107,44 @@ def test_a_preflight_allows_the_headers_an_allowed_origin_asks_for(serve_host):
         assert "bad header" not in allowed and len(allowed) == len(set(allowed))
         status, headers = preflight(app, "http://other.example")
         assert status == 403 and "access-control-allow-headers" not in headers
+
+
+def test_tags_and_ps_give_the_files_sha256_hashed_once(server, serve_host, monkeypatch):
+    from localchat.serve import digests
+
+    hashed = []
+    real_hash = digests._hash
+    monkeypatch.setattr(digests, "_known", {})
+    monkeypatch.setattr(digests, "_hash", lambda path: hashed.append(path) or real_hash(path))
+    client = ollama.Client(host=server.base_url)
+    expected = hashlib.sha256(serve_host.loaded.path.read_bytes()).hexdigest()
+
+    (listed,) = client.list().models
+    running_models = client.ps().models
+    client.list()
+    assert listed.digest == expected and len(hashed) == 1  # once, however often asked
+    (loaded,) = running_models
+    assert loaded.model == f"{MODEL}:latest" and loaded.digest == expected
+    assert loaded.size == listed.size > 0 and loaded.size_vram == 0  # on the CPU
+    assert loaded.details.format == "gguf" and loaded.expires_at.year > 2100
+
+
+def test_an_alias_answers_as_the_served_model(server, serve_host, monkeypatch, client):
+    monkeypatch.setattr(serve_host, "aliases", Aliases(["gpt-3.5-turbo", "llama3"], MODEL, []))
+    assert [m.id for m in client.models.list().data] == [MODEL, "gpt-3.5-turbo", "llama3"]
+    reply = client.chat.completions.create(model="gpt-3.5-turbo", messages=COLOUR, max_tokens=2)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    ollama_client = ollama.Client(host=server.base_url)
+    assert [m.model for m in ollama_client.list().models] == [
+        f"{MODEL}:latest", "gpt-3.5-turbo:latest", "llama3:latest"]
+    answer = ollama_client.chat(model="llama3:latest", messages=COLOUR, options={"num_predict": 2})
+    assert answer.done
+
+
+@pytest.mark.parametrize("alias, says", [(MODEL, "the name of a model"),
+                                         (f"{MODEL}:q4_1", "the name of a model"),
+                                         ("two words", "without spaces")])
+def test_an_alias_that_is_a_models_name_is_refused_at_start(serve_host, alias, says):
+    with pytest.raises(UserError) as refused:
+        ModelHost(Settings(), serve_host.pinned, aliases=(alias,))
+    assert says in str(refused.value) and "\n" not in str(refused.value)
