@@ -148,3 +148,43 @@ def test_an_alias_that_is_a_models_name_is_refused_at_start(serve_host, alias, s
     with pytest.raises(UserError) as refused:
         ModelHost(Settings(), serve_host.pinned, aliases=(alias,))
     assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+def written(text: str) -> dict:
+    """A grammar that makes the model write ``text`` exactly (calls are still read from it)."""
+    return {"grammar": "root ::= " + json.dumps(text)}
+
+
+@pytest.mark.parametrize("reply", [
+    # The model echoing the tools' description: its "parameters" are the schema, no arguments.
+    '<tool_call>\n{"name": "get_weather", "parameters": ' + json.dumps(
+        WEATHER["function"]["parameters"]) + "}\n</tool_call>",
+    '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}}\n</tool_call>',
+    '<tool_call>\n{"name": "send_mail", "arguments": {"city": "Paris"}}\n</tool_call>',
+])
+def test_a_call_whose_arguments_do_not_fit_the_tool_is_plain_text_without_markers(client, reply):
+    whole = ask(client, tools=[WEATHER], max_tokens=120, extra_body=written(reply)).choices[0]
+    streamed = list(ask(client, tools=[WEATHER], max_tokens=120, stream=True,
+                        extra_body=written(reply)))
+
+    assert whole.finish_reason == "stop" and not whole.message.tool_calls
+    assert whole.message.content == reply.removeprefix("<tool_call>\n").removesuffix(
+        "\n</tool_call>")
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text == whole.message.content
+    assert not any(c.choices and c.choices[0].delta.tool_calls for c in streamed)
+
+
+def test_a_call_that_fits_the_tools_schema_is_a_call(client):
+    reply = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    choice = ask(client, tools=[WEATHER], max_tokens=120, extra_body=written(reply)).choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}

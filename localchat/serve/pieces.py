@@ -10,8 +10,9 @@ reasoning.
 
 A reply that called tools ends with its calls (``Ending.tool_calls``, finish reason
 "tool_calls"); the answer text never holds their markers or JSON (the engine keeps them out of
-the Tokens). A call that cannot run as written (cut off by the token limit, unreadable) is not
-a call for the client: its text, as the model wrote it, ends the content instead.
+the Tokens). A call that cannot run as written (cut off by the token limit, unreadable, naming
+no tool offered, arguments outside the tool's schema: ``call_checks``) is not a call for the
+client: its text, without the call's markers, ends the content instead.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Literal
 
 from localchat.events import Done, Failed, Thinking, Timings, Token
 from localchat.reply.calls import ToolCall
+from localchat.serve.call_checks import checked_calls
 from localchat.serve.http import Connection
 from localchat.serve.http_errors import ApiError, ReplyFailed, ShuttingDown
 from localchat.serve.scheduler import Job, Started
@@ -119,25 +121,29 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
                 if not stopped and (rest := stops.flush()):
                     content.append(rest)
                     yield Piece("content", rest)
-                broken = "".join(c.raw for c in event.tool_calls if not c.runnable)
+                calls, broken = checked_calls(event.tool_calls, job.request.tools)
                 if broken and not stopped:
+                    if content and not content[-1][-1:].isspace():
+                        broken = "\n\n" + broken
                     content.append(broken)
                     yield Piece("content", broken)
                 error = None
                 if event.finish_reason == "aborted" and not stopped and job.shutting_down:
                     error = ShuttingDown()
-                yield _ending(event, event.timings, content, thinking, started, error, stopped)
+                yield _ending(event, event.timings, content, thinking, started, error, stopped,
+                              calls)
                 return
     finally:
         connection.forget(gone)
 
 
 def _ending(event: Done | Failed, timings: Timings, content: list[str], thinking: list[str],
-            started: Started, error: ApiError | None, stopped: bool = False) -> Ending:
+            started: Started, error: ApiError | None, stopped: bool = False,
+            checked: tuple[ToolCall, ...] = ()) -> Ending:
     if not isinstance(event, Done):
         return Ending("stop", timings, "".join(content), "".join(thinking), started.load_ms,
                       started.model, error)
-    calls = () if stopped else tuple(c for c in event.tool_calls if c.runnable)
+    calls = () if stopped else checked
     finish: Literal["stop", "length", "tool_calls"] = (
         "tool_calls" if calls else "length" if event.finish_reason == "length" and not stopped
         else "stop")
