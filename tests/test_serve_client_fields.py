@@ -188,3 +188,39 @@ def test_a_call_that_fits_the_tools_schema_is_a_call(client):
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+def test_logprobs_come_with_each_token_whole_and_streamed_and_leave_the_reply_as_it_was(client):
+    ask(client)  # the prompt cached: each request below evaluates only its last token
+    whole = ask(client, logprobs=True, top_logprobs=3).choices[0]
+    chunks = list(ask(client, logprobs=True, top_logprobs=3, stream=True))
+    plain = ask(client).choices[0]
+
+    assert whole.message.content == plain.message.content  # greedy: the same reply
+    entries = whole.logprobs.content
+    assert b"".join(bytes(e.bytes) for e in entries).decode() == whole.message.content
+    for entry in entries:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        tops = [t.logprob for t in entry.top_logprobs]
+        assert tops == sorted(tops, reverse=True)
+        # Greedy: the token drawn is the likeliest one.
+        assert entry.token == entry.top_logprobs[0].token
+        assert entry.logprob == pytest.approx(tops[0])
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in entries]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in entries], abs=1e-2)
+    bare = ask(client, logprobs=True).choices[0].logprobs.content
+    assert [e.top_logprobs for e in bare] == [[] for _ in entries]
+
+
+@pytest.mark.parametrize("extra, param, says", [
+    ({"logprobs": 10000}, "logprobs", "from 0 to 20"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "between 0 and 20"),
+    ({"logprobs": "yes"}, "logprobs", "from 0 to 20"),
+    ({"top_logprobs": 5}, "top_logprobs", "logprobs"),
+])
+def test_logprobs_past_openais_limit_are_a_400_naming_the_field(server, extra, param, says):
+    status, _, answer = raw(server, post(CHAT, {**HELLO, **extra}))
+    error = error_of(answer)
+    assert status == 400 and error["param"] == param and says in error["message"], error

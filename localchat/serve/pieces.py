@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
 
-from localchat.events import Done, Failed, Thinking, Timings, Token
+from localchat.events import Done, Failed, Thinking, Timings, Token, TokenLogprob
 from localchat.reply.calls import ToolCall
 from localchat.serve.call_checks import checked_calls
 from localchat.serve.http import Connection
@@ -33,6 +33,8 @@ from localchat.serve.scheduler import Job, Started
 class Piece:
     kind: Literal["content", "thinking"]
     text: str
+    # The log probabilities of the tokens whose text this piece released (when asked).
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass
@@ -46,6 +48,7 @@ class Ending:
     error: ApiError | None = None  # the reply was cut (the server shutting down) after text went
     tool_calls: tuple[ToolCall, ...] = ()  # the calls the client is to run
     reply: str = ""  # the reply as the model wrote it (markers and calls included)
+    logprobs: tuple[TokenLogprob, ...] = ()  # every answer token's, when asked (pieces' too)
 
 
 class StopMatcher:
@@ -93,6 +96,8 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
         stopped = False
         started = Started("", 0.0)
         sent_any = False
+        logprobs: list[TokenLogprob] = []  # every answer token's so far
+        released = 0  # how many of them went out with a piece
         while True:
             event = await job.events.get()
             if event is GONE:
@@ -104,13 +109,16 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
                 sent_any = True
                 yield Piece("thinking", event.text)
             elif isinstance(event, Token) and not stopped:
+                if event.logprob is not None:
+                    logprobs.append(event.logprob)
                 text, stopped = stops.feed(event.text)
                 if stopped:
                     job.stop_reply()
                 if text:
                     content.append(text)
                     sent_any = True
-                    yield Piece("content", text)
+                    yield Piece("content", text, tuple(logprobs[released:]))
+                    released = len(logprobs)
             elif isinstance(event, Failed):
                 if not sent_any:
                     raise ReplyFailed(event.message, event.code)
@@ -120,18 +128,21 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
             elif isinstance(event, Done):
                 if not stopped and (rest := stops.flush()):
                     content.append(rest)
-                    yield Piece("content", rest)
+                    yield Piece("content", rest, tuple(logprobs[released:]))
+                    released = len(logprobs)
                 calls, broken = checked_calls(event.tool_calls, job.request.tools)
                 if broken and not stopped:
                     if content and not content[-1][-1:].isspace():
                         broken = "\n\n" + broken
                     content.append(broken)
-                    yield Piece("content", broken)
+                    yield Piece("content", broken, tuple(logprobs[released:]))
                 error = None
                 if event.finish_reason == "aborted" and not stopped and job.shutting_down:
                     error = ShuttingDown()
-                yield _ending(event, event.timings, content, thinking, started, error, stopped,
-                              calls)
+                ending = _ending(event, event.timings, content, thinking, started, error,
+                                 stopped, calls)
+                ending.logprobs = tuple(logprobs)
+                yield ending
                 return
     finally:
         connection.forget(gone)
