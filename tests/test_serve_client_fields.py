@@ -10,8 +10,8 @@ import hashlib
 import json
 
 import ollama
-import openai
 import pytest
+import test_serve_tools
 from serve_fixtures import MODEL, raw, running
 from test_serve_safety import CHAT, HELLO, error_of, post
 
@@ -22,21 +22,13 @@ from localchat.settings import Settings
 
 pytestmark = pytest.mark.model
 
+# The fixtures: one server for the module over the session's host, and the OpenAI SDK on it.
+server, client = test_serve_tools.server, test_serve_tools.client
+
 EXACT = {"temperature": 0, "max_tokens": 24, "extra_body": {"repeat_penalty": 1.0}}
 COLOUR = [{"role": "user", "content": "Name a colour."}]
 SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}},
           "required": ["colour"]}
-
-
-@pytest.fixture(scope="module")
-def server(serve_host):
-    with running(serve_host) as app:
-        yield app
-
-
-@pytest.fixture
-def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="any", max_retries=0)
 
 
 def ask(client, messages=COLOUR, **extra):
@@ -70,6 +62,8 @@ def test_top_level_grammar_and_json_schema_shape_the_reply(client):
 @pytest.mark.parametrize("extra, param, says", [
     ({"grammar": "root ::= (("}, "grammar", "does not parse"),
     ({"grammar": 'start ::= "a"'}, "grammar", "root"),
+    # A token the model lacks: refused once its vocabulary is at hand (the turn starts).
+    ({"grammar": "root ::= <|nonexistent|>"}, "grammar", "invalid token"),
     ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "grammar",
      "cannot be given with response_format"),
     ({"json_schema": SCHEMA, "response_format": {"type": "json_object"}}, "json_schema",
