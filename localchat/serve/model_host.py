@@ -65,7 +65,8 @@ class ModelHost:
 
     def __init__(self, config: Settings, pinned: ModelSpec | None = None, *,
                  n_ctx: int | None = None, cache_bytes: int = 0,
-                 engine_factory: EngineFactory | None = None, aliases: tuple[str, ...] = ()) -> None:
+                 engine_factory: EngineFactory | None = None,
+                 aliases: tuple[str, ...] = ()) -> None:
         """``aliases``: other names of the model served first (``serve.aliases``); UserError for
         one that is a model's name."""
         self.config = config
@@ -80,7 +81,8 @@ class ModelHost:
         self.engine: Engine | None = None
         self.refresh()
         target = pinned.name if pinned is not None else config.default_model
-        self.aliases = Aliases(aliases, target, [*load_registry(), *(m.name for m in self.catalogue)])
+        taken = [*load_registry(), *(model.name for model in self.catalogue)]
+        self.aliases = Aliases(aliases, target, taken)
 
     # -- which models ---------------------------------------------------------------------------
 

@@ -10,7 +10,8 @@ servers reached after their CVEs.
   the host by names such as ``host.docker.internal``).
 - **Origin**: a browser page may only call serve when ``--cors-origin`` names its origin; then
   (and only then) the answers carry CORS headers for it, and its preflight ``OPTIONS`` is
-  answered, allowing the headers it asks for (``Access-Control-Request-Headers``). A request whose Origin is not named gets 403 before anything runs.
+  answered, allowing the headers it asks for (``Access-Control-Request-Headers``). A request
+  whose Origin is not named gets 403 before anything runs.
 - **Key**: with ``--api-key`` (or ``LOCALCHAT_API_KEY``) every route but ``/health`` and ``/``
   needs ``Authorization: Bearer KEY``, compared in constant time (``hmac.compare_digest``), else
   401. Without a key any bearer is accepted (Open WebUI always sends one). A key a client could
