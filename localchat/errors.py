@@ -38,9 +38,12 @@ class ConversationRejected(EngineError):
 class FormatError(UserError):
     """An answer format that cannot be used: a JSON Schema that is not JSON, asks for what cannot
     be enforced or contradicts itself, a grammar that does not parse, an empty short form. Like
-    a bad flag, it exits with status 2, before any model loads."""
+    a bad flag, it exits with status 2, before any model loads. Refused while a turn runs (a
+    token the grammar names that the model lacks, a grammar that cannot be completed), ``code``
+    travels in the turn's ``Failed`` event: the request's shape is at fault, not the model."""
 
     exit_code = 2
+    code = "format_refused"
 
 
 class ContextOverflow(EngineError):

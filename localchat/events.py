@@ -150,6 +150,20 @@ class Token:
     prob: float | None = None
     margin: float | None = None
     entropy: float | None = None
+    # Only when the turn asks (``Sampling.logprobs``): the token's log probability and the
+    # likeliest tokens at its step (OpenAI's ``logprobs``).
+    logprob: TokenLogprob | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log probability (natural log, softmax over the whole vocabulary of the
+    logits it was drawn from, repeat penalty applied) and the ``Sampling.logprobs`` likeliest
+    tokens at that step with theirs, best first; tokens as their bytes."""
+
+    token: bytes
+    logprob: float
+    top: tuple[tuple[bytes, float], ...] = ()
 
 
 @dataclass(frozen=True)

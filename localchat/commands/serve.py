@@ -31,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="RAM for saved conversation states (default 2048; 0: the live one only)")
     p.add_argument("--cors-origin", action="append", metavar="ORIGIN",
                    help="a browser origin allowed to call the API (repeatable)")
+    p.add_argument("--alias", action="append", metavar="NAME",
+                   help="another name the served model answers to, for tools that hard-code "
+                   "one (gpt-3.5-turbo, llama3); repeatable")
     p.add_argument("--max-queue", type=int, metavar="N",
                    help="requests that may wait behind the running one (default 64); more get 503")
     p.add_argument("--n-ctx", type=int, help="context size in tokens (default: the model's)")
@@ -106,7 +109,9 @@ def _model_host(args: argparse.Namespace, config):
         pinned = resolve_model(args.model)
         require_local(pinned)
     cache_mib = args.cache_ram if args.cache_ram is not None else config.serve.cache_ram_mib
-    host = ModelHost(config, pinned, n_ctx=args.n_ctx, cache_bytes=cache_mib * 1024**2)
+    aliases = tuple(args.alias or config.serve.aliases)
+    host = ModelHost(config, pinned, n_ctx=args.n_ctx, cache_bytes=cache_mib * 1024**2,
+                     aliases=aliases)
     try:
         first = host.default()
     except ApiError as exc:
@@ -120,6 +125,8 @@ def _announce(app) -> None:
     url = app.base_url
     loaded = host.loaded
     names = [m.name + (f" (loaded, n_ctx {host.engine.n_ctx})" if m == loaded and host.engine else "")
+             + (f", also as {', '.join(host.aliases.names)}"
+                if host.aliases and m.name == host.aliases.target else "")
              for m in host.catalogue]
     cache = host.pool.cap_bytes // 1024**2
     print(f"localchat serve: {url}\n"

@@ -536,7 +536,7 @@ class Engine:
                 sampling.constraint or (tools.constraint if tools is not None else None),
                 sampling, inside)
         except FormatError as exc:
-            handle.emit(Failed(str(exc)))
+            handle.emit(Failed(str(exc), code=exc.code))
             return
         try:
             clock.prefill_start()

@@ -34,13 +34,14 @@ from localchat.engine.layout import CachedMessage, RawPrompt, Shift, without_par
 from localchat.engine.options import Sampling
 from localchat.engine.runtime import DecodeAborted, LlamaRuntime
 from localchat.engine.sampling.confidence import TokenStats, token_stats
+from localchat.engine.sampling.logprobs import token_logprob
 from localchat.engine.sampling.sampler import TokenJudge
 from localchat.engine.snapshot_file import KVSnapshot
 from localchat.engine.speculate import TurnDrafts
 from localchat.engine.state_pool import StatePool, StateView
 from localchat.engine.verify import ReplySteps
 from localchat.errors import EngineError
-from localchat.events import FinishReason
+from localchat.events import FinishReason, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -224,12 +225,13 @@ class ConversationCache:
             on_progress(done, len(tokens))
 
     def generate(self, sampling: Sampling, confidence_tokens: int, should_stop: Callable[[], bool],
-                 on_token: Callable[[str, int, TokenStats | None], None],
+                 on_token: Callable[[str, int, TokenStats | None, TokenLogprob | None], None],
                  drafts: TurnDrafts | None = None,
                  constraint: TokenJudge | None = None) -> tuple[str, FinishReason]:
         """Sample the reply into the open record; (reply text, finish reason). A token is only
         evaluated when the next one is needed, so the last sampled token is not in the cache.
-        The first ``confidence_tokens`` tokens carry their TokenStats. With ``drafts``, drafted
+        The first ``confidence_tokens`` tokens carry their TokenStats, and with
+        ``sampling.logprobs`` every token its TokenLogprob. With ``drafts``, drafted
         tokens are checked in one decode each time (``verify``): the same reply, sooner; a
         drafted token the ``constraint`` rejects is never what the turn samples, so it ends
         the draft."""
@@ -256,11 +258,13 @@ class ConversationCache:
                 judged = len(sampled) < confidence_tokens and not (
                     constraint is not None and constraint.redrew_last)
                 stats = token_stats(steps.logits(), token) if judged else None
+                logprob = None if sampling.logprobs is None else token_logprob(
+                    steps.logits(), token, sampling.logprobs, runtime.piece)
                 piece = runtime.piece(token)
                 sampled.append(piece)
                 text = decoder.decode(piece)
                 shown.append(text)
-                on_token(text, token, stats)
+                on_token(text, token, stats, logprob)
                 if len(sampled) >= sampling.max_tokens or position + 1 >= runtime.n_ctx:
                     break
                 if should_stop():

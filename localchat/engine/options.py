@@ -40,6 +40,9 @@ class Sampling:
     # ``tool_choice``: "auto", "none", "required" or a tool's name (OpenAI's meaning).
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str = "auto"
+    # Each answer Token carries its log probability and this many likeliest alternatives
+    # (``events.TokenLogprob``; None: not asked, and no pass over the vocabulary is made).
+    logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:

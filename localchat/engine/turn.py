@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from localchat.events import Done, Event, Failed, Thinking, Timings, Token, TurnEnd
+from localchat.events import Done, Event, Failed, Thinking, Timings, Token, TokenLogprob, TurnEnd
 from localchat.percentiles import percentile
 from localchat.reply.call_stream import ToolCallSplitter
 from localchat.reply.calls import ToolCall
@@ -133,7 +133,8 @@ class ReplyEvents:
         """The tool calls read from the answer so far (all of them after ``finish``)."""
         return tuple(self._calls.calls) if self._calls is not None else ()
 
-    def token(self, text: str, token: int, stats: TokenStats | None) -> None:
+    def token(self, text: str, token: int, stats: TokenStats | None,
+              logprob: TokenLogprob | None = None) -> None:
         was_thinking = self._splitter.thinking
         thinking, answer = self._splitter.feed(text)
         in_reasoning = was_thinking or self._splitter.thinking
@@ -143,9 +144,10 @@ class ReplyEvents:
         self._emit_thinking(thinking)
         if answer or not in_reasoning:
             if stats is None:
-                self._handle.emit(Token(answer, token))
+                self._handle.emit(Token(answer, token, logprob=logprob))
             else:
-                self._handle.emit(Token(answer, token, stats.prob, stats.margin, stats.entropy))
+                self._handle.emit(Token(answer, token, stats.prob, stats.margin, stats.entropy,
+                                        logprob))
 
     def finish(self) -> str:
         """Release what the splitter held back; the whole reasoning text."""

@@ -12,6 +12,7 @@ openings, a call object's head) follow the openings llama.cpp's ``common/chat.cp
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -198,3 +199,16 @@ def hermes_openers(names: tuple[str, ...] = ()) -> tuple[Opener, ...]:
 
 # After [TOOL_CALLS] in Mistral's newer form: name[ARGS]{...} or name[CALL_ID]id[ARGS]{...}.
 MISTRAL_NAMED: Seq = (_Name("["), opt("[CALL_ID]", _Name("[", key="id")), "[ARGS]", WS, BODY)
+
+
+# Every marker a call's text may hold (the openings above, their closing tags, Llama's and
+# Mistral's special words): what is left of a call that is not one, shown as text, without them.
+_MARKER = re.compile(
+    r"</?(?:tool_call|function_call|tools|tool|response|json|JSON|xml)>|<function=[^>\s]*>"
+    r'|<function name="[^"]*">|</function>|<\|python_tag\|>|\[(?:TOOL_CALLS|ARGS|CALL_ID)\]'
+    r"|```(?:json|xml)?")
+
+
+def without_markers(text: str) -> str:
+    """``text`` (a call as the model wrote it) without any call marker, stripped."""
+    return _MARKER.sub("", text).strip()

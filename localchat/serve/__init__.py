@@ -22,9 +22,13 @@ inwards:
 - ``chat_request``: a chat request as the engine takes it, and the table of sampling fields
   both APIs read; ``fields``: the JSON checks (400s name the field); ``request_messages`` and
   ``tool_fields``: the messages, tools, tool calls and answer formats of both APIs;
-- ``pieces``: a job's events as text pieces, stop strings applied, one ending;
+  ``shape_fields``: llama-server's ``grammar`` and ``json_schema`` beside ``response_format``;
+  ``logprob_fields``: OpenAI's ``logprobs`` in and out;
+- ``pieces``: a job's events as text pieces, stop strings applied, one ending; ``call_checks``:
+  which of a reply's calls a client can run (the rest is text);
 - ``scheduler``: the queue that runs requests in arrival order on the engine's thread;
-- ``model_host``: which models are served and the one loaded, with its state pool
+- ``model_host``: which models are served (``aliases``: other names for the first; ``digests``:
+  each file's sha256) and the one loaded, with its state pool
   (``engine.state_pool``: every conversation's cache found again however they interleave);
 - ``http_errors``: every error the server answers with, in one hierarchy.
 """

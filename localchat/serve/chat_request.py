@@ -84,10 +84,11 @@ class ChatRequest:
     tool_choice: str = "auto"  # "auto" | "none" | "required" | a tool's name
     answer_format: AnswerFormat | None = None  # response_format / Ollama's format
     prompt: PromptRecipe | None = None  # a completion's (``messages`` is then empty)
+    logprobs: int | None = None  # alternatives per token with its log probability (None: off)
 
     def sampling_over(self, defaults: Sampling) -> Sampling:
         """``defaults`` with what this request asked for."""
         given = {**self.sampling, "thinking": self.thinking}
         sampling = replace(defaults, **{k: v for k, v in given.items() if v is not None})
         return replace(shaped(sampling, self.answer_format), tools=self.tools,
-                       tool_choice=self.tool_choice)
+                       tool_choice=self.tool_choice, logprobs=self.logprobs)

@@ -106,16 +106,21 @@ class Busy(ApiError):
 # Failure codes (events.Failed.code) and the HTTP status each answers with. The 400s are the
 # client's messages: too long for the context, or refused by the model's chat template.
 _FAILURE_STATUS = {"context_length_exceeded": 400, "conversation_rejected": 400,
-                   "shutting_down": 503, "model_not_loaded": 500}
+                   "format_refused": 400, "shutting_down": 503, "model_not_loaded": 500}
+# The field at fault in each 400 (an answer format llama.cpp refused once the model was loaded:
+# most often a grammar naming a token the model does not have).
+_FAILURE_PARAM = {"context_length_exceeded": "messages", "conversation_rejected": "messages",
+                  "format_refused": "grammar"}
 
 
 class ReplyFailed(ApiError):
     """The engine could not answer (``events.Failed``): a prompt over the context or a
-    conversation the chat template refuses (400, ``param`` "messages"), the model not loadable
+    conversation the chat template refuses (400, ``param`` "messages"), an answer format
+    llama.cpp refused over the model's vocabulary (400, ``param`` "grammar"), the model not loadable
     (500), the server stopping (503), or a bug (500)."""
 
     def __init__(self, message: str, code: str = "") -> None:
         status = _FAILURE_STATUS.get(code, 500)
         super().__init__(status, message, code=code or None,
                          kind="invalid_request_error" if status == 400 else "server_error",
-                         param="messages" if status == 400 else None)
+                         param=_FAILURE_PARAM.get(code))

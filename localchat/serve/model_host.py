@@ -1,9 +1,10 @@
 """Which models ``localchat serve`` answers with, and the one loaded.
 
 A request names a model by its registry name (``smollm2-135m``), an Ollama-style alias of it
-(``smollm2-135m:latest``, or the tag of its quantization, ``smollm2-135m:q4_1``), or the name of
-the model given with ``--model``. Only downloaded registry models and that one are served: the
-name is looked up in that list, never resolved, so no path or ``hf:`` reference a request sends
+(``smollm2-135m:latest``, or the tag of its quantization, ``smollm2-135m:q4_1``), the name of
+the model given with ``--model``, or a name given with ``--alias`` for the model served first
+(``aliases``). Only downloaded registry models and that one are served: the name is looked up
+in that list, never resolved, so no path or ``hf:`` reference a request sends
 is ever read, loaded or downloaded. Anything else is a 404 that says how to get the model
 (``localchat pull``).
 
@@ -33,6 +34,7 @@ from localchat.models.registry import (
     load_registry,
     local_path,
 )
+from localchat.serve.aliases import Aliases
 from localchat.serve.http_errors import NotFound
 from localchat.settings import Settings
 
@@ -46,7 +48,7 @@ class ServedModel:
     @property
     def tag(self) -> str:
         """Its Ollama-style name (``name:latest``), as ``/api/tags`` lists it."""
-        return f"{self.name}:latest"
+        return self.name if ":" in self.name else f"{self.name}:latest"
 
     def answers_to(self, asked: str) -> bool:
         name, _, tag = asked.partition(":")
@@ -63,7 +65,10 @@ class ModelHost:
 
     def __init__(self, config: Settings, pinned: ModelSpec | None = None, *,
                  n_ctx: int | None = None, cache_bytes: int = 0,
-                 engine_factory: EngineFactory | None = None) -> None:
+                 engine_factory: EngineFactory | None = None,
+                 aliases: tuple[str, ...] = ()) -> None:
+        """``aliases``: other names of the model served first (``serve.aliases``); UserError for
+        one that is a model's name."""
         self.config = config
         self.pinned = pinned
         self.n_ctx = n_ctx
@@ -75,6 +80,9 @@ class ModelHost:
         self.loaded: ServedModel | None = None
         self.engine: Engine | None = None
         self.refresh()
+        target = pinned.name if pinned is not None else config.default_model
+        taken = [*load_registry(), *(model.name for model in self.catalogue)]
+        self.aliases = Aliases(aliases, target, taken)
 
     # -- which models ---------------------------------------------------------------------------
 
@@ -95,6 +103,13 @@ class ModelHost:
             self._catalogue = served
         return served
 
+    def listed(self) -> list[ServedModel]:
+        """What the listings show: :meth:`refresh`'s list, then the model the aliases stand
+        for under each alias."""
+        served = self.refresh()
+        target = next((m for m in served if m.name == self.aliases.target), None)
+        return served if target is None else [*served, *self.aliases.listed(target)]
+
     @property
     def catalogue(self) -> list[ServedModel]:
         with self._lock:
@@ -111,6 +126,8 @@ class ModelHost:
         """The served model ``asked`` names (None or "": the default); NotFound (404) otherwise."""
         if not asked:
             return self.default()
+        if self.aliases.matches(asked):
+            asked = self.aliases.target
         for refreshed in (False, True):
             if refreshed:
                 self.refresh()

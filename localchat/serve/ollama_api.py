@@ -1,6 +1,6 @@
-"""The Ollama API (``/api/tags``, ``/api/version``, ``/api/show``, ``/api/chat``) in Ollama's
-shapes, so Ollama-only clients (the ``ollama`` Python library, oterm, editor plugins) work
-unchanged.
+"""The Ollama API (``/api/tags``, ``/api/ps``, ``/api/version``, ``/api/show``, ``/api/chat``) in
+Ollama's shapes, so Ollama-only clients (the ``ollama`` Python library, oterm, editor plugins)
+work unchanged. A model's ``digest`` is its file's sha256 (``digests``).
 
 - ``/api/chat``: ``model, messages, stream`` (true unless false, as Ollama), ``think``,
   ``options`` (``temperature, top_p, top_k, min_p, seed, num_predict, stop, repeat_penalty,
@@ -29,6 +29,7 @@ from typing import Any
 
 from localchat import __version__
 from localchat.serve.chat_request import ChatRequest, read_sampling
+from localchat.serve.digests import digest_of
 from localchat.serve.fields import field_of, integer, stops, thinking_switch
 from localchat.serve.http_errors import BadRequest, ServeError, bad
 from localchat.serve.model_host import ModelHost, ServedModel
@@ -78,14 +79,36 @@ def _now() -> str:
 # -- model listings ----------------------------------------------------------------------------
 
 def tags_body(models: list[ServedModel]) -> dict[str, Any]:
-    return {"models": [_listing(model) for model in models]}
+    """``/api/tags``: every served model (hashes a file not hashed before: off the loop)."""
+    return {"models": [_listing(model, digest_of(model)) for model in models]}
+
+
+# A model stays loaded until a request asks for another: no time unloads it (Ollama shows a
+# keep_alive of -1 as a date this far away).
+_NEVER = "2318-11-18T00:00:00Z"
+
+
+def ps_body(host: ModelHost) -> dict[str, Any]:
+    """``/api/ps``: the loaded model (none while it loads or after it failed), its bytes in GPU
+    memory estimated by the share of layers offloaded (0 on the CPU)."""
+    model, engine = host.loaded, host.engine
+    if model is None or engine is None:
+        return {"models": []}
+    listing = _listing(model, digest_of(model))
+    info = engine.info
+    offloaded = info.gpu_layers / info.n_layers if info is not None and info.n_layers else 0.0
+    return {"models": [{"name": listing["name"], "model": listing["model"],
+                        "size": listing["size"], "digest": listing["digest"],
+                        "details": listing["details"], "expires_at": _NEVER,
+                        "size_vram": int(listing["size"] * min(offloaded, 1.0)),
+                        "context_length": engine.n_ctx}]}
 
 
 def version_body() -> dict[str, Any]:
     return {"version": OLLAMA_API_VERSION, "localchat": __version__}
 
 
-def _listing(model: ServedModel) -> dict[str, Any]:
+def _listing(model: ServedModel, digest: str = "") -> dict[str, Any]:
     try:
         stat = model.path.stat()
         size, modified = stat.st_size, datetime.fromtimestamp(stat.st_mtime, UTC)
@@ -93,7 +116,7 @@ def _listing(model: ServedModel) -> dict[str, Any]:
         size, modified = 0, datetime.fromtimestamp(0, UTC)
     return {"name": model.tag, "model": model.tag,
             "modified_at": modified.isoformat().replace("+00:00", "Z"), "size": size,
-            "digest": model.spec.sha256 or "", "details": _details(model)}
+            "digest": digest, "details": _details(model)}
 
 
 def _details(model: ServedModel) -> dict[str, Any]:

@@ -6,9 +6,11 @@ additions where clients read them.
   llama-server's ``top_k, min_p, repeat_penalty`` and ``chat_template_kwargs.enable_thinking``;
   ``tools`` and ``tool_choice``, assistant messages with ``tool_calls`` and ``tool`` messages;
   ``response_format`` (``text``, ``json_object``, ``json_schema``: the reply is sampled in that
-  shape). Message content is a string or an array of text parts. Unknown fields are ignored, as
-  OpenAI's SDK sends many; what cannot be honoured (``n`` > 1, ``logprobs``, image parts, a
-  schema that cannot be enforced) is a 400 that says so.
+  shape), or llama-server's ``grammar`` (GBNF) or ``json_schema`` in its place
+  (``shape_fields``); ``logprobs`` and ``top_logprobs`` (``logprob_fields``). Message content is
+  a string or an array of text parts. Unknown fields are ignored, as OpenAI's SDK sends many;
+  what cannot be honoured (``n`` > 1, image parts, a schema that cannot be enforced) is a 400
+  that says so.
 - Streamed: ``chat.completion.chunk`` events (a ``role`` delta first, then ``content`` deltas and
   a thinking model's ``reasoning_content`` deltas apart; the model's tool calls as
   ``tool_calls`` deltas, one per call with its ``index``, ``id``, ``type``, name and the
@@ -35,19 +37,19 @@ from localchat.events import Timings
 from localchat.serve.chat_request import ChatRequest, read_sampling
 from localchat.serve.fields import field_of, integer, stops, thinking_switch
 from localchat.serve.http_errors import BadRequest, ServeError, bad
+from localchat.serve.logprob_fields import logprobs_body, logprobs_of
 from localchat.serve.model_host import ServedModel
 from localchat.serve.pieces import Ending, Piece
 from localchat.serve.request_messages import message_list
-from localchat.serve.tool_fields import answer_format, tool_choice_of, tools_of
+from localchat.serve.shape_fields import answer_shape
+from localchat.serve.tool_fields import tool_choice_of, tools_of
 
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
     """A ``/v1/chat/completions`` body as a ChatRequest (BadRequest naming the field)."""
     if body.get("n") not in (None, 1):
         raise bad("n", "must be 1: localchat serve answers with one choice")
-    if body.get("logprobs"):
-        raise BadRequest("logprobs are not supported by localchat serve", "logprobs")
-    shape = answer_format(field_of(body, "response_format", dict), "response_format")
+    shape = answer_shape(body)
     tools = tools_of(body)
     options = field_of(body, "stream_options", dict) or {}
     template_kwargs = field_of(body, "chat_template_kwargs", dict) or {}
@@ -65,6 +67,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         tools=tools,
         tool_choice=tool_choice_of(body, tools),
         answer_format=shape,
+        logprobs=logprobs_of(body),
     )
 
 
@@ -145,23 +148,32 @@ class ChatShape:
                       "created": int(time.time()), "model": model.name,
                       "system_fingerprint": "localchat"}
         self._include_usage = chat.include_usage
+        self._logprobs = chat.logprobs is not None
+        self._logprobs_sent = 0  # of the answer's tokens, those whose chunk has gone
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None,
+               logprobs: dict[str, Any] | None = None, **extra: Any) -> bytes:
         return _event({**self._head, "choices": [
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra})
+            {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}], **extra})
 
     def opening(self) -> bytes:
         return self._chunk({"role": "assistant", "content": ""})
 
     def piece(self, piece: Piece) -> bytes:
-        return self._chunk({"content" if piece.kind == "content" else "reasoning_content": piece.text})
+        delta = {"content" if piece.kind == "content" else "reasoning_content": piece.text}
+        if not self._logprobs or piece.kind != "content":
+            return self._chunk(delta)
+        self._logprobs_sent += len(piece.logprobs)
+        return self._chunk(delta, logprobs=logprobs_body(piece.logprobs))
 
     def ending(self, ending: Ending) -> list[bytes]:
         calls = [self._chunk({"tool_calls": [{"index": index, **call.to_openai()}]})
                  for index, call in enumerate(ending.tool_calls)]
         if ending.error is not None:
             return [*calls, _event(error_body(ending.error)) + _DONE]
-        last = self._chunk({}, ending.finish_reason, timings=server_timings(ending.timings))
+        rest = ending.logprobs[self._logprobs_sent:]  # tokens no text went out with (a call's)
+        last = self._chunk({}, ending.finish_reason, logprobs_body(rest) if rest else None,
+                           timings=server_timings(ending.timings))
         if self._include_usage:
             last += _event({**self._head, "choices": [], "usage": usage(ending.timings)})
         return [*calls, last + _DONE]
@@ -174,6 +186,7 @@ class ChatShape:
         if ending.tool_calls:
             message["tool_calls"] = [call.to_openai() for call in ending.tool_calls]
         return {**self._head, "object": "chat.completion",
-                "choices": [{"index": 0, "message": message, "logprobs": None,
+                "choices": [{"index": 0, "message": message, "logprobs": logprobs_body(
+                    ending.logprobs) if self._logprobs else None,
                              "finish_reason": ending.finish_reason}],
                 "usage": usage(ending.timings), "timings": server_timings(ending.timings)}

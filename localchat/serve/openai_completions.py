@@ -77,10 +77,12 @@ class CompletionShape(ChatShape):
         super().__init__(request, model)
         self._head.update(id=f"cmpl-{secrets.token_hex(12)}", object="text_completion")
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None,
+               logprobs: dict[str, Any] | None = None, **extra: Any) -> bytes:
+        # ``logprobs`` stays None: a completion that asks for them is refused (400) when read.
         text = "".join(delta.get(key, "") for key in ("reasoning_content", "content"))
         return _event({**self._head, "choices": [
-            {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}], **extra})
+            {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}], **extra})
 
     def opening(self) -> bytes:
         return b""  # no role chunk: a completion is text

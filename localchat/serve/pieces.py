@@ -10,8 +10,9 @@ reasoning.
 
 A reply that called tools ends with its calls (``Ending.tool_calls``, finish reason
 "tool_calls"); the answer text never holds their markers or JSON (the engine keeps them out of
-the Tokens). A call that cannot run as written (cut off by the token limit, unreadable) is not
-a call for the client: its text, as the model wrote it, ends the content instead.
+the Tokens). A call that cannot run as written (cut off by the token limit, unreadable, naming
+no tool offered, arguments outside the tool's schema: ``call_checks``) is not a call for the
+client: its text, without the call's markers, ends the content instead.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
 
-from localchat.events import Done, Failed, Thinking, Timings, Token
+from localchat.events import Done, Failed, Thinking, Timings, Token, TokenLogprob
 from localchat.reply.calls import ToolCall
+from localchat.serve.call_checks import checked_calls
 from localchat.serve.http import Connection
 from localchat.serve.http_errors import ApiError, ReplyFailed, ShuttingDown
 from localchat.serve.scheduler import Job, Rejected, Started
@@ -31,6 +33,8 @@ from localchat.serve.scheduler import Job, Rejected, Started
 class Piece:
     kind: Literal["content", "thinking"]
     text: str
+    # The log probabilities of the tokens whose text this piece released (when asked).
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass
@@ -46,6 +50,7 @@ class Ending:
     reply: str = ""  # the reply as the model wrote it (markers and calls included)
     # A completion's prompt and reply tokens (to the stop string's token): Ollama's ``context``.
     tokens: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()  # every answer token's, when asked (pieces' too)
 
 
 class StopMatcher:
@@ -94,6 +99,8 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
         started = Started("", 0.0)
         sent_any = False
         sampled: list[int] = []  # the reply's tokens sent (a completion's context)
+        logprobs: list[TokenLogprob] = []  # every answer token's so far
+        released = 0  # how many of them went out with a piece
         while True:
             event = await job.events.get()
             if event is GONE:
@@ -107,6 +114,8 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
                 sent_any = True
                 yield Piece("thinking", event.text)
             elif isinstance(event, Token) and not stopped:
+                if event.logprob is not None:
+                    logprobs.append(event.logprob)
                 text, stopped = stops.feed(event.text)
                 if stopped:
                     job.stop_reply()
@@ -115,7 +124,8 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
                 if text:
                     content.append(text)
                     sent_any = True
-                    yield Piece("content", text)
+                    yield Piece("content", text, tuple(logprobs[released:]))
+                    released = len(logprobs)
             elif isinstance(event, Failed):
                 if not sent_any:
                     raise ReplyFailed(event.message, event.code)
@@ -125,16 +135,21 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
             elif isinstance(event, Done):
                 if not stopped and (rest := stops.flush()):
                     content.append(rest)
-                    yield Piece("content", rest)
-                broken = "".join(c.raw for c in event.tool_calls if not c.runnable)
+                    yield Piece("content", rest, tuple(logprobs[released:]))
+                    released = len(logprobs)
+                calls, broken = checked_calls(event.tool_calls, job.request.tools)
                 if broken and not stopped:
+                    if content and not content[-1][-1:].isspace():
+                        broken = "\n\n" + broken
                     content.append(broken)
-                    yield Piece("content", broken)
+                    yield Piece("content", broken, tuple(logprobs[released:]))
                 error = None
                 if event.finish_reason == "aborted" and not stopped and job.shutting_down:
                     error = ShuttingDown()
-                ending = _ending(event, event.timings, content, thinking, started, error, stopped)
+                ending = _ending(event, event.timings, content, thinking, started, error,
+                                 stopped, calls)
                 ending.tokens = (*started.prompt, *sampled) if started.prompt else ()
+                ending.logprobs = tuple(logprobs)
                 yield ending
                 return
     finally:
@@ -142,11 +157,12 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
 
 
 def _ending(event: Done | Failed, timings: Timings, content: list[str], thinking: list[str],
-            started: Started, error: ApiError | None, stopped: bool = False) -> Ending:
+            started: Started, error: ApiError | None, stopped: bool = False,
+            checked: tuple[ToolCall, ...] = ()) -> Ending:
     if not isinstance(event, Done):
         return Ending("stop", timings, "".join(content), "".join(thinking), started.load_ms,
                       started.model, error)
-    calls = () if stopped else tuple(c for c in event.tool_calls if c.runnable)
+    calls = () if stopped else checked
     finish: Literal["stop", "length", "tool_calls"] = (
         "tool_calls" if calls else "length" if event.finish_reason == "length" and not stopped
         else "stop")

@@ -1,14 +1,14 @@
 """What each path answers: ``GET /``, ``GET /health`` (llama-server's), the OpenAI API (``GET
 /v1/models``, ``POST /v1/chat/completions``, also without ``/v1``) and the Ollama API (``GET
-/api/tags``, ``GET /api/version``, ``POST /api/show``, ``POST /api/chat``); completions, a prompt
-continued as it is (OpenAI's ``POST /v1/completions``, llama-server's ``POST /infill``, Ollama's
-``POST /api/generate``). The chats run
-through the one ``exchange``, each in its API's shape; errors take the shape of the API the
-path belongs to (:func:`error_body`).
+/api/tags``, ``GET /api/ps``, ``GET /api/version``, ``POST /api/show``, ``POST /api/chat``);
+completions, a prompt continued as it is (OpenAI's ``POST /v1/completions``, llama-server's
+``POST /infill``, Ollama's ``POST /api/generate``). The chats run through the one ``exchange``,
+each in its API's shape; errors take the shape of the API the path belongs to (:func:`error_body`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,11 +31,16 @@ async def _health(exchange: Exchange, out: Responder) -> None:
 
 
 async def _models(exchange: Exchange, out: Responder) -> None:
-    await out.send_json(200, openai_api.models_body(exchange.host.refresh()))
+    await out.send_json(200, openai_api.models_body(exchange.host.listed()))
 
 
 async def _tags(exchange: Exchange, out: Responder) -> None:
-    await out.send_json(200, ollama_api.tags_body(exchange.host.refresh()))
+    models = exchange.host.listed()  # a file's first digest takes seconds: off the loop
+    await out.send_json(200, await asyncio.to_thread(ollama_api.tags_body, models))
+
+
+async def _ps(exchange: Exchange, out: Responder) -> None:
+    await out.send_json(200, await asyncio.to_thread(ollama_api.ps_body, exchange.host))
 
 
 async def _version(exchange: Exchange, out: Responder) -> None:
@@ -79,6 +84,7 @@ ROUTES: dict[str, dict[str, Route]] = {
     "/v1/chat/completions": {"POST": _chat_completions},
     "/chat/completions": {"POST": _chat_completions},
     "/api/tags": {"GET": _tags}, "/api/version": {"GET": _version},
+    "/api/ps": {"GET": _ps},
     "/api/show": {"POST": _show}, "/api/chat": {"POST": _ollama_chat},
 }
 

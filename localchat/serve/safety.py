@@ -10,7 +10,8 @@ servers reached after their CVEs.
   the host by names such as ``host.docker.internal``).
 - **Origin**: a browser page may only call serve when ``--cors-origin`` names its origin; then
   (and only then) the answers carry CORS headers for it, and its preflight ``OPTIONS`` is
-  answered. A request whose Origin is not named gets 403 before anything runs.
+  answered, allowing the headers it asks for (``Access-Control-Request-Headers``). A request
+  whose Origin is not named gets 403 before anything runs.
 - **Key**: with ``--api-key`` (or ``LOCALCHAT_API_KEY``) every route but ``/health`` and ``/``
   needs ``Authorization: Bearer KEY``, compared in constant time (``hmac.compare_digest``), else
   401. Without a key any bearer is accepted (Open WebUI always sends one). A key a client could
@@ -22,10 +23,14 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import re
 import socket
 
 from localchat.serve.http import Request
 from localchat.serve.http_errors import Refused
+
+# A header's name (RFC 9110's token): what a preflight's list may echo back, nothing else.
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
 
 # Routes a load balancer or a client's "is it up?" probe calls without a key.
 PUBLIC_PATHS = frozenset({"/", "/health", "/v1/health"})
@@ -127,9 +132,19 @@ class Gate:
         return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
 
     def preflight_headers(self, request: Request) -> dict[str, str]:
-        return {**self.cors_headers(request),
-                "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
-                "Access-Control-Allow-Headers": "Authorization, Content-Type",
+        """The answer to a preflight: for an allowed origin, the headers it asks to send
+        (``Access-Control-Request-Headers``: the OpenAI JS SDK sends ``x-stainless-*`` ones,
+        which a fixed list would refuse) besides ``Authorization`` and ``Content-Type``."""
+        cors = self.cors_headers(request)
+        allowed = ["Authorization", "Content-Type"]
+        if cors:
+            asked = request.headers.get("access-control-request-headers", "")
+            allowed += [name for name in (part.strip() for part in asked.split(","))
+                        if _HEADER_NAME.fullmatch(name) and name.lower() not in
+                        ("authorization", "content-type")]
+            cors["Vary"] = "Origin, Access-Control-Request-Headers"
+        return {**cors, "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                "Access-Control-Allow-Headers": ", ".join(dict.fromkeys(allowed)),
                 "Access-Control-Max-Age": "600"}
 
 

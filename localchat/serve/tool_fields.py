@@ -10,7 +10,8 @@ APIs send them; and the memory that keeps a tool round exact in the cache.
   (no id: one is made from the message's place, the same in every request of the
   conversation, so the prompt renders the same each time). A ``tool`` message answers the call
   named by its ``tool_call_id`` (OpenAI) or ``tool_name`` (Ollama), else the next one unanswered.
-- ``response_format`` (OpenAI: ``json_object``, ``json_schema``) and ``format`` (Ollama:
+- ``response_format`` (OpenAI: ``json_object``, ``json_schema``; llama-server's ``json_object``
+  with a ``schema``; other keys in it are ignored, as llama-server does) and ``format`` (Ollama:
   ``"json"`` or a JSON Schema): the reply is sampled under the shape's grammar (issue 39's
   ``localchat.formats``); a schema that cannot be enforced is a 400 naming the field, and so is
   one over ``formats.limits`` (checked before it is converted, a tool's parameters too) or one
@@ -156,11 +157,17 @@ def tool_result(message: dict[str, Any], where: str, content: str,
 def answer_format(value: Any, param: str) -> AnswerFormat | None:
     """OpenAI's ``response_format`` or Ollama's ``format`` as an AnswerFormat (None: text)."""
     try:
-        if value is None or value == "" or value == {"type": "text"}:
+        kind = value.get("type") if isinstance(value, dict) and param == "response_format" \
+            else None
+        if value is None or value == "" or kind == "text":
             return None
-        if value == "json" or value == {"type": "json_object"}:
+        if value == "json" or (kind == "json_object" and value.get("schema") is None):
             return json_format()
-        if isinstance(value, dict) and value.get("type") == "json_schema":
+        if kind == "json_object":  # llama-server's: any object, or the one its schema gives
+            if not isinstance(value["schema"], dict):
+                raise bad(param + ".schema", "must be a JSON Schema object")
+            return _converted(value["schema"], "")
+        if kind == "json_schema":
             spec = value.get("json_schema")
             if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
                 raise bad(param + ".json_schema.schema", "must be a JSON Schema object")

@@ -143,6 +143,7 @@ class ServeSection:
     port: int = SERVE_PORT
     cache_ram_mib: int = 2048  # saved conversation states in RAM (0: only the live context)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed (CORS)
+    aliases: tuple[str, ...] = ()  # other names the model served first answers to (--alias)
     max_queue: int = 64  # requests waiting beyond the running one; more get 503 + Retry-After
     max_body_bytes: int = 8 * 1024**2  # a larger request body gets 413
     request_timeout_s: float = 10.0  # a request's head and body must arrive within this

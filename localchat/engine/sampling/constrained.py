@@ -38,7 +38,7 @@ import numpy as np
 
 from localchat.engine.sampling.grammar import TOKEN_DATA, Grammar
 from localchat.engine.sampling.lead_bytes import lead_bytes
-from localchat.errors import EngineError, FormatError
+from localchat.errors import FormatError
 from localchat.formats.constraint import AnswerGate, Constraint, Verdict
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ class TurnConstraint:
         candidates["logit"] = logits
         self.grammar.mask(candidates)
         if not np.isfinite(candidates["logit"]).any():
-            raise EngineError("the grammar allows no next token here (not even the end of the "
+            raise FormatError("the grammar allows no next token here (not even the end of the "
                               "reply): it cannot be completed")
         return pick(candidates, False)
 
