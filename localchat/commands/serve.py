@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         asyncio.run(main())
     finally:
-        host.unload()
+        host.close()
     print("localchat serve: stopped", file=sys.stderr)
     return 0
 
@@ -104,6 +104,9 @@ def _model_host(args: argparse.Namespace, config):
     pinned = None
     if args.model:
         pinned = resolve_model(args.model)
+        if pinned.is_embedding:
+            raise UserError(f"{pinned.name} is an embedding model; give --model a chat model "
+                            "(embedding models are served beside it, by name)")
         require_local(pinned)
     cache_mib = args.cache_ram if args.cache_ram is not None else config.serve.cache_ram_mib
     host = ModelHost(config, pinned, n_ctx=args.n_ctx, cache_bytes=cache_mib * 1024**2)

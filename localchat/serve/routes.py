@@ -1,6 +1,7 @@
 """What each path answers: ``GET /``, ``GET /health`` (llama-server's), the OpenAI API (``GET
 /v1/models``, ``POST /v1/chat/completions``, also without ``/v1``) and the Ollama API (``GET
-/api/tags``, ``GET /api/version``, ``POST /api/show``, ``POST /api/chat``). The chats run
+/api/tags``, ``GET /api/version``, ``POST /api/show``, ``POST /api/chat``), and embeddings
+(``POST /v1/embeddings``, Ollama's ``POST /api/embed`` and ``/api/embeddings``). The chats run
 through the one ``exchange``, each in its API's shape; errors take the shape of the API the
 path belongs to (:func:`error_body`).
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from localchat.serve import ollama_api, openai_api
+from localchat.serve import embed_request, embeddings, ollama_api, openai_api
 from localchat.serve.exchange import Exchange
 from localchat.serve.fields import json_object
 from localchat.serve.http import Request
@@ -54,6 +55,24 @@ async def _ollama_chat(exchange: Exchange, out: Responder) -> None:
     await exchange.answer(chat, ollama_api.ChatShape, out)
 
 
+async def _embeddings(exchange: Exchange, out: Responder) -> None:
+    request = await exchange.read(embed_request.parse_openai, out.request.body)
+    result = await embeddings.embed(exchange.scheduler, exchange.host, request)
+    await out.send_json(200, embeddings.openai_body(result, request))
+
+
+async def _ollama_embed(exchange: Exchange, out: Responder) -> None:
+    request = await exchange.read(embed_request.parse_ollama, out.request.body)
+    result = await embeddings.embed(exchange.scheduler, exchange.host, request)
+    await out.send_json(200, embeddings.ollama_body(result))
+
+
+async def _ollama_embeddings(exchange: Exchange, out: Responder) -> None:
+    request = await exchange.read(embed_request.parse_ollama_legacy, out.request.body)
+    result = await embeddings.embed(exchange.scheduler, exchange.host, request)
+    await out.send_json(200, embeddings.ollama_legacy_body(result))
+
+
 ROUTES: dict[str, dict[str, Route]] = {
     "/": {"GET": _root, "HEAD": _root},
     "/health": {"GET": _health}, "/v1/health": {"GET": _health},
@@ -62,6 +81,8 @@ ROUTES: dict[str, dict[str, Route]] = {
     "/chat/completions": {"POST": _chat_completions},
     "/api/tags": {"GET": _tags}, "/api/version": {"GET": _version},
     "/api/show": {"POST": _show}, "/api/chat": {"POST": _ollama_chat},
+    "/v1/embeddings": {"POST": _embeddings}, "/embeddings": {"POST": _embeddings},
+    "/api/embed": {"POST": _ollama_embed}, "/api/embeddings": {"POST": _ollama_embeddings},
 }
 
 

@@ -7,6 +7,8 @@ of their own, so the event loop never waits on the engine (and the engine never 
 - A request whose client went away while it waited is dropped before it runs; one whose client
   goes away while it runs is stopped within one token (``Turn.stop``), and what it decoded stays
   in the cache for the next request.
+- An embeddings request (``task.Task``) takes its turn in the same queue: it may load a model
+  or run on the chat engine's thread, so it never overlaps a turn.
 - Before a turn the host loads the model the request names (a switch happens here, after the
   requests before it); the turn goes to the engine with the host's state pool
   (``engine.state_pool``), so each conversation's cache is found again however they interleave.
@@ -30,6 +32,7 @@ from localchat.events import Done, Failed, Thinking, Token, Turn
 from localchat.serve.chat_request import ChatRequest
 from localchat.serve.http_errors import SHUTTING_DOWN, Busy, ShuttingDown
 from localchat.serve.model_host import ModelHost, ServedModel
+from localchat.serve.task import Task
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +101,8 @@ class Scheduler:
     def __init__(self, host: ModelHost, max_queue: int) -> None:
         self.host = host
         self.max_queue = max_queue
-        self._waiting: collections.deque[Job] = collections.deque()
-        self._running: Job | None = None
+        self._waiting: collections.deque[Job | Task] = collections.deque()
+        self._running: Job | Task | None = None
         self._cond = threading.Condition()
         self._closed = False
         self._durations: collections.deque[float] = collections.deque(maxlen=16)
@@ -119,7 +122,7 @@ class Scheduler:
         with self._cond:
             return self._running is None and not any(not j.cancelled for j in self._waiting)
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Job | Task) -> None:
         """Queue ``job``; Busy (503, with Retry-After) when ``max_queue`` already wait,
         ShuttingDown when the server is stopping."""
         with self._cond:
@@ -152,7 +155,7 @@ class Scheduler:
 
     # -- the scheduler thread ------------------------------------------------------------------
 
-    def _next(self) -> Job | None:
+    def _next(self) -> Job | Task | None:
         with self._cond:
             while True:
                 while self._waiting:
@@ -179,7 +182,10 @@ class Scheduler:
                 self._durations.append(time.perf_counter() - started)
                 self.served += 1
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job | Task) -> None:
+        if isinstance(job, Task):  # an embeddings request, in its turn
+            job.run(self.host)
+            return
         try:
             engine, pool, load_ms = self.host.acquire(job.model)
         except UserError as exc:
