@@ -10,9 +10,8 @@ import json
 import httpx
 import numpy as np
 import ollama
-import openai
 import pytest
-from serve_fixtures import MODEL, running
+from serve_fixtures import MODEL, openai_client, running
 
 from localchat.models.user_registry import add_user_entry
 from localchat.serve.http import Limits
@@ -25,13 +24,14 @@ SHORT = [f"Sentence {i}: the {['cat', 'dog', 'bird', 'fish'][i % 4]} ran home at
 
 @pytest.fixture(scope="module")
 def server(serve_host):
+    """A server over the test model for this module (its body cap 64 KiB)."""
     with running(serve_host) as app:
         yield app
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="any", max_retries=0)
+    return openai_client(server)
 
 
 def vectors(response) -> np.ndarray:
