@@ -204,3 +204,28 @@ def test_an_embedding_model_is_loaded_beside_the_chat_model_and_listed(server, c
     assert shown.capabilities == ["embedding"]
     assert chat.status_code == 400 and "embedding model" in chat.json()["error"]["message"]
     assert still_chats.model == MODEL  # the chat model stayed loaded
+
+
+def test_a_task_waiting_when_the_server_stops_ends_with_the_shutdown_error():
+    import asyncio
+    import threading
+
+    from localchat.serve.http_errors import ShuttingDown
+    from localchat.serve.scheduler import Scheduler
+    from localchat.serve.task import Task
+
+    started, release = threading.Event(), threading.Event()
+    scheduler = Scheduler(object(), max_queue=4)  # type: ignore[arg-type]
+    running = Task(lambda host: started.set() or release.wait(10))
+    waiting = Task(lambda host: "never run")
+    scheduler.submit(running)
+    scheduler.submit(waiting)
+    assert started.wait(10)
+    closing = threading.Thread(target=scheduler.close)
+    closing.start()
+
+    with pytest.raises(ShuttingDown):
+        asyncio.run(waiting.result())
+    release.set()
+    closing.join(10)
+    assert asyncio.run(running.result()) is True  # the running one ends with its answer

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING, Any
 
 from localchat.errors import UserError
@@ -39,14 +39,27 @@ class Task:
         if self._future.done():
             return
         try:
-            self._future.set_result(self._work(host))
+            result = self._work(host)
         except ApiError as exc:
-            self._future.set_exception(exc)
+            self._settle(exc)
         except UserError as exc:  # a model that cannot be loaded
-            self._future.set_exception(ReplyFailed(str(exc), code="model_not_loaded"))
+            self._settle(ReplyFailed(str(exc), code="model_not_loaded"))
         except Exception as exc:  # a bug must still answer the request
             log.exception("a task failed in the scheduler")
-            self._future.set_exception(ReplyFailed(f"server error: {type(exc).__name__}: {exc}"))
+            self._settle(ReplyFailed(f"server error: {type(exc).__name__}: {exc}"))
+        else:
+            self._settle(None, result)
+
+    def _settle(self, error: BaseException | None, result: Any = None) -> None:
+        """Hand over ``error`` or ``result``, unless the task has already ended (the server
+        stopping ends it from another thread)."""
+        try:
+            if error is not None:
+                self._future.set_exception(error)
+            else:
+                self._future.set_result(result)
+        except InvalidStateError:
+            pass
 
     async def result(self) -> Any:
         return await asyncio.wrap_future(self._future)
@@ -54,15 +67,10 @@ class Task:
     # -- what the scheduler asks of a job -----------------------------------------------------
 
     def cancel(self, shutting_down: bool = False) -> None:
+        """Not run if it still waits (a running task is short: it ends with its answer)."""
         self.cancelled = True
-        if shutting_down and not self._future.done():
-            self._future.set_exception(ShuttingDown())
 
     def deliver(self, event: Failed) -> None:
         """The scheduler ended the task with ``event`` (the server stopping, or a bug)."""
-        if self._future.done():
-            return
-        if event.code == "shutting_down":
-            self._future.set_exception(ShuttingDown())
-        else:
-            self._future.set_exception(ReplyFailed(event.message, event.code))
+        self._settle(ShuttingDown() if event.code == "shutting_down"
+                     else ReplyFailed(event.message, event.code))
