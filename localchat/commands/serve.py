@@ -126,8 +126,8 @@ def _announce(app) -> None:
              for m in host.catalogue]
     cache = host.pool.cap_bytes // 1024**2
     print(f"localchat serve: {url}\n"
-          f"  OpenAI API  {url}/v1  (GET /v1/models, POST /v1/chat/completions)\n"
-          f"  Ollama API  {url}  (POST /api/chat, GET /api/tags, POST /api/show)\n"
+          f"  OpenAI API  {url}/v1  (GET /v1/models, POST /v1/chat/completions, /v1/embeddings)\n"
+          f"  Ollama API  {url}  (POST /api/chat, /api/embed, GET /api/tags, POST /api/show)\n"
           f"  models      {', '.join(names)}\n"
           f"  cache       {cache} MiB of saved conversation states in RAM; Ctrl+C stops",
           flush=True)
