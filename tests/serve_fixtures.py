@@ -39,6 +39,13 @@ def running(host: ModelHost, **overrides) -> Iterator[ServeApp]:
         yield app
 
 
+def openai_client(app: ServeApp):
+    """The ``openai`` SDK's client of ``app`` (no retries: a failure shows at once)."""
+    import openai
+
+    return openai.OpenAI(base_url=app.base_url + "/v1", api_key="any", max_retries=0)
+
+
 def raw(app: ServeApp, data: bytes, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
     """Send ``data`` as it is on a new connection; (status, headers, body) of the answer, read
     until the server closes or the Content-Length is complete."""

@@ -37,7 +37,9 @@ def test_shipped_registry_has_the_curated_models_with_complete_entries():
         assert spec.repo and spec.filename.endswith(".gguf"), spec.name
         assert spec.quant.startswith("Q4"), spec.name
         # A size is the named uploader's exact file size, or absent (the Hub tells at download).
-        assert spec.size_bytes == 0 or spec.size_bytes > 50_000_000, spec.name
+        smallest = 20_000_000 if spec.is_embedding else 50_000_000
+        assert spec.size_bytes == 0 or spec.size_bytes > smallest, spec.name
+        assert spec.kind in ("chat", "embedding"), spec.name
         assert spec.license and spec.family, spec.name
         assert spec.thinking in ("no", "always", "switch"), spec.name
         assert 0 < spec.n_ctx <= spec.context_length, spec.name
@@ -52,6 +54,24 @@ def test_the_catalogue_is_the_top_level_models_toml_with_no_second_copy():
     root = Path(localchat.__file__).resolve().parents[1]
     assert shipped_registry_file() == root / "models.toml"
     assert not (root / "localchat" / "models" / "models.toml").exists()
+
+
+def test_embedding_models_are_marked_and_sized_as_their_uploaders_publish_them():
+    registry = load_registry()
+    embedding = {name for name, spec in registry.items() if spec.is_embedding}
+    assert embedding == {"nomic-embed-text", "bge-small-en-v1.5", "bge-m3"}
+    assert registry["nomic-embed-text"].size_bytes == 84_106_624
+    assert registry["bge-small-en-v1.5"].filename == "bge-small-en-v1.5-q4_k_m.gguf"
+    assert registry["bge-m3"].repo == "gpustack/bge-m3-GGUF"
+    assert all(registry[name].sha256 is None for name in embedding)  # the Hub's LFS checksum
+    assert not any(spec.is_embedding for name, spec in registry.items() if name in REQUIRED)
+
+
+def test_an_unknown_model_kind_names_the_choices():
+    write_user_registry('[models.a]\nrepo = "x/y"\nfilename = "a.gguf"\nkind = "rerank"\n')
+
+    with pytest.raises(ConfigError, match=r"models\.a\.kind: must be one of chat, embedding"):
+        load_registry()
 
 
 def test_sizes_are_those_of_the_named_uploaders_files():

@@ -87,14 +87,14 @@ def run_models(args: argparse.Namespace) -> int:
             state, detail = "partial", f"{format_bytes(row['partial_bytes'])} so far; pull resumes"
         else:
             state, detail = "-", row["description"]
-        table.append((name, row["family"] or "-", size, context, licence, row["thinking"], state,
-                      detail))
+        thinks = "embeds" if row["kind"] == "embedding" else row["thinking"]
+        table.append((name, row["family"] or "-", size, context, licence, thinks, state, detail))
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
     for r in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(r, widths)) + "  " + r[-1])
     print("\n* default model (config: default_model).  `localchat pull NAME` downloads one.")
     print("CONTEXT: what localchat opens / what the model was trained for.  THINKS: always, no, or "
-          "switch (/think on|off).")
+          "switch (/think on|off); embeds: an embedding model (serve's /v1/embeddings).")
     restricted = sorted({(row["license"], row["license_note"]) for row in rows if row["license_note"]})
     for licence, note in restricted:
         print(f"{licence}: {note}")
@@ -134,6 +134,7 @@ def model_rows() -> list[dict[str, Any]]:
             "license_note": spec.license_note,
             "family": spec.family,
             "thinking": spec.thinking,
+            "kind": spec.kind,
             "description": spec.description,
             "origin": origin,
             "pypi": spec.pypi is not None,

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         asyncio.run(main())
     finally:
-        host.unload()
+        host.close()
     print("localchat serve: stopped", file=sys.stderr)
     return 0
 
@@ -107,6 +107,9 @@ def _model_host(args: argparse.Namespace, config):
     pinned = None
     if args.model:
         pinned = resolve_model(args.model)
+        if pinned.is_embedding:
+            raise UserError(f"{pinned.name} is an embedding model; give --model a chat model "
+                            "(embedding models are served beside it, by name)")
         require_local(pinned)
     cache_mib = args.cache_ram if args.cache_ram is not None else config.serve.cache_ram_mib
     aliases = tuple(args.alias or config.serve.aliases)
@@ -130,8 +133,8 @@ def _announce(app) -> None:
              for m in host.catalogue]
     cache = host.pool.cap_bytes // 1024**2
     print(f"localchat serve: {url}\n"
-          f"  OpenAI API  {url}/v1  (GET /v1/models, POST /v1/chat/completions)\n"
-          f"  Ollama API  {url}  (POST /api/chat, GET /api/tags, POST /api/show)\n"
+          f"  OpenAI API  {url}/v1  (GET /v1/models, POST /v1/chat/completions, /v1/embeddings)\n"
+          f"  Ollama API  {url}  (POST /api/chat, /api/embed, GET /api/tags, POST /api/show)\n"
           f"  models      {', '.join(names)}\n"
           f"  cache       {cache} MiB of saved conversation states in RAM; Ctrl+C stops",
           flush=True)

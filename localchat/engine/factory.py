@@ -12,6 +12,7 @@ from typing import Any
 
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
+from localchat.errors import UserError
 from localchat.models.registry import (
     ModelSpec,
     changed_since_import,
@@ -41,7 +42,6 @@ def _paired_draft(spec: ModelSpec, engine: EngineSection) -> str | None:
     when it is downloaded (a pairing alone never costs a download or an error)."""
     if engine.draft_model or not spec.draft:
         return engine.draft_model
-    from localchat.errors import UserError
     from localchat.models.registry import is_downloaded
 
     try:
@@ -66,6 +66,9 @@ def open_engine(model: str | None, settings: Settings | None = None, **overrides
     not yet loaded. Raises ModelNotFound (with the pull command to run) when it is not on disk."""
     settings = settings or load_config()
     spec = resolve_model(model or settings.default_model)
+    if spec.is_embedding:
+        raise UserError(f"{spec.name} is an embedding model: it turns text into vectors and "
+                        "cannot chat; `localchat serve` answers /v1/embeddings with it")
     path = require_local(spec)
     options = engine_options(spec, settings, **overrides)
     # A size llama.cpp would silently raise (below its 256-token step) is refused here; one above

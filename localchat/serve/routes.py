@@ -2,7 +2,8 @@
 /v1/models``, ``POST /v1/chat/completions``, also without ``/v1``) and the Ollama API (``GET
 /api/tags``, ``GET /api/ps``, ``GET /api/version``, ``POST /api/show``, ``POST /api/chat``);
 completions, a prompt continued as it is (OpenAI's ``POST /v1/completions``, llama-server's
-``POST /infill``, Ollama's ``POST /api/generate``). The chats run through the one ``exchange``,
+``POST /infill``, Ollama's ``POST /api/generate``); and embeddings (``POST /v1/embeddings``,
+Ollama's ``POST /api/embed`` and ``/api/embeddings``). The chats run through the one ``exchange``,
 each in its API's shape; errors take the shape of the API the path belongs to (:func:`error_body`).
 """
 
@@ -12,7 +13,15 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from localchat.serve import infill_api, ollama_api, ollama_generate, openai_api, openai_completions
+from localchat.serve import (
+    embed_request,
+    embeddings,
+    infill_api,
+    ollama_api,
+    ollama_generate,
+    openai_api,
+    openai_completions,
+)
 from localchat.serve.exchange import Exchange, ParseChat, ShapeFor
 from localchat.serve.fields import json_object
 from localchat.serve.http import Request
@@ -77,6 +86,24 @@ async def _generate(exchange: Exchange, out: Responder) -> None:
     await exchange.answer(request, ollama_generate.GenerateShape, out)
 
 
+async def _embeddings(exchange: Exchange, out: Responder) -> None:
+    request = await exchange.read(embed_request.parse_openai, out.request.body)
+    result = await embeddings.embed(exchange.scheduler, exchange.host, request)
+    await out.send_json(200, embeddings.openai_body(result, request))
+
+
+async def _ollama_embed(exchange: Exchange, out: Responder) -> None:
+    request = await exchange.read(embed_request.parse_ollama, out.request.body)
+    result = await embeddings.embed(exchange.scheduler, exchange.host, request)
+    await out.send_json(200, embeddings.ollama_body(result))
+
+
+async def _ollama_embeddings(exchange: Exchange, out: Responder) -> None:
+    request = await exchange.read(embed_request.parse_ollama_legacy, out.request.body)
+    result = await embeddings.embed(exchange.scheduler, exchange.host, request)
+    await out.send_json(200, embeddings.ollama_legacy_body(result))
+
+
 ROUTES: dict[str, dict[str, Route]] = {
     "/": {"GET": _root, "HEAD": _root},
     "/health": {"GET": _health}, "/v1/health": {"GET": _health},
@@ -86,6 +113,8 @@ ROUTES: dict[str, dict[str, Route]] = {
     "/api/tags": {"GET": _tags}, "/api/version": {"GET": _version},
     "/api/ps": {"GET": _ps},
     "/api/show": {"POST": _show}, "/api/chat": {"POST": _ollama_chat},
+    "/v1/embeddings": {"POST": _embeddings}, "/embeddings": {"POST": _embeddings},
+    "/api/embed": {"POST": _ollama_embed}, "/api/embeddings": {"POST": _ollama_embeddings},
 }
 
 # Completions: a prompt continued as it is, no chat template (``prompt_tokens``).

@@ -10,6 +10,8 @@ of their own, so the event loop never waits on the engine (and the engine never 
 - A completion's prompt (``ChatRequest.prompt``) becomes tokens here, with the loaded model's
   vocabulary, and goes to the engine as they are (``Engine.submit_prompt``); one the model
   cannot take is the client's 400 (``Rejected``).
+- An embeddings request (``task.Task``) takes its turn in the same queue: it may load a model
+  or run on the chat engine's thread, so it never overlaps a turn.
 - Before a turn the host loads the model the request names (a switch happens here, after the
   requests before it); the turn goes to the engine with the host's state pool
   (``engine.state_pool``), so each conversation's cache is found again however they interleave.
@@ -33,6 +35,7 @@ from localchat.events import Done, Failed, Thinking, Token, Turn
 from localchat.serve.chat_request import ChatRequest
 from localchat.serve.http_errors import SHUTTING_DOWN, ApiError, Busy, ShuttingDown
 from localchat.serve.model_host import ModelHost, ServedModel
+from localchat.serve.task import Task
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +112,8 @@ class Scheduler:
     def __init__(self, host: ModelHost, max_queue: int) -> None:
         self.host = host
         self.max_queue = max_queue
-        self._waiting: collections.deque[Job] = collections.deque()
-        self._running: Job | None = None
+        self._waiting: collections.deque[Job | Task] = collections.deque()
+        self._running: Job | Task | None = None
         self._cond = threading.Condition()
         self._closed = False
         self._durations: collections.deque[float] = collections.deque(maxlen=16)
@@ -130,7 +133,7 @@ class Scheduler:
         with self._cond:
             return self._running is None and not any(not j.cancelled for j in self._waiting)
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Job | Task) -> None:
         """Queue ``job``; Busy (503, with Retry-After) when ``max_queue`` already wait,
         ShuttingDown when the server is stopping."""
         with self._cond:
@@ -163,7 +166,7 @@ class Scheduler:
 
     # -- the scheduler thread ------------------------------------------------------------------
 
-    def _next(self) -> Job | None:
+    def _next(self) -> Job | Task | None:
         with self._cond:
             while True:
                 while self._waiting:
@@ -190,7 +193,10 @@ class Scheduler:
                 self._durations.append(time.perf_counter() - started)
                 self.served += 1
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job | Task) -> None:
+        if isinstance(job, Task):  # an embeddings request, in its turn
+            job.run(self.host)
+            return
         try:
             engine, pool, load_ms = self.host.acquire(job.model)
         except UserError as exc:

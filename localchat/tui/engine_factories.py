@@ -41,6 +41,7 @@ def model_choices() -> list[tuple[str, bool]]:
 
     try:
         registry = load_registry()
-        return [(name, is_downloaded(registry[name])) for name in sorted(registry)]
+        return [(name, is_downloaded(registry[name])) for name in sorted(registry)
+                if not registry[name].is_embedding]  # vectors, never a reply
     except UserError:
         return []
