@@ -181,7 +181,7 @@ def test_an_unknown_or_missing_model_is_a_404_that_names_localchat_pull(server):
 
 
 def test_unknown_routes_and_methods(server):
-    assert raw(server, get("/v1/embeddings"))[0] == 404
+    assert raw(server, get("/v1/audio/speech"))[0] == 404  # no such route (embeddings now is one)
     status, headers, _ = raw(server, get(CHAT))
     assert status == 405 and headers["allow"] == "POST"
     assert raw(server, b"GARBAGE\r\n\r\n")[0] == 400
