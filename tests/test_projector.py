@@ -196,3 +196,29 @@ def test_a_pulled_projector_is_not_listed_as_a_model_of_its_own(tiny_vl, capsys)
     assert main(["models", "--json"]) == 0
     names = [row["name"] for row in json.loads(capsys.readouterr().out)]
     assert "tiny-vl" in names and not any(PROJ_FILE in name for name in names)
+
+
+def _images_available() -> bool:
+    from localchat.engine.vision import image_support
+
+    return image_support().available
+
+
+@pytest.mark.skipif(not _images_available(), reason="this llama-cpp-python has no libmtmd")
+def test_llama_cpp_agrees_with_the_width_check(test_model_path, tmp_path):
+    """libmtmd loads the synthetic projector beside the test model, and refuses one of another
+    width: the check import makes is the one llama.cpp makes at load time."""
+    import llama_cpp
+    from llama_cpp import mtmd_cpp
+
+    llm = llama_cpp.Llama(str(test_model_path), n_ctx=256, verbose=False)
+    params = mtmd_cpp.mtmd_context_params_default()
+    params.use_gpu, params.n_threads, params.print_timings = False, 1, False
+    for width, loads in ((576, True), (2048, False)):
+        path = write_mlp_projector(tmp_path / f"mmproj-{width}.gguf", width=width)
+        ctx = mtmd_cpp.mtmd_init_from_file(str(path).encode(), llm.model, params)
+        assert bool(ctx) == loads, width
+        if ctx:
+            assert mtmd_cpp.mtmd_support_vision(ctx)
+            mtmd_cpp.mtmd_free(ctx)
+    llm.close()
