@@ -61,6 +61,11 @@ PY
     return 0
   fi
   echo "llama-cpp-python $version was built without the image library (libmtmd): rebuilding it once" >&2
-  python -m pip install -q --force-reinstall --no-cache-dir --no-deps "llama-cpp-python==$version"
+  # pip builds the new wheel before it uninstalls the old one: a failed build (offline, no
+  # compiler) leaves the text-only install working, and is tried again next time.
+  if ! python -m pip install -q --force-reinstall --no-cache-dir --no-deps "llama-cpp-python==$version"; then
+    echo "note: the rebuild failed; images stay unavailable (localchat doctor says so)" >&2
+    return 0
+  fi
   touch "$marker"
 }
