@@ -202,14 +202,7 @@ def _check_field(name: str, key: str, value: Any, where: str) -> None:
         raise ConfigError(f"{prefix}: must be one of {', '.join(THINKING_KINDS)}, not {value!r}")
     if key == "kind" and value not in MODEL_KINDS:
         raise ConfigError(f"{prefix}: must be one of {', '.join(MODEL_KINDS)}, not {value!r}")
-    if key in ("repo", "filename"):  # parts of a path under the models folder and of a Hub URL
-        try:
-            for part in value.split("/"):
-                check_file_name(part, "repository name" if key == "repo" else "Hub file name")
-        except UnsafeName as exc:
-            raise ConfigError(f"{prefix}: {exc}") from None
-    if key == "sha256" and not _SHA256.match(value):
-        raise ConfigError(f"{prefix}: must be 64 lowercase hex digits")
+    _check_file_field(key, value, prefix)
     if key == "mmproj":
         _check_mmproj(value, prefix)
     if key == "pypi":
@@ -217,6 +210,18 @@ def _check_field(name: str, key: str, value: Any, where: str) -> None:
         if missing:
             raise ConfigError(f"{prefix}: needs string fields {', '.join(_PYPI_KEYS)} "
                               f"(missing {', '.join(missing)})")
+
+
+def _check_file_field(key: str, value: Any, where: str) -> None:
+    """The fields that name a file, for a model and for its projector alike."""
+    if key in ("repo", "filename"):  # parts of a path under the models folder and of a Hub URL
+        try:
+            for part in value.split("/"):
+                check_file_name(part, "repository name" if key == "repo" else "Hub file name")
+        except UnsafeName as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    if key == "sha256" and not _SHA256.match(value):
+        raise ConfigError(f"{where}: must be 64 lowercase hex digits")
 
 
 def _check_mmproj(value: dict[str, Any], prefix: str) -> None:
@@ -231,14 +236,7 @@ def _check_mmproj(value: dict[str, Any], prefix: str) -> None:
             raise ConfigError(f"{where}: must be {kind}, not {item!r}")
         if key == "size_bytes" and item < 0:
             raise ConfigError(f"{where}: must not be negative")
-        if key == "sha256" and not _SHA256.match(item):
-            raise ConfigError(f"{where}: must be 64 lowercase hex digits")
-        if key in ("repo", "filename"):
-            try:
-                for part in item.split("/"):
-                    check_file_name(part, "repository name" if key == "repo" else "Hub file name")
-            except UnsafeName as exc:
-                raise ConfigError(f"{where}: {exc}") from None
+        _check_file_field(key, item, where)
     if not value.get("filename") and not value.get("path"):
         raise ConfigError(f"{prefix}: needs filename (a Hub file) or path (a local file)")
 
