@@ -157,6 +157,7 @@ def test_models_says_which_models_read_images(capsys):
 def test_import_with_a_fitting_projector_copies_both(test_model_path, projector, capsys):
     assert main(["import", str(test_model_path), "--name", "smol", "--mmproj", str(projector)]) == 0
 
+    assert "imported smol with its image projector smol.mmproj.gguf" in capsys.readouterr().out
     entry = tomllib.loads(paths.user_registry_file().read_text())["models"]["smol"]
     assert entry["mmproj"] == {"path": "imported/smol.mmproj.gguf",
                                "size_bytes": projector.stat().st_size}

@@ -267,7 +267,8 @@ def run_import(args: argparse.Namespace) -> int:
             projector[1].unlink(missing_ok=True)  # no projector left without its model
         raise
     chat = "" if info.chat_template else " (no chat template in the file: set chat_format there)"
-    print(f"imported {name}: {dest} (added to {registry_file}){chat}")
+    images = f" with its image projector {projector[1].name}" if projector else ""
+    print(f"imported {name}{images}: {dest} (added to {registry_file}){chat}")
     return 0
 
 
