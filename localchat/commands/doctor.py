@@ -38,8 +38,10 @@ def run_doctor(args: argparse.Namespace) -> int:
 def collect_report() -> dict[str, Any]:
     """Everything doctor knows, as JSON-able data (the shape ``doctor --json`` prints)."""
     from localchat.engine.gpu import backend_info, detect_gpus
+    from localchat.engine.vision import image_support
 
     backend = backend_info()
+    images = image_support() if backend.llama_cpp_version is not None else None
     cpu = next((d for d in backend.devices if d.kind == "cpu"), None)
     return {
         "localchat": {"version": __version__, "python": platform.python_version(),
@@ -54,8 +56,10 @@ def collect_report() -> dict[str, Any]:
             "cpu_threads": os.cpu_count(),
             "cpu_features": backend.cpu_features,
             "devices": [asdict(d) for d in backend.devices],
-            "multimodal": backend.multimodal,
+            "multimodal": backend.multimodal,  # libmtmd is in llama_cpp/lib (on disk)
         },
+        "images": {"available": bool(images and images.available),
+                   "reason": images.reason if images else "llama-cpp-python cannot be imported"},
         "gpus": [asdict(gpu) for gpu in detect_gpus()],
         **_paths_section(),
         "hub": {
@@ -148,8 +152,9 @@ def render_report(report: dict[str, Any]) -> str:
         built_in = ", ".join(llama["backends"])
         lines.append(("llama.cpp", f"llama-cpp-python {llama['version']}, backend "
                                    f"{llama['backend']} (built in: {built_in})"))
-        lines.append(("multimodal", "built (unused: localchat is text-only)" if llama["multimodal"]
-                      else "not built (localchat is text-only; scripts/_env.sh leaves it out)"))
+        images = report["images"]
+        lines.append(("images", f"available ({images['reason']})" if images["available"]
+                      else f"unavailable: {images['reason']}"))
     lines.append(("CPU", f"{llama['cpu']}, {llama['cpu_threads']} threads"))
     lines.append(("CPU features", " ".join(llama["cpu_features"]) or "none reported"))
     lines.append(("GPU offload", "yes" if llama["gpu_offload"]

@@ -62,8 +62,8 @@ class BackendInfo:
     features: dict[str, dict[str, str]] = field(default_factory=dict)  # per backend, as printed
     devices: list[DeviceInfo] = field(default_factory=list)
     offload_problem: str | None = None
-    # Whether llama-cpp-python's image library (mtmd) was built. localchat is text-only and never
-    # loads it; scripts/_env.sh leaves it out of the build (issue 24), so this is a fact for doctor.
+    # Whether llama-cpp-python's image library (mtmd) is on disk; whether it loads is
+    # engine/vision.py's question (asked only when images are wanted).
     multimodal: bool = False
 
 
@@ -128,7 +128,7 @@ def backend_info() -> BackendInfo:
 
 def has_bundled_library(package: Any, name: str) -> bool:
     """Whether llama-cpp-python's ``lib/`` folder holds ``lib{name}`` (checked on disk, never
-    loaded: loading mtmd would map a library the app has no use for)."""
+    loaded: engine/vision.py loads mtmd only when images are wanted)."""
     folder = Path(package.__file__).parent / "lib"
     return any(folder.glob(f"lib{name}.*")) or any(folder.glob(f"{name}.dll"))
 

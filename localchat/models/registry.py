@@ -65,6 +65,9 @@ class ModelSpec:
     gpu_layers: int | None = None
     draft: str | None = None  # a smaller model with the same vocabulary, to draft for this one
     pypi: dict[str, str] | None = None  # {"package", "version", "member"}: a wheel holding the file
+    # The image projector (clip/mtmd GGUF) that lets this model read images: models.toml's
+    # ``mmproj = { repo?, filename, sha256?, size_bytes? }`` or, for an imported model, ``{ path }``.
+    mmproj: dict[str, Any] | None = None
     path: Path | None = None
     description: str = ""
     source_file: Path | None = None
@@ -82,6 +85,10 @@ class ModelSpec:
     @property
     def is_embedding(self) -> bool:
         return self.kind == "embedding"
+
+    @property
+    def reads_images(self) -> bool:
+        return self.mmproj is not None
 
     @property
     def license_note(self) -> str:
@@ -106,9 +113,11 @@ _ENTRY_FIELDS: dict[str, type] = {
     "repo": str, "filename": str, "revision": str, "quant": str, "size_bytes": int,
     "context_length": int, "n_ctx": int, "chat_format": str, "chat_template": str, "license": str,
     "sha256": str, "gpu_layers": int, "pypi": dict, "path": str, "description": str,
-    "family": str, "thinking": str, "draft": str, "kind": str,
+    "family": str, "thinking": str, "draft": str, "kind": str, "mmproj": dict,
 }
 _PYPI_KEYS = ("package", "version", "member")
+_MMPROJ_FIELDS: dict[str, type] = {"repo": str, "filename": str, "sha256": str, "size_bytes": int,
+                                   "path": str}
 
 
 def shipped_registry_file() -> Path:
@@ -193,19 +202,43 @@ def _check_field(name: str, key: str, value: Any, where: str) -> None:
         raise ConfigError(f"{prefix}: must be one of {', '.join(THINKING_KINDS)}, not {value!r}")
     if key == "kind" and value not in MODEL_KINDS:
         raise ConfigError(f"{prefix}: must be one of {', '.join(MODEL_KINDS)}, not {value!r}")
-    if key in ("repo", "filename"):  # parts of a path under the models folder and of a Hub URL
-        try:
-            for part in value.split("/"):
-                check_file_name(part, "repository name" if key == "repo" else "Hub file name")
-        except UnsafeName as exc:
-            raise ConfigError(f"{prefix}: {exc}") from None
-    if key == "sha256" and not _SHA256.match(value):
-        raise ConfigError(f"{prefix}: must be 64 lowercase hex digits")
+    _check_file_field(key, value, prefix)
+    if key == "mmproj":
+        _check_mmproj(value, prefix)
     if key == "pypi":
         missing = [k for k in _PYPI_KEYS if not isinstance(value.get(k), str) or not value.get(k)]
         if missing:
             raise ConfigError(f"{prefix}: needs string fields {', '.join(_PYPI_KEYS)} "
                               f"(missing {', '.join(missing)})")
+
+
+def _check_file_field(key: str, value: Any, where: str) -> None:
+    """The fields that name a file, for a model and for its projector alike."""
+    if key in ("repo", "filename"):  # parts of a path under the models folder and of a Hub URL
+        try:
+            for part in value.split("/"):
+                check_file_name(part, "repository name" if key == "repo" else "Hub file name")
+        except UnsafeName as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    if key == "sha256" and not _SHA256.match(value):
+        raise ConfigError(f"{where}: must be 64 lowercase hex digits")
+
+
+def _check_mmproj(value: dict[str, Any], prefix: str) -> None:
+    """An entry's projector: the same rules as the model's own repo, filename, sha256 and size."""
+    for key, item in value.items():
+        expected = _MMPROJ_FIELDS.get(key)
+        where = f"{prefix}.{key}"
+        if expected is None:
+            raise ConfigError(f"{where}: unknown field (an mmproj has {', '.join(_MMPROJ_FIELDS)})")
+        if not _has_type(item, expected):
+            kind = "a string" if expected is str else "an integer"
+            raise ConfigError(f"{where}: must be {kind}, not {item!r}")
+        if key == "size_bytes" and item < 0:
+            raise ConfigError(f"{where}: must not be negative")
+        _check_file_field(key, item, where)
+    if not value.get("filename") and not value.get("path"):
+        raise ConfigError(f"{prefix}: needs filename (a Hub file) or path (a local file)")
 
 
 def _has_type(value: Any, expected: type) -> bool:
@@ -310,6 +343,32 @@ def local_path(spec: ModelSpec) -> Path:
         raise ModelNotFound(f"model {visible(spec.name)}: {exc}") from None
 
 
+def projector_spec(spec: ModelSpec) -> ModelSpec | None:
+    """``spec``'s image projector as a spec of its own (pulled, verified and located like a model;
+    its repository is the model's unless the entry names one), or None for a text-only model."""
+    if spec.mmproj is None:
+        return None
+    values = spec.mmproj
+    projector = ModelSpec(name=f"{spec.name}'s projector", repo=values.get("repo", spec.repo),
+                          filename=values.get("filename", ""), revision=spec.revision,
+                          sha256=values.get("sha256"), size_bytes=values.get("size_bytes", 0),
+                          source_file=spec.source_file, source_line=spec.source_line)
+    if values.get("path"):
+        projector.path = _entry_path(values["path"])
+    elif spec.path is not None and not spec.mmproj.get("repo"):
+        raise ModelNotFound(f"model {spec.name}: its mmproj needs a path (the model is a local file)")
+    return projector
+
+
+def projector_spec_or_none(spec: ModelSpec) -> ModelSpec | None:
+    """:func:`projector_spec`, with None for an entry whose projector cannot be located (listing
+    models must not fail on one entry; pulling or loading it says why)."""
+    try:
+        return projector_spec(spec)
+    except ModelNotFound:
+        return None
+
+
 def repo_folder(repo: str) -> str:
     # The Hub forbids "--" inside repository names, so the mapping can be reversed.
     return repo.replace("/", "--")
@@ -355,7 +414,9 @@ def known_models() -> list[ModelSpec]:
     leak unseen, and named so that ``rm`` and ``pull`` act on it)."""
     registry = load_registry()
     specs = list(registry.values())
-    claimed = {local_path(spec).resolve() for spec in specs}
+    # A projector pulled with its model belongs to that model's row, not to one of its own.
+    projectors = [projector for spec in specs if (projector := projector_spec_or_none(spec))]
+    claimed = {local_path(spec).resolve() for spec in [*specs, *projectors]}
     root = paths.models_dir()
     pulled = {*root.glob("*--*/**/*.gguf"),
               *(_pulled_file(part) for part in root.glob("*--*/**/*.gguf.*.part"))}

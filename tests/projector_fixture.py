@@ -1,0 +1,66 @@
+"""A tiny synthetic image projector: an ``mlp`` (LLaVA-1.5 layout) clip GGUF written with gguf-py.
+
+Its vision tower is a toy (28-pixel images, 2x2 patches of 14, one block, width 32) with random
+weights; what the tests read is its metadata and the shape of ``mm.2.weight``, whose rows are the
+projector's output width: 576 by default, SmolLM2-135M's embedding length.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def write_mlp_projector(path: Path, *, width: int = 576, hidden: int = 32, image_size: int = 28,
+                        patch_size: int = 14, blocks: int = 1) -> Path:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_string("general.name", "synthetic mlp projector")
+    writer.add_string("clip.projector_type", "mlp")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.has_text_encoder", False)
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.image_size", image_size)
+    writer.add_uint32("clip.vision.patch_size", patch_size)
+    writer.add_uint32("clip.vision.embedding_length", hidden)
+    writer.add_uint32("clip.vision.feed_forward_length", hidden * 2)
+    writer.add_uint32("clip.vision.block_count", blocks)
+    writer.add_uint32("clip.vision.attention.head_count", 2)
+    writer.add_uint32("clip.vision.projection_dim", width)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    writer.add_array("clip.vision.image_mean", [0.48145466, 0.4578275, 0.40821073])
+    writer.add_array("clip.vision.image_std", [0.26862954, 0.26130258, 0.27577711])
+    rng = np.random.default_rng(0)
+
+    def tensor(name: str, *shape: int) -> None:
+        # numpy order: the last axis is ggml's ne[0] (so mm.2.weight is (width, hidden) here).
+        writer.add_tensor(name, (rng.standard_normal(shape) * 0.02).astype(np.float32))
+
+    positions = (image_size // patch_size) ** 2 + 1  # the patches and the class embedding
+    tensor("v.class_embd", hidden)
+    tensor("v.patch_embd.weight", hidden, 3, patch_size, patch_size)
+    tensor("v.position_embd.weight", positions, hidden)
+    tensor("v.pre_ln.weight", hidden)
+    tensor("v.pre_ln.bias", hidden)
+    for n in range(blocks):
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensor(f"v.blk.{n}.{part}.weight", hidden, hidden)
+            tensor(f"v.blk.{n}.{part}.bias", hidden)
+        for norm in ("ln1", "ln2"):
+            tensor(f"v.blk.{n}.{norm}.weight", hidden)
+            tensor(f"v.blk.{n}.{norm}.bias", hidden)
+        tensor(f"v.blk.{n}.ffn_up.weight", hidden * 2, hidden)
+        tensor(f"v.blk.{n}.ffn_up.bias", hidden * 2)
+        tensor(f"v.blk.{n}.ffn_down.weight", hidden, hidden * 2)
+        tensor(f"v.blk.{n}.ffn_down.bias", hidden)
+    tensor("mm.0.weight", width, hidden)
+    tensor("mm.0.bias", width)
+    tensor("mm.2.weight", width, width)
+    tensor("mm.2.bias", width)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
