@@ -61,9 +61,12 @@ PY
     return 0
   fi
   echo "llama-cpp-python $version was built without the image library (libmtmd): rebuilding it once" >&2
-  # pip builds the new wheel before it uninstalls the old one: a failed build (offline, no
-  # compiler) leaves the text-only install working, and is tried again next time.
-  if ! python -m pip install -q --force-reinstall --no-cache-dir --no-deps "llama-cpp-python==$version"; then
+  # The text-only wheel leaves pip's cache first, so that the one built now is cached in its place
+  # and the next venv on this machine takes it as it is. pip builds the new wheel before it
+  # uninstalls the old one: a failed build (offline, no compiler) leaves the text-only install
+  # working, and is tried again next time.
+  python -m pip cache remove 'llama_cpp_python*' >/dev/null 2>&1 || true
+  if ! python -m pip install -q --force-reinstall --no-deps "llama-cpp-python==$version"; then
     echo "note: the rebuild failed; images stay unavailable (localchat doctor says so)" >&2
     return 0
   fi
