@@ -12,6 +12,7 @@ import json
 import ollama
 import pytest
 import test_serve_tools
+from oracle import NEAR_TIE
 from serve_fixtures import MODEL, raw, running
 from test_serve_safety import CHAT, HELLO, error_of, post
 
@@ -190,8 +191,8 @@ def test_logprobs_come_with_each_token_whole_and_streamed_and_leave_the_reply_as
     chunks = list(ask(client, logprobs=True, top_logprobs=3, stream=True))
     plain = ask(client).choices[0]
 
-    assert whole.message.content == plain.message.content  # greedy: the same reply
     entries = whole.logprobs.content
+    assert_same_or_near_tie(whole.message.content, plain.message.content, entries)
     assert b"".join(bytes(e.bytes) for e in entries).decode() == whole.message.content
     for entry in entries:
         assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
@@ -206,6 +207,24 @@ def test_logprobs_come_with_each_token_whole_and_streamed_and_leave_the_reply_as
     assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in entries], abs=1e-2)
     bare = ask(client, logprobs=True).choices[0].logprobs.content
     assert [e.top_logprobs for e in bare] == [[] for _ in entries]
+
+
+def assert_same_or_near_tie(text: str, plain: str, entries) -> None:
+    """Greedy: asking for logprobs leaves the reply as it was. llama.cpp is not batch-invariant,
+    and the shared engine's cache may lay the prompt down in other batches (a shuffled run: the
+    tests before left other states), which can flip a near-tie; the one accepted difference. At
+    the first token where the replies part, the two likeliest tokens must be within a near-tie
+    of each other (logprobs differ as the logits do), never a clear preference."""
+    if text == plain:
+        return
+    common = next(i for i, (a, b) in enumerate(zip(text + "\0", plain + "\0")) if a != b)
+    seen = 0
+    for entry in entries:
+        seen += len(bytes(entry.bytes).decode(errors="replace"))
+        if seen > common:
+            break
+    margin = entry.top_logprobs[0].logprob - entry.top_logprobs[1].logprob
+    assert margin < NEAR_TIE, f"the replies part at {entry.token!r} by {margin:.3f}: {text!r} vs {plain!r}"
 
 
 @pytest.mark.parametrize("extra, param, says", [
