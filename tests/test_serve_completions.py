@@ -37,8 +37,6 @@ def server(serve_host):
         yield app
 
 
-
-
 @pytest.fixture(scope="module")
 def fim_path(test_model_path):
     return with_fim_tokens(test_model_path, test_model_path.parent / "fim")
