@@ -63,6 +63,8 @@ def test_serve_prints_its_url_and_sigterm_ends_the_running_stream_and_exits_0(te
 @pytest.mark.parametrize("args, says", [
     (["--port", "70000"], "--port must be in [0, 65535] (0 picks a free one), not 70000"),
     (["--max-queue", "-1"], "--max-queue must be at least 0, not -1"),
+    (["--parallel", "0"], "--parallel must be in [1, 64], not 0"),
+    (["-np", "1000"], "--parallel must be in [1, 64], not 1000"),
     (["--model", "no-such-model"], "unknown model 'no-such-model'"),
     (["--model", "smollm2-135m"], "run `localchat pull smollm2-135m`"),
 ])

@@ -209,13 +209,15 @@ def test_an_embedding_model_is_loaded_beside_the_chat_model_and_listed(server, c
 def test_a_task_waiting_when_the_server_stops_ends_with_the_shutdown_error():
     import asyncio
     import threading
+    import types
 
     from localchat.serve.http_errors import ShuttingDown
     from localchat.serve.scheduler import Scheduler
     from localchat.serve.task import Task
 
     started, release = threading.Event(), threading.Event()
-    scheduler = Scheduler(object(), max_queue=4)  # type: ignore[arg-type]
+    host = types.SimpleNamespace(parallel=1, loaded=None)  # tasks run one at a time
+    scheduler = Scheduler(host, max_queue=4)  # type: ignore[arg-type]
     running = Task(lambda host: started.set() or release.wait(10))
     waiting = Task(lambda host: "never run")
     scheduler.submit(running)

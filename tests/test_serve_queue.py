@@ -54,17 +54,21 @@ def rest_of_stream(sock: socket.socket) -> bytes:
     return data
 
 
-def test_concurrent_streams_all_complete_in_arrival_order(serve_host):
+def test_concurrent_streams_all_complete_and_start_in_arrival_order(serve_host):
     with running(serve_host) as app:
         client = openai.OpenAI(base_url=app.base_url + "/v1", api_key="x", max_retries=0)
         results: dict[int, dict] = {}
 
         def stream(i: int) -> None:
-            chunks = list(client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": f"Say the number {i}."}],
-                max_tokens=6, temperature=0, stream=True))
-            results[i] = {"first": next(c.created for c in chunks), "at": time.monotonic(),
-                          "finish": [c.choices[0].finish_reason for c in chunks if c.choices][-1]}
+            first, finish = None, None
+            for chunk in client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": f"Say the number {i}."}],
+                    max_tokens=6, temperature=0, stream=True):
+                if chunk.choices and chunk.choices[0].delta.content and first is None:
+                    first = time.monotonic()
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+            results[i] = {"first": first, "finish": finish}
 
         threads = [threading.Thread(target=stream, args=(i,)) for i in range(5)]
         for thread in threads:  # one after another, so their arrival order is known
@@ -75,8 +79,8 @@ def test_concurrent_streams_all_complete_in_arrival_order(serve_host):
 
     assert sorted(results) == list(range(5))
     assert all(r["finish"] in ("stop", "length") for r in results.values())  # none cut
-    ends = [results[i]["at"] for i in range(5)]
-    assert ends == sorted(ends)  # answered in the order they arrived
+    starts = [results[i]["first"] for i in range(5)]
+    assert starts == sorted(starts)  # started in the order they arrived
 
 
 def test_a_disconnect_stops_the_decode_within_a_token_and_keeps_the_cache(serve_host):
@@ -97,8 +101,11 @@ def test_a_disconnect_stops_the_decode_within_a_token_and_keeps_the_cache(serve_
 
 def test_beyond_max_queue_503_and_a_queued_request_whose_client_left_never_runs(serve_host):
     with running(serve_host, max_queue=1) as app:
-        running_one = open_stream(app)
-        first_events(running_one, 2)
+        slots = app.scheduler.parallel
+        running_ones = [open_stream(app, [{"role": "user", "content": f"Story {i}: a dragon."}])
+                        for i in range(slots)]
+        for sock in running_ones:  # every slot streams
+            first_events(sock, 2)
         left = open_stream(app, [{"role": "user", "content": "never answered"}])
         time.sleep(0.2)
         left.close()  # it was waiting: dropped before it runs
@@ -111,13 +118,15 @@ def test_beyond_max_queue_503_and_a_queued_request_whose_client_left_never_runs(
         assert status == 503 and int(headers["retry-after"]) >= 1
         assert json.loads(body)["error"]["code"] == "queue_full"
 
-        running_one.close()
+        running_ones[0].close()
         status, _, answer = read_response(waiting)
         assert status == 200 and b"data: [DONE]" in answer
         waiting.close()
+        for sock in running_ones[1:]:
+            sock.close()
         wait_idle(app)
         assert app.scheduler.dropped == 1
-        assert app.scheduler.served == 2
+        assert app.scheduler.served == slots + 1
 
 
 def test_a_request_for_another_model_switches_after_the_requests_before_it(test_model_path,

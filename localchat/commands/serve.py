@@ -34,8 +34,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--alias", action="append", metavar="NAME",
                    help="another name the served model answers to, for tools that hard-code "
                    "one (gpt-3.5-turbo, llama3); repeatable")
+    p.add_argument("--parallel", "-np", type=int, metavar="N",
+                   help="requests answered at once, decoded together in one context that they "
+                   "share (default 4; 1: one at a time)")
     p.add_argument("--max-queue", type=int, metavar="N",
-                   help="requests that may wait behind the running one (default 64); more get 503")
+                   help="requests that may wait behind the running ones (default 64); more get 503")
     p.add_argument("--n-ctx", type=int, help="context size in tokens (default: the model's)")
     p.set_defaults(func=run)
 
@@ -51,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     for flag, dotted, value in (("--port", "serve.port", args.port),
                                 ("--cache-ram", "serve.cache_ram_mib", args.cache_ram),
-                                ("--max-queue", "serve.max_queue", args.max_queue)):
+                                ("--max-queue", "serve.max_queue", args.max_queue),
+                                ("--parallel", "serve.parallel", args.parallel)):
         check_flag(flag, dotted, value)
     config = load_config()
     options = ServeOptions.from_settings(
@@ -114,7 +118,7 @@ def _model_host(args: argparse.Namespace, config):
     cache_mib = args.cache_ram if args.cache_ram is not None else config.serve.cache_ram_mib
     aliases = tuple(args.alias or config.serve.aliases)
     host = ModelHost(config, pinned, n_ctx=args.n_ctx, cache_bytes=cache_mib * 1024**2,
-                     aliases=aliases)
+                     aliases=aliases, parallel=args.parallel)
     try:
         first = host.default()
     except ApiError as exc:
@@ -136,5 +140,6 @@ def _announce(app) -> None:
           f"  OpenAI API  {url}/v1  (GET /v1/models, POST /v1/chat/completions, /v1/embeddings)\n"
           f"  Ollama API  {url}  (POST /api/chat, /api/embed, GET /api/tags, POST /api/show)\n"
           f"  models      {', '.join(names)}\n"
+          f"  slots       {host.parallel} requests at once, decoded together\n"
           f"  cache       {cache} MiB of saved conversation states in RAM; Ctrl+C stops",
           flush=True)

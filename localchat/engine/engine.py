@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -24,6 +23,7 @@ from localchat import logs
 from localchat.engine.fresh import fresh_logits
 from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, RawPrompt, plan_layout
+from localchat.engine.loading import load_model
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.preflight import Preflight, preflight
 from localchat.engine.prompts import ModelPrompts
@@ -31,9 +31,8 @@ from localchat.engine.reuse import fill_cache
 from localchat.engine.runtime import LlamaRuntime
 from localchat.engine.sampling.constrained import TurnConstraint
 from localchat.engine.snapshot_file import engine_fingerprint
-from localchat.engine.speculate import Speculator, build_speculator, plan_speculation
+from localchat.engine.speculate import Speculator
 from localchat.engine.state_pool import StatePool
-from localchat.engine.templates import make_renderer
 from localchat.engine.turn import ReplyEvents, TurnClock, TurnHandle
 from localchat.engine.vocabulary import Vocabulary
 from localchat.errors import ContextOverflow, EngineError, FormatError, UserError
@@ -391,40 +390,14 @@ class Engine:
         return self._kv
 
     def _load(self, on_progress: Callable[[float], None] | None) -> Loaded:
-        from localchat.engine.offload import resolve_gpu_layers
-
-        started = time.perf_counter()
-        if on_progress:
-            on_progress(0.0)
         checked, self._preflight = self._preflight or self.preflight(), None  # a later load reads again
-        gguf, template = checked.gguf, checked.template
         self.n_params = checked.n_params
-        draft, draft_problem = plan_speculation(self.options, gguf, self.name)
-        fit = resolve_gpu_layers(self.options.gpu_layers, gguf, self.options,
-                                 reserve_bytes=draft.gpu_bytes if draft is not None else 0)
-        if on_progress:
-            on_progress(0.1)
-        self._runtime = LlamaRuntime(self.model_path, self.options, fit.n_gpu_layers)
-        self._prompts = ModelPrompts(template, make_renderer(template, self._runtime.bos_text,
-                                                             self._runtime.eos_text))
-        # A family's call marker is a special token: shown as text, so calls can be read.
-        self._runtime.show_as_text(self._prompts.preserved_tokens)
+        loaded = load_model(self.model_path, self.options, self.name, checked, on_progress)
+        self._runtime, self._prompts = loaded.runtime, loaded.prompts
         self._kv = ConversationCache(self._runtime, self.options.checkpoints)
-        self._speculator, notices = build_speculator(self.options, self._runtime, gguf, draft,
-                                                     draft_problem, self.name)
-        self._notices = [*self._file_notices, *(Notice(text, kind="speculative") for text in notices)]
-        if on_progress:
-            on_progress(1.0)
-        self.info = Loaded(
-            model=self.name,
-            n_ctx=self._runtime.n_ctx,
-            gpu_layers=fit.offloaded_layers,
-            n_layers=fit.n_layers,
-            backend=fit.backend,
-            load_ms=(time.perf_counter() - started) * 1000.0,
-            memory=self._runtime.memory_kind,
-            speculative=self._speculator.describe(),
-        )
+        self._speculator = loaded.speculator
+        self._notices = [*self._file_notices, *(Notice(t, kind="speculative") for t in loaded.notices)]
+        self.info = loaded.info
         return self.info
 
     def _stop_handle(self, handle: TurnHandle) -> None:
@@ -443,41 +416,50 @@ class Engine:
                           False)
 
     def _foreground_turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling,
-                         pool: StatePool | None = None) -> None:
+                         pool: StatePool | None = None, kv: ConversationCache | None = None) -> None:
         """A user's turn: first what the load could not set up (one line each), then the turn."""
         notices, self._notices = self._notices, []
         for notice in notices:
             handle.emit(notice)
-        self._turn(handle, messages, sampling, pool=pool)
+        self._turn(handle, messages, sampling, pool=pool, kv=kv)
 
-    def _run_job(self, handle: TurnHandle, body: Callable[[], None], background: bool) -> None:
-        """Run one turn-like job; it always ends its handle with Done or Failed."""
+    def _run_job(self, handle: TurnHandle, body: Callable[[], None], background: bool,
+                 kv: ConversationCache | None = None) -> None:
+        """Run one turn-like job on ``kv`` (the engine's own cache, or a slot's); it always ends
+        its handle with Done or Failed."""
+        kv = kv or self._kv
+        self._begin_job(handle)
+        try:
+            if handle.stop_requested:
+                handle.emit(Done("", "aborted", self._timings(Timings(), kv)))
+                return
+            body()
+        except UserError as exc:
+            if not background and kv is not None and not isinstance(exc, ContextOverflow):
+                kv.forget()  # a background job put the cache back; an overflow changed nothing
+            handle.emit(Failed(str(exc), code=getattr(exc, "code", "")))
+        except Exception as exc:  # an engine bug must still end the turn for the UI
+            if not background and kv is not None:
+                kv.forget()
+            where = logs.attach()
+            log.exception("a turn failed on the engine thread")
+            details = f" (traceback in {where})" if where is not None else ""
+            handle.emit(Failed(f"engine error: {type(exc).__name__}: {exc}{details}"))
+        finally:
+            self._end_job(handle)
+
+    def _begin_job(self, handle: TurnHandle) -> None:
         with self._lock:
             self._current = handle
             if self._runtime is not None:
                 self._runtime.clear_abort()
             if self._speculator is not None:
                 self._speculator.clear_abort()
-        try:
-            if handle.stop_requested:
-                handle.emit(Done("", "aborted", self._timings(Timings())))
-                return
-            body()
-        except UserError as exc:
-            if not background and self._kv is not None and not isinstance(exc, ContextOverflow):
-                self._kv.forget()  # a background job put the cache back; an overflow changed nothing
-            handle.emit(Failed(str(exc), code=getattr(exc, "code", "")))
-        except Exception as exc:  # an engine bug must still end the turn for the UI
-            if not background and self._kv is not None:
-                self._kv.forget()
-            where = logs.attach()
-            log.exception("a turn failed on the engine thread")
-            details = f" (traceback in {where})" if where is not None else ""
-            handle.emit(Failed(f"engine error: {type(exc).__name__}: {exc}{details}"))
-        finally:
-            with self._lock:
-                self._current = None
-                self._job_ended(handle)
+
+    def _end_job(self, handle: TurnHandle) -> None:
+        with self._lock:
+            self._current = None
+            self._job_ended(handle)
 
     def _prepare(self, handle: TurnHandle, messages: list[dict], sampling: Sampling | None) -> None:
         kv = self._require_kv()
@@ -515,8 +497,9 @@ class Engine:
             kv.put_back(saved)
 
     def _turn(self, handle: TurnHandle, messages: list[dict], sampling: Sampling,
-              layout: Layout | None = None, pool: StatePool | None = None, raw: RawPrompt | None = None) -> None:
-        kv = self._require_kv()
+              layout: Layout | None = None, pool: StatePool | None = None,
+              raw: RawPrompt | None = None, kv: ConversationCache | None = None) -> None:
+        kv = kv or self._require_kv()
         runtime = kv.runtime
         clock = TurnClock(handle.submitted_at)
         timings = Timings(model=self.name)
@@ -540,10 +523,10 @@ class Engine:
             return
         try:
             clock.prefill_start()
-            finished = self._fill(handle, layout, timings)
+            finished = self._fill(handle, layout, timings, kv=kv)
             clock.prefill_end()
             if not finished:
-                handle.emit(Done("", "aborted", self._timings(clock.fill(timings))))
+                handle.emit(Done("", "aborted", self._timings(clock.fill(timings), kv)))
                 return
 
             # Reasoning streams as Thinking events, the answer as Tokens; the reply keeps both.
@@ -563,7 +546,7 @@ class Engine:
             timings.constrained_n, timings.redrawn_n = counts.judged, counts.redrawn
             timings.vocab_passes = counts.vocab_passes
         thinking = stream.finish()
-        handle.emit(Done(reply, finish, self._timings(clock.fill(timings)), thinking,
+        handle.emit(Done(reply, finish, self._timings(clock.fill(timings), kv), thinking,
                          stream.calls))
 
     def _check_fits(self, n_tokens: int) -> None:
@@ -572,21 +555,26 @@ class Engine:
             raise ContextOverflow(n_tokens, n_ctx)
 
     def _fill(self, handle: TurnHandle, layout: Layout, timings: Timings,
-              needs_logits: bool = True) -> bool:
+              needs_logits: bool = True, kv: ConversationCache | None = None) -> bool:
         """``reuse.fill_cache`` for this turn (see there); False if a stop request ended it."""
         runtime = self._require_runtime()
         chunk = runtime.n_batch if self.info and self.info.gpu_layers else CPU_PREFILL_CHUNK
-        return fill_cache(self._require_kv(), layout, timings, chunk=min(chunk, runtime.n_batch),
+        return fill_cache(kv or self._require_kv(), layout, timings, chunk=min(chunk, self._chunk_cap),
                           should_stop=lambda: handle.stop_requested,
                           on_progress=lambda done, total: handle.emit(PrefillProgress(done, total)),
                           needs_logits=needs_logits)
 
-    def _timings(self, timings: Timings) -> Timings:
-        runtime = self._runtime
+    def _timings(self, timings: Timings, kv: ConversationCache | None = None) -> Timings:
+        runtime, kv = self._runtime, kv or self._kv
         timings.n_ctx = runtime.n_ctx if runtime else 0
-        timings.n_ctx_used = self.tokens_in_context
-        timings.approx_n = self._kv.approx_n if self._kv is not None else 0
+        timings.n_ctx_used = kv.n_tokens if kv is not None else 0
+        timings.approx_n = kv.approx_n if kv is not None else 0
         return timings
+
+    @property
+    def _chunk_cap(self) -> int:
+        """The most prompt tokens one decode evaluates (parallel slots take a share)."""
+        return self._require_runtime().n_batch
 
     # -- measuring (``localchat bench``) -------------------------------------------------------
 

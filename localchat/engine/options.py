@@ -64,6 +64,8 @@ class EngineOptions:
     n_batch: int = EngineSection.n_batch
     n_ubatch: int = EngineSection.n_ubatch
     n_threads: int = EngineSection.n_threads  # 0 = one per physical core
+    # Sequences sharing the context's cache (``engine.slots``: serve's parallel slots).
+    parallel: int = 1
     flash_attn: bool = EngineSection.flash_attn
     kv_type: KvType = EngineSection.kv_type
     # Sliding-window models (Gemma 3/4): full-size caches for the window layers reuse any prefix

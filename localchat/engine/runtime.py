@@ -8,10 +8,12 @@ the vocabulary). Nothing here knows about chats or turns.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +75,25 @@ class DecodeAborted(Exception):
     """llama_decode stopped mid-graph because a stop was requested."""
 
 
+class KVFull(EngineError):
+    """The cache has no free cells for a batch (nothing of it was kept)."""
+
+
+@dataclass(frozen=True)
+class BatchPart:
+    """One sequence's share of a decode: ``tokens`` at positions ``start``.., logits after the
+    last ``outputs`` of them."""
+
+    seq: int
+    tokens: list[int]
+    start: int
+    outputs: int = 1
+
+
 class LlamaRuntime:
-    """One loaded model and its context (sequence 0 holds the conversation)."""
+    """One loaded model and its context. Sequence ``seq`` (0) holds the conversation; a context
+    made for ``options.parallel`` sequences shares one cache among them (``engine.slots``: each
+    slot sees this runtime through a view bound to its own sequence)."""
 
     def __init__(self, model_path: Path, options: EngineOptions, n_gpu_layers: int) -> None:
         import llama_cpp
@@ -86,6 +105,8 @@ class LlamaRuntime:
         # One thread per physical core, as llama.cpp does: measured here, 2 threads decode in
         # ~12 ms/token where 1 takes ~20; hyperthread siblings add nothing but barrier waits.
         threads = options.n_threads or physical_cores()
+        self.seq = 0
+        self.n_seq = max(1, options.parallel)
         llama_log.start_load()
         try:
             with llama_log.quiet_stderr():
@@ -103,6 +124,7 @@ class LlamaRuntime:
                     type_v=kv_type,
                     swa_full=options.swa_full,
                     verbose=False,
+                    n_seq_max=self.n_seq,
                 )
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(llama_log.load_failure(model_path, exc)) from None
@@ -124,7 +146,9 @@ class LlamaRuntime:
         self._logits_address: int | None = None
         self._abort_requested = threading.Event()
         # Kept as an attribute: ctypes must not garbage-collect a callback llama.cpp holds.
-        self._abort_callback = llama_cpp.ggml_abort_callback(lambda _: self._abort_requested.is_set())
+        # What the armed callback asks (a batch of several sequences asks its own stop flag).
+        self.abort_check = self._abort_requested.is_set
+        self._abort_callback = llama_cpp.ggml_abort_callback(lambda _: self.abort_check())
         self._no_callback = llama_cpp.ggml_abort_callback()
         model = self.model.model
         self.n_swa = int(llama_cpp.llama_model_n_swa(model))
@@ -216,7 +240,7 @@ class LlamaRuntime:
 
     def decode(self, tokens: list[int], start_pos: int, abortable: bool = False,
                outputs: int = 1) -> None:
-        """Evaluate ``tokens`` at positions start_pos.. in sequence 0 (one llama_decode call),
+        """Evaluate ``tokens`` at positions start_pos.. in the sequence (one llama_decode call),
         with logits after each of the last ``outputs`` of them (``logits_at(i)``: after the
         batch's i-th token; a speculative check asks for every drafted position, never for the
         whole context, which ``logits_all`` would).
@@ -225,22 +249,35 @@ class LlamaRuntime:
         (CPU and Metal backends; CUDA runs asynchronously and finishes the batch). Armed only for
         prefill: llama.cpp calls it for every graph node, which would tax each decoded token.
         """
-        assert 0 < len(tokens) <= self.n_batch and 0 < outputs <= len(tokens)
+        self.decode_parts([BatchPart(self.seq, tokens, start_pos, outputs)], abortable)
+
+    def decode_parts(self, parts: Sequence[BatchPart], abortable: bool = False) -> list[int]:
+        """``decode`` for several sequences at once (``engine.slots``): one llama_decode call
+        over every part; returns the batch index of each part's first token. A failure removes
+        every part's new cells: DecodeAborted (stopped), KVFull (no cells left), EngineError."""
+        total = sum(len(part.tokens) for part in parts)
+        assert 0 < total <= self.n_batch
         batch = self._batch
-        batch.n_tokens = len(tokens)
-        first_output = len(tokens) - outputs
-        for i, token in enumerate(tokens):
-            batch.token[i] = token
-            batch.pos[i] = start_pos + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i >= first_output
+        batch.n_tokens = total
+        rows, i = [], 0
+        for part in parts:
+            assert 0 < part.outputs <= len(part.tokens)
+            rows.append(i)
+            first_output = len(part.tokens) - part.outputs
+            for j, token in enumerate(part.tokens):
+                batch.token[i] = token
+                batch.pos[i] = part.start + j
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = part.seq
+                batch.logits[i] = j >= first_output
+                i += 1
         if abortable:
             self._lib.llama_set_abort_callback(self.ctx, self._abort_callback, None)
         # A speculative check is a decode of a few tokens: it takes the thread count the
         # governor chose for single tokens (under contention, two threads spinning at ggml's
         # barriers made checks of 2-17 tokens 5-30 times slower than one token here).
-        few = outputs > 1 and self.governor.threads != self._batch_threads
+        few = (len(parts) == 1 and parts[0].outputs > 1
+               and self.governor.threads != self._batch_threads)
         if few:
             self._lib.llama_set_n_threads(self.ctx, self.governor.threads, self.governor.threads)
         try:
@@ -250,15 +287,16 @@ class LlamaRuntime:
                 self._lib.llama_set_abort_callback(self.ctx, self._no_callback, None)
             if few:
                 self.set_threads(self.governor.threads)
-        if status == 2:
-            # llama.cpp already dropped this batch's cells; make sure nothing of it stays.
-            self.remove(start_pos, -1)
-            raise DecodeAborted
         if status != 0:
-            self.remove(start_pos, -1)
+            # llama.cpp drops a failed batch's cells itself; make sure nothing of it stays.
+            for part in parts:
+                self._lib.llama_memory_seq_rm(self._memory, part.seq, part.start, -1)
+            if status == 2:
+                raise DecodeAborted
             if status == 1:
-                raise EngineError("the context is full (no KV cache slot for the batch)")
+                raise KVFull("the context is full (no KV cache slot for the batch)")
             raise EngineError(f"llama_decode failed with status {status}")
+        return rows
 
     def set_threads(self, threads: int) -> None:
         """Threads for single-token decodes from now on (llama_set_n_threads). Prefill batches
@@ -267,6 +305,16 @@ class LlamaRuntime:
         (measured: a 1,000-token paste prefilled at ~75 tokens/s on one thread of a 2-core CPU
         against ~135 on two, after a decode in the busy app had switched to one)."""
         self._lib.llama_set_n_threads(self.ctx, threads, self._batch_threads)
+
+    def arm_abort_check(self, check: Callable[[], bool] | None) -> None:
+        """What the armed abort callback asks from now on (None: this runtime's own flag,
+        ``request_abort``; a batch of one slot's prefill asks that slot's)."""
+        self.abort_check = check or self._abort_requested.is_set
+
+    def settle_outputs(self) -> None:
+        """Let llama.cpp put the last batch's outputs in batch order now (it does so on the
+        first read of a logits row), so that threads reading rows afterwards only read."""
+        self._lib.llama_get_logits(self.ctx)
 
     def request_abort(self) -> None:
         self._abort_requested.set()
@@ -308,7 +356,7 @@ class LlamaRuntime:
         the memory cannot (a recurrent state cannot lose part of its history): nothing changed.
         With a sliding-window cache that keeps only the window, removal succeeds but the cells
         the window needs before ``start`` may be gone: that is reported as False too."""
-        if not self._lib.llama_memory_seq_rm(self._memory, 0, start, end):
+        if not self._lib.llama_memory_seq_rm(self._memory, self.seq, start, end):
             return False
         if self.memory_kind == "swa" and not self.swa_full and end < 0 and start > 0:
             return self.min_position() <= max(0, start - self.n_swa)
@@ -316,34 +364,38 @@ class LlamaRuntime:
 
     def move(self, start: int, end: int, delta: int) -> None:
         """Add ``delta`` to the positions of cells in [start, end) (a context shift)."""
-        self._lib.llama_memory_seq_add(self._memory, 0, start, end, delta)
+        self._lib.llama_memory_seq_add(self._memory, self.seq, start, end, delta)
 
     def clear(self) -> None:
-        self._lib.llama_memory_clear(self._memory, True)
+        """Forget the sequence's cells (with one sequence, the whole cache)."""
+        if self.n_seq == 1:
+            self._lib.llama_memory_clear(self._memory, True)
+        else:
+            self._lib.llama_memory_seq_rm(self._memory, self.seq, -1, -1)
 
     def min_position(self) -> int:
         """Lowest position held for the conversation (-1 when empty)."""
-        return int(self._lib.llama_memory_seq_pos_min(self._memory, 0))
+        return int(self._lib.llama_memory_seq_pos_min(self._memory, self.seq))
 
     def max_position(self) -> int:
         """Highest position held for the conversation (-1 when empty)."""
-        return int(self._lib.llama_memory_seq_pos_max(self._memory, 0))
+        return int(self._lib.llama_memory_seq_pos_max(self._memory, self.seq))
 
     def export_sequence(self) -> memoryview:
         """The conversation's KV cells (llama_state_seq_get_data), to restore them later. A view
         of the buffer llama.cpp wrote (no second copy of tens of MB on the engine thread)."""
-        size = self._lib.llama_state_seq_get_size(self.ctx, 0)
+        size = self._lib.llama_state_seq_get_size(self.ctx, self.seq)
         buf = (ctypes.c_uint8 * size)()
-        written = self._lib.llama_state_seq_get_data(self.ctx, buf, size, 0)
+        written = self._lib.llama_state_seq_get_data(self.ctx, buf, size, self.seq)
         return memoryview(buf).cast("B")[:written]
 
     def checkpoint_data(self) -> bytes:
         """The part of the conversation's state that cannot be rolled back by removing cells
         (recurrent state, sliding-window cells), as llama-server's context checkpoints keep it."""
         flags = self._lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-        size = self._lib.llama_state_seq_get_size_ext(self.ctx, 0, flags)
+        size = self._lib.llama_state_seq_get_size_ext(self.ctx, self.seq, flags)
         buf = (ctypes.c_uint8 * size)()
-        written = self._lib.llama_state_seq_get_data_ext(self.ctx, buf, size, 0, flags)
+        written = self._lib.llama_state_seq_get_data_ext(self.ctx, buf, size, self.seq, flags)
         return bytes(memoryview(buf).cast("B")[:written])
 
     def restore_checkpoint(self, data: bytes, n_tokens: int) -> bool:
@@ -351,15 +403,15 @@ class LlamaRuntime:
         the other cells after it (attention layers of a hybrid can); False if llama.cpp refuses."""
         buf, _keep = _readable(data)
         flags = self._lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-        if self._lib.llama_state_seq_set_data_ext(self.ctx, buf, len(data), 0, flags) == 0:
+        if self._lib.llama_state_seq_set_data_ext(self.ctx, buf, len(data), self.seq, flags) == 0:
             return False
-        return bool(self._lib.llama_memory_seq_rm(self._memory, 0, n_tokens, -1))
+        return bool(self._lib.llama_memory_seq_rm(self._memory, self.seq, n_tokens, -1))
 
     def import_sequence(self, data: bytes | memoryview) -> bool:
         """Replace the conversation's KV cells with ``data``; False if llama.cpp rejects it."""
         self.clear()
         buf, _keep = _readable(data)
-        if self._lib.llama_state_seq_set_data(self.ctx, buf, len(data), 0) == 0:
+        if self._lib.llama_state_seq_set_data(self.ctx, buf, len(data), self.seq) == 0:
             self.clear()
             return False
         return True
@@ -380,24 +432,50 @@ def _readable(data: bytes | memoryview) -> tuple[Any, np.ndarray]:
     return array.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), array
 
 
-def _new_llama(llama_cpp, model_path: str, **params):
+def _new_llama(llama_cpp, model_path: str, n_seq_max: int = 1, **params):
     """``Llama(model_path, **params)``, also for a GGUF whose embedded chat template does not
     compile. llama-cpp-python compiles every template in the metadata for chat handlers that
     localchat never uses (it renders templates itself, where a bad one is a one-line error and
-    a chat_template override still works); a Jinja error there must not stop the load."""
+    a chat_template override still works); a Jinja error there must not stop the load.
+    ``n_seq_max``: sequences the context holds, all in one cache (``Llama`` has no parameter
+    for either: its context parameters start from llama.cpp's defaults, which are set here)."""
     import jinja2
 
+    with _context_defaults(llama_cpp, n_seq_max):
+        try:
+            return llama_cpp.Llama(model_path, **params)
+        except jinja2.TemplateError:
+            pass
+        formats = llama_cpp.llama_chat_format
+        original = formats.Jinja2ChatFormatter
+        formats.Jinja2ChatFormatter = _UnusedChatHandler
+        try:
+            return llama_cpp.Llama(model_path, **params)
+        finally:
+            formats.Jinja2ChatFormatter = original
+
+
+@contextlib.contextmanager
+def _context_defaults(llama_cpp, n_seq_max: int) -> Iterator[None]:
+    """While a ``Llama`` is made: its context holds ``n_seq_max`` sequences in one unified
+    cache (each may use any cell: split per sequence, each would get n_ctx / n_seq_max)."""
+    if n_seq_max <= 1:
+        yield
+        return
+    bindings = llama_cpp.llama_cpp
+    original = bindings.llama_context_default_params
+
+    def defaults():  # noqa: ANN202 - llama.cpp's struct
+        params = original()
+        params.n_seq_max = n_seq_max
+        params.kv_unified = True
+        return params
+
+    bindings.llama_context_default_params = defaults
     try:
-        return llama_cpp.Llama(model_path, **params)
-    except jinja2.TemplateError:
-        pass
-    formats = llama_cpp.llama_chat_format
-    original = formats.Jinja2ChatFormatter
-    formats.Jinja2ChatFormatter = _UnusedChatHandler
-    try:
-        return llama_cpp.Llama(model_path, **params)
+        yield
     finally:
-        formats.Jinja2ChatFormatter = original
+        bindings.llama_context_default_params = original
 
 
 class _UnusedChatHandler:

@@ -31,6 +31,7 @@ Plain logic over records and snapshots: tested without a model.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -86,6 +87,8 @@ class StatePool:
 
     def __init__(self, cap_bytes: int) -> None:
         self.cap_bytes = cap_bytes
+        # Parallel slots (``engine.slots``) start turns on threads of their own.
+        self._lock = threading.RLock()
         self._entries: list[KVSnapshot] = []
         self.restored = 0  # states taken back into the live context (for the server's log)
         self.saved = 0
@@ -101,13 +104,19 @@ class StatePool:
         return sum(entry.size_bytes for entry in self._entries)
 
     def clear(self) -> None:
-        self._entries = []
+        with self._lock:
+            self._entries = []
 
     def swap(self, live: StateView, messages: Wanted, rolls_back: bool,
              export_live: Callable[[], KVSnapshot]) -> KVSnapshot | None:
         """Before a turn for ``messages``: the saved state to restore instead of the live one
         (taken out of the pool), or None to keep the live one. The live state is saved first
         (``export_live``) whenever the turn would drop some of it, restored or not."""
+        with self._lock:
+            return self._swap(live, messages, rolls_back, export_live)
+
+    def _swap(self, live: StateView, messages: Wanted, rolls_back: bool,
+              export_live: Callable[[], KVSnapshot]) -> KVSnapshot | None:
         live_kept = live.kept(messages)
         best = self._best(live, live_kept, messages, rolls_back)
         if best is not None:
@@ -138,6 +147,10 @@ class StatePool:
     def save(self, snapshot: KVSnapshot) -> bool:
         """Keep ``snapshot``, unless an entry already holds all of it or it is larger than the
         cap; entries it holds whole go, then the oldest until all fit. Whether it was kept."""
+        with self._lock:
+            return self._save(snapshot)
+
+    def _save(self, snapshot: KVSnapshot) -> bool:
         tokens = _tokens(snapshot)
         if not tokens or snapshot.size_bytes > self.cap_bytes:
             return False

@@ -45,14 +45,14 @@ class Embedded:
 async def embed(scheduler: Scheduler, host: ModelHost, request: EmbedRequest) -> Embedded:
     """Run ``request`` in its turn (Busy, ShuttingDown, NotFound, BadRequest as they arise)."""
     model = host.resolve(request.model)
-    task = Task(lambda host: _run(host, model, request))
+    task = Task(lambda host: _run(host, model, request), model)
     scheduler.submit(task)
     result: Embedded = await task.result()
     return result
 
 
 def _run(host: ModelHost, model: ServedModel, request: EmbedRequest) -> Embedded:
-    """(Scheduler thread.)"""
+    """(A job thread of the scheduler.)"""
     started = time.perf_counter()
     embedder, load_ms = host.embedder(model)
     if request.dimensions is not None and request.dimensions != embedder.n_embd:

@@ -8,8 +8,10 @@ in that list, never resolved, so no path or ``hf:`` reference a request sends
 is ever read, loaded or downloaded. Anything else is a 404 that says how to get the model
 (``localchat pull``).
 
-One model is loaded at a time. The scheduler asks for the model of each request in turn
-(``acquire``), so a request for another model switches once the requests before it are done;
+One model is loaded at a time, answering ``parallel`` requests at once (``engine.slots``; one:
+the plain engine, with speculative decoding if configured). The scheduler asks for the model of
+each request in turn (``acquire``), so a request for another model switches once the requests
+before it are done;
 the saved conversation states (``engine.state_pool``) belong to the model they were made with
 and are dropped with it.
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from localchat.engine.embedder import ChatModelEmbedder, TextEmbedder
@@ -33,6 +35,7 @@ from localchat.engine.embedding_model import EmbeddingModel
 from localchat.engine.engine import Engine
 from localchat.engine.factory import engine_options, sampling_options
 from localchat.engine.options import Sampling
+from localchat.engine.slots.parallel import ParallelEngine
 from localchat.engine.state_pool import StatePool
 from localchat.errors import UserError
 from localchat.models.registry import (
@@ -74,10 +77,12 @@ class ModelHost:
     def __init__(self, config: Settings, pinned: ModelSpec | None = None, *,
                  n_ctx: int | None = None, cache_bytes: int = 0,
                  engine_factory: EngineFactory | None = None,
-                 aliases: tuple[str, ...] = ()) -> None:
+                 aliases: tuple[str, ...] = (), parallel: int | None = None) -> None:
         """``aliases``: other names of the model served first (``serve.aliases``); UserError for
-        one that is a model's name."""
+        one that is a model's name. ``parallel``: requests answered at once (``engine.slots``;
+        default ``[serve] parallel``)."""
         self.config = config
+        self.parallel = parallel or config.serve.parallel
         self.pinned = pinned
         self.n_ctx = n_ctx
         self.sampling: Sampling = sampling_options(config)
@@ -215,9 +220,11 @@ class ModelHost:
     def _open(self, model: ServedModel) -> Engine:
         from localchat.engine.runtime import check_n_ctx_floor
 
-        options = engine_options(model.spec, self.config, n_ctx=self.n_ctx)
+        options = replace(engine_options(model.spec, self.config, n_ctx=self.n_ctx),
+                          parallel=self.parallel)
         check_n_ctx_floor(options.n_ctx, zero_is_default=True)
-        engine = Engine(model.path, options, name=model.name)
+        engine = (ParallelEngine(model.path, options, name=model.name) if self.parallel > 1
+                  else Engine(model.path, options, name=model.name))
         try:
             engine.load()
         except BaseException:

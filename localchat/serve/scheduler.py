@@ -1,23 +1,26 @@
-"""The request queue: chat requests run one at a time on the engine, in arrival order, on a thread
-of their own, so the event loop never waits on the engine (and the engine never on a socket).
+"""The request queue: chat requests start in arrival order, up to the host's ``parallel`` at once
+(``engine.slots``: each on a slot of one context, decoded together), each on a thread of its own,
+so the event loop never waits on the engine (and the engine never on a socket).
 
 - A request joins the queue (``Scheduler.submit``) or, with ``max_queue`` already waiting, is
-  refused at once: 503 with ``Retry-After`` (the recent mean time per request times the queue).
-- The running request is never cut by a new one: the next starts when its turn has ended.
+  refused at once: 503 with ``Retry-After`` (the recent mean time per request times the queue,
+  shared by the slots).
+- A running request is never cut by a new one: a new one takes a free slot, or waits for one.
 - A request whose client went away while it waited is dropped before it runs; one whose client
   goes away while it runs is stopped within one token (``Turn.stop``), and what it decoded stays
-  in the cache for the next request.
+  in its slot's cache for the next request.
 - A completion's prompt (``ChatRequest.prompt``) becomes tokens here, with the loaded model's
   vocabulary, and goes to the engine as they are (``Engine.submit_prompt``); one the model
   cannot take is the client's 400 (``Rejected``).
-- An embeddings request (``task.Task``) takes its turn in the same queue: it may load a model
-  or run on the chat engine's thread, so it never overlaps a turn.
-- Before a turn the host loads the model the request names (a switch happens here, after the
-  requests before it); the turn goes to the engine with the host's state pool
-  (``engine.state_pool``), so each conversation's cache is found again however they interleave.
+- An embeddings request (``task.Task``) takes its turn in the same queue; it runs beside the
+  chats (one task at a time) unless it needs another chat model loaded.
+- A request for a model other than the loaded one waits until every running request has ended,
+  then the host switches (``ModelHost.acquire``); the requests behind it wait for it. The turn
+  goes to the engine with the host's state pool (``engine.state_pool``), so each conversation's
+  cache is found again however they interleave.
 
-The thread hands each event to the job's asyncio queue (``loop.call_soon_threadsafe``); the
-connection that owns the job reads them there.
+Each job's thread hands its events to the job's asyncio queue (``loop.call_soon_threadsafe``);
+the connection that owns the job reads them there.
 """
 
 from __future__ import annotations
@@ -107,18 +110,21 @@ class Job:
 
 
 class Scheduler:
-    """Runs jobs in arrival order on one thread; see the module docstring."""
+    """Starts jobs in arrival order, up to ``host.parallel`` chats at once; see the module doc."""
 
     def __init__(self, host: ModelHost, max_queue: int) -> None:
         self.host = host
         self.max_queue = max_queue
+        self.parallel = max(1, host.parallel)
         self._waiting: collections.deque[Job | Task] = collections.deque()
-        self._running: Job | Task | None = None
+        self._running: list[Job | Task] = []
+        self._threads: set[threading.Thread] = set()
         self._cond = threading.Condition()
         self._closed = False
         self._durations: collections.deque[float] = collections.deque(maxlen=16)
         self.served = 0
         self.dropped = 0
+        self.most_running = 0  # the most chats that ran at once (the server's log, tests)
         self._thread = threading.Thread(target=self._serve, name="localchat-serve-queue", daemon=True)
         self._thread.start()
 
@@ -131,7 +137,7 @@ class Scheduler:
     def idle(self) -> bool:
         """Nothing runs and nothing waits."""
         with self._cond:
-            return self._running is None and not any(not j.cancelled for j in self._waiting)
+            return not self._running and not any(not j.cancelled for j in self._waiting)
 
     def submit(self, job: Job | Task) -> None:
         """Queue ``job``; Busy (503, with Retry-After) when ``max_queue`` already wait,
@@ -140,58 +146,91 @@ class Scheduler:
             if self._closed:
                 raise ShuttingDown()
             waiting = sum(1 for j in self._waiting if not j.cancelled)
-            if waiting + (self._running is not None) > self.max_queue:  # one runs, the rest wait
+            if waiting + len(self._running) > self.max_queue + self.parallel - 1:
                 raise Busy(waiting, self._retry_after(waiting))
             self._waiting.append(job)
-            self._cond.notify()
+            self._cond.notify_all()
 
     def _retry_after(self, waiting: int) -> int:
         mean = sum(self._durations) / len(self._durations) if self._durations else 5.0
-        return max(1, math.ceil(mean * (waiting + 1)))
+        return max(1, math.ceil(mean * (waiting + 1) / self.parallel))
 
     def close(self, timeout: float = 30.0) -> None:
         """Refuse new jobs, cancel the waiting ones (they end with a shutdown error), stop the
-        running one within a token, and wait for the thread."""
+        running ones within a token, and wait for their threads."""
         with self._cond:
             self._closed = True
             waiting, self._waiting = list(self._waiting), collections.deque()
-            running = self._running
-            self._cond.notify()
+            running = list(self._running)
+            self._cond.notify_all()
         for job in waiting:
             job.cancel(shutting_down=True)
             job.deliver(Failed(SHUTTING_DOWN, code="shutting_down"))
-        if running is not None:
-            running.cancel(shutting_down=True)
+        for job in running:
+            job.cancel(shutting_down=True)
+        deadline = time.monotonic() + timeout
         self._thread.join(timeout)
+        with self._cond:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     # -- the scheduler thread ------------------------------------------------------------------
 
     def _next(self) -> Job | Task | None:
         with self._cond:
             while True:
-                while self._waiting:
-                    job = self._waiting.popleft()
-                    if not job.cancelled:
-                        self._running = job
-                        return job
+                while self._waiting and self._waiting[0].cancelled:
+                    self._waiting.popleft()
                     self.dropped += 1  # its client left while it waited: never run
+                if self._waiting and self._can_start(self._waiting[0]):
+                    job = self._waiting.popleft()
+                    self._running.append(job)
+                    self.most_running = max(self.most_running,
+                                            sum(isinstance(j, Job) for j in self._running))
+                    return job
                 if self._closed:
                     return None
                 self._cond.wait()
 
+    def _can_start(self, job: Job | Task) -> bool:
+        """(Condition held.) Whether ``job`` may start beside the running ones."""
+        if not self._running:
+            return True
+        if self._switches_model(job):
+            return False
+        if isinstance(job, Task):
+            return not any(isinstance(j, Task) for j in self._running)
+        return sum(isinstance(j, Job) for j in self._running) < self.parallel
+
+    def _switches_model(self, job: Job | Task) -> bool:
+        model = job.model
+        if model is None or model.spec.is_embedding:
+            return False  # an embedding model loads beside the chat model
+        return model != self.host.loaded
+
     def _serve(self) -> None:
         while (job := self._next()) is not None:
-            started = time.perf_counter()
-            try:
-                self._run(job)
-            except Exception as exc:  # a bug must still end the request
-                log.exception("a request failed in the scheduler")
-                job.deliver(Failed(f"server error: {type(exc).__name__}: {exc}"))
-            finally:
-                with self._cond:
-                    self._running = None
+            thread = threading.Thread(target=self._run_one, args=(job,),
+                                      name="localchat-serve-job", daemon=True)
+            with self._cond:
+                self._threads.add(thread)
+            thread.start()
+
+    def _run_one(self, job: Job | Task) -> None:
+        started = time.perf_counter()
+        try:
+            self._run(job)
+        except Exception as exc:  # a bug must still end the request
+            log.exception("a request failed in the scheduler")
+            job.deliver(Failed(f"server error: {type(exc).__name__}: {exc}"))
+        finally:
+            with self._cond:
+                self._running.remove(job)
+                self._threads.discard(threading.current_thread())
                 self._durations.append(time.perf_counter() - started)
                 self.served += 1
+                self._cond.notify_all()
 
     def _run(self, job: Job | Task) -> None:
         if isinstance(job, Task):  # an embeddings request, in its turn

@@ -1,9 +1,10 @@
 """Work other than a chat turn that takes its turn in the request queue (``scheduler``): an
-embeddings request, which may load a model or run on the chat engine's thread, so it waits for
-the requests before it like a chat does, and a chat after it waits for it.
+embeddings request, which may load a model or run on the chat engine's thread. It starts in its
+turn, beside the running chats (one task at a time), or after them when it needs another chat
+model loaded.
 
-A :class:`Task` runs ``work(host)`` on the scheduler's thread; the connection awaits its result
-(``await task.result()``), or the error it raised (an ``http_errors.ApiError`` answered as it
+A :class:`Task` runs ``work(host)`` on a thread of the scheduler's; the connection awaits its
+result (``await task.result()``), or the error it raised (an ``http_errors.ApiError`` answered as it
 is; a model that cannot be loaded a 500). The scheduler treats it as a job: it can be cancelled
 while it waits, and is ended with the shutdown error when the server stops.
 """
@@ -21,7 +22,7 @@ from localchat.events import Failed
 from localchat.serve.http_errors import ApiError, ReplyFailed, ShuttingDown
 
 if TYPE_CHECKING:
-    from localchat.serve.model_host import ModelHost
+    from localchat.serve.model_host import ModelHost, ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -29,13 +30,16 @@ log = logging.getLogger(__name__)
 class Task:
     """``work(host)`` queued like a chat job; see the module docstring."""
 
-    def __init__(self, work: Callable[[ModelHost], Any]) -> None:
+    def __init__(self, work: Callable[[ModelHost], Any], model: ServedModel | None = None) -> None:
+        """``model``: the one the work asks the host for (a chat model other than the loaded
+        one waits for the running chats, as a chat for it would)."""
         self._work = work
+        self.model = model
         self._future: Future[Any] = Future()
         self.cancelled = False
 
     def run(self, host: ModelHost) -> None:
-        """(Scheduler thread.) Run the work and hand over its result or error."""
+        """(A job thread of the scheduler.) Run the work and hand over its result or error."""
         if self._future.done():
             return
         try:

@@ -144,7 +144,10 @@ class ServeSection:
     cache_ram_mib: int = 2048  # saved conversation states in RAM (0: only the live context)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed (CORS)
     aliases: tuple[str, ...] = ()  # other names the model served first answers to (--alias)
-    max_queue: int = 64  # requests waiting beyond the running one; more get 503 + Retry-After
+    # Requests answered at once: slots of one context, decoded together (continuous batching);
+    # they share its n_ctx cells. 1: one at a time, with speculative decoding if configured.
+    parallel: int = 4
+    max_queue: int = 64  # requests waiting beyond the running ones; more get 503 + Retry-After
     max_body_bytes: int = 8 * 1024**2  # a larger request body gets 413
     request_timeout_s: float = 10.0  # a request's head and body must arrive within this
     idle_timeout_s: float = 60.0  # an idle keep-alive connection is closed after this
@@ -263,6 +266,7 @@ _LIMITS: dict[str, Callable[[Any], str | None]] = {
     "serve.port": Limit(low=0, high=65535, note="0 picks a free one"),
     "serve.cache_ram_mib": Limit(low=0, note="0 keeps only the live context"),
     "serve.max_queue": Limit(low=0),
+    "serve.parallel": Limit(low=1, high=64),
     "serve.max_body_bytes": Limit(low=1024),
     "serve.request_timeout_s": _POSITIVE,
     "serve.idle_timeout_s": _POSITIVE,

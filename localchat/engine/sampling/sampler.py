@@ -68,8 +68,13 @@ class Sampler:
     argmax; only sampling with temperature runs llama.cpp's chain (top-k first, in C)."""
 
     def __init__(self, lib, sampling: Sampling, ctx, logits: Callable[[int], np.ndarray],
-                 constraint: TokenJudge | None = None) -> None:
+                 constraint: TokenJudge | None = None,
+                 row: Callable[[int], int] | None = None) -> None:
+        """``logits(index)``: the logits after the last decode's ``index``-th token of this
+        reply's sequence; ``row``: that token's index in the whole batch (a batch of several
+        sequences, ``engine.slots``), for the calls that read llama.cpp's buffer directly."""
         self._lib = lib
+        self._row = row or _same
         self._ctx = ctx
         self._logits = logits
         self._constraint = constraint
@@ -96,7 +101,7 @@ class Sampler:
         per position, in order, so the penalty window and the random draws are those of
         one-by-one decoding."""
         if self._penalized and self._recent:
-            apply_repeat_penalty(self._lib.llama_get_logits_ith(self._ctx, index), self._recent,
+            apply_repeat_penalty(self._lib.llama_get_logits_ith(self._ctx, self._row(index)), self._recent,
                                  self._penalty, self._frequency, self._presence)
         token = self._draw(index)
         if self._constraint is not None:
@@ -108,7 +113,7 @@ class Sampler:
     def _draw(self, index: int) -> int:
         if self._chain is None:
             return int(self._logits(index).argmax())
-        return int(self._lib.llama_sampler_sample(self._chain, self._ctx, index))
+        return int(self._lib.llama_sampler_sample(self._chain, self._ctx, self._row(index)))
 
     def _pick(self, candidates: np.ndarray, by_logit: bool) -> int:
         """The token this sampling draws among ``candidates`` (a TOKEN_DATA array; ``by_logit``:
@@ -125,3 +130,7 @@ class Sampler:
         if self._chain is not None:
             self._lib.llama_sampler_free(self._chain)
             self._chain = None
+
+
+def _same(index: int) -> int:
+    return index

@@ -1,0 +1,161 @@
+"""DecodeGate: the decodes of several slots, each asked on its own thread, made one llama_decode.
+
+Each slot taking part in the batch (a *member*: it has decoded since its turn began) asks for
+its next decode here and waits. When every member is waiting, one of them (the last to arrive)
+evaluates all of their parts in one batch: one token for each streaming slot, a chunk of each
+prompt being prefilled (chunked prefill: a long prompt holds the streams up for one chunk at a
+time, never for its whole prefill). A slot whose turn ends leaves (``leave``), so the others
+never wait for it. Parts that do not fit ``n_batch`` wait for the next step, first in line.
+
+Every other llama.cpp call of a slot (removing cells, restoring a state) is made under
+``lock``, which a batch holds while it decodes; a member's sampling needs no lock: no decode can
+run while it samples, since a batch waits for every member.
+
+When the cache has no cells left for a batch (``KVFull``), ``make_room`` is asked to free some
+(the engine drops an idle slot's cells) and the batch runs again; with nothing to free, the
+largest part fails (its turn ends with the error) and the others go on.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from localchat.engine.runtime import BatchPart, DecodeAborted, KVFull, LlamaRuntime
+
+
+@dataclass
+class Request:
+    """A slot's decode, waiting at the gate."""
+
+    part: BatchPart
+    stop: Callable[[], bool] | None  # armed while the part is alone in its batch (prefill)
+    row: int = -1  # the batch index of its first token, once decoded
+    error: BaseException | None = None
+    done: bool = False
+
+
+@dataclass
+class GateStats:
+    """What the gate did (tests and the server's log read it)."""
+
+    batches: int = 0
+    most_parts: int = 0
+    shared: int = 0  # batches that held more than one slot's part
+    retried: list[int] = field(default_factory=list)  # parts in a batch run again after KVFull
+
+
+class DecodeGate:
+    def __init__(self, runtime: LlamaRuntime, make_room: Callable[[int], bool]) -> None:
+        """``make_room(n)``: free at least ``n`` cells of slots not taking part; False if none
+        could be freed."""
+        self.runtime = runtime
+        self.lock = threading.RLock()
+        self.stats = GateStats()
+        self.make_room = make_room
+        self._cond = threading.Condition()
+        self._members: set[int] = set()
+        self._waiting: list[Request] = []
+        self._leading = False
+
+    @property
+    def members(self) -> int:
+        with self._cond:
+            return len(self._members)
+
+    def decode(self, part: BatchPart, stop: Callable[[], bool] | None = None) -> int:
+        """Evaluate ``part`` with the other members' parts; the batch index of its first token.
+        Raises what the decode raised for it (DecodeAborted when ``stop`` ended it)."""
+        request = Request(part, stop)
+        with self._cond:
+            self._members.add(part.seq)
+            self._waiting.append(request)
+            while not request.done:
+                if self._leading or len(self._waiting) < len(self._members):
+                    self._cond.wait()
+                    continue
+                self._leading = True
+                batch = self._take()
+                self._cond.release()
+                try:
+                    self._run(batch)
+                finally:
+                    self._cond.acquire()
+                    self._leading = False
+                    self._cond.notify_all()
+        if request.error is not None:
+            raise request.error
+        return request.row
+
+    def join(self, seq: int) -> None:
+        """Slot ``seq`` takes part from now on: the next batch waits for its part (a slot's
+        first decode does this itself)."""
+        with self._cond:
+            self._members.add(seq)
+
+    def leave(self, seq: int) -> None:
+        """Slot ``seq``'s turn is over: the batch no longer waits for it."""
+        with self._cond:
+            self._members.discard(seq)
+            self._cond.notify_all()
+
+    def _take(self) -> list[Request]:
+        """(Condition held.) The waiting parts that fit one batch, first come first."""
+        batch, total = [], 0
+        for request in list(self._waiting):
+            size = len(request.part.tokens)
+            if batch and total + size > self.runtime.n_batch:
+                continue
+            batch.append(request)
+            total += size
+            self._waiting.remove(request)
+        return batch
+
+    def _run(self, batch: list[Request]) -> None:
+        pending = list(batch)
+        try:
+            while pending:
+                failed = self._decode(pending)
+                if failed is None:
+                    break
+                pending.remove(failed)
+        finally:
+            for request in batch:
+                request.done = True
+
+    def _decode(self, pending: list[Request]) -> Request | None:
+        """One llama_decode of ``pending``; the request that failed alone when the cache is
+        full and nothing could be freed (the others are to run again), else None."""
+        runtime = self.runtime
+        alone = pending[0].stop if len(pending) == 1 else None
+        with self.lock:
+            while True:
+                try:
+                    runtime.arm_abort_check(alone)
+                    rows = runtime.decode_parts([r.part for r in pending], alone is not None)
+                except KVFull as exc:
+                    needed = sum(len(r.part.tokens) for r in pending)
+                    if self.make_room(needed):
+                        self.stats.retried.append(len(pending))
+                        continue
+                    largest = max(pending, key=lambda r: len(r.part.tokens))
+                    largest.error = exc
+                    if len(pending) == 1:
+                        return None
+                    return largest
+                except (DecodeAborted, Exception) as exc:
+                    for request in pending:
+                        request.error = exc
+                    return None
+                finally:
+                    runtime.arm_abort_check(None)
+                break
+            if any(r.part.outputs for r in pending):
+                runtime.settle_outputs()
+        for request, row in zip(pending, rows):
+            request.row = row
+        self.stats.batches += 1
+        self.stats.most_parts = max(self.stats.most_parts, len(pending))
+        self.stats.shared += len(pending) > 1
+        return None

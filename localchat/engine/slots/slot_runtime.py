@@ -1,0 +1,108 @@
+"""SlotRuntime: the runtime as one slot's turn sees it, bound to the slot's sequence.
+
+A slot's ``ConversationCache``, its turn and its sampler run unchanged over this view: every
+cache edit names the slot's sequence, every decode goes through the ``DecodeGate`` (one batch
+with the other slots), and the logits a turn asks for are its own rows of that batch. Everything
+else (the vocabulary, the piece and end-of-generation tables) is the shared runtime's.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from localchat.engine.options import Sampling
+from localchat.engine.runtime import BatchPart, LlamaRuntime
+from localchat.engine.sampling.sampler import Sampler, TokenJudge
+from localchat.engine.slots.gate import DecodeGate
+
+
+class QuietGovernor:
+    """A slot's decode time includes the other slots' parts: it tells the thread governor
+    nothing (the count it holds stays what the shared runtime's governor chose)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+
+    def observe(self, ms_per_token: float) -> None:
+        pass
+
+
+class SlotRuntime(LlamaRuntime):
+    """``base`` bound to sequence ``seq``; made without loading anything (a view)."""
+
+    def __init__(self, base: LlamaRuntime, seq: int, gate: DecodeGate) -> None:  # noqa: D107
+        # A view: the loaded model, context and tables are the base's own objects.
+        self.__dict__.update(base.__dict__)
+        self.seq = seq
+        self._gate = gate
+        self._abort_requested = threading.Event()
+        self.abort_check = self._abort_requested.is_set
+        self.governor = QuietGovernor(base.governor.threads)  # type: ignore[assignment]
+        self._first_row = 0
+        self._n_rows = 0
+
+    def decode(self, tokens: list[int], start_pos: int, abortable: bool = False,
+               outputs: int = 1) -> None:
+        stop = self._abort_requested.is_set if abortable else None
+        self._first_row = self._gate.decode(BatchPart(self.seq, tokens, start_pos, outputs), stop)
+        self._n_rows = len(tokens)
+
+    def row(self, index: int) -> int:
+        """The batch index of this slot's ``index``-th token in the last batch (-1: its last)."""
+        return self._first_row + (self._n_rows - 1 if index == -1 else index)
+
+    def logits_at(self, index: int) -> np.ndarray:
+        return super().logits_at(self.row(index))
+
+    def new_sampler(self, sampling: Sampling, constraint: TokenJudge | None = None) -> Sampler:
+        return Sampler(self._lib, sampling, self.ctx, self.logits_at, constraint, row=self.row)
+
+    # Cache edits: never while a batch decodes.
+
+    def remove(self, start: int, end: int) -> bool:
+        with self._gate.lock:
+            return super().remove(start, end)
+
+    def move(self, start: int, end: int, delta: int) -> None:
+        with self._gate.lock:
+            super().move(start, end, delta)
+
+    def clear(self) -> None:
+        with self._gate.lock:
+            super().clear()
+
+    def min_position(self) -> int:
+        with self._gate.lock:
+            return super().min_position()
+
+    def max_position(self) -> int:
+        with self._gate.lock:
+            return super().max_position()
+
+    def export_sequence(self) -> memoryview:
+        with self._gate.lock:
+            return super().export_sequence()
+
+    def checkpoint_data(self) -> bytes:
+        with self._gate.lock:
+            return super().checkpoint_data()
+
+    def restore_checkpoint(self, data: bytes, n_tokens: int) -> bool:
+        with self._gate.lock:
+            return super().restore_checkpoint(data, n_tokens)
+
+    def import_sequence(self, data: bytes | memoryview) -> bool:
+        """A state restored needs free cells as a prefill does: an idle slot gives its own up."""
+        with self._gate.lock:
+            while not super().import_sequence(data):
+                if not self._gate.make_room(len(data)):
+                    return False
+            return True
+
+    def close(self) -> None:
+        """The base owns the model and context."""
+
+    def __repr__(self) -> str:
+        return f"SlotRuntime(seq={self.seq})"

@@ -1,0 +1,182 @@
+"""The parallel slots' plain logic, without a model: the decode gate batches the decodes of every
+slot taking part into one call, releases the others when a slot leaves, keeps a batch within
+n_batch, and asks for room when the cache is full; a new request takes the slot whose records
+keep the most of it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from localchat.engine.layout import CachedMessage, RawPrompt
+from localchat.engine.runtime import BatchPart, KVFull
+from localchat.engine.slots.choice import SlotState, choose_slot
+from localchat.engine.slots.gate import DecodeGate
+from localchat.engine.state_pool import StateView
+
+
+class FakeRuntime:
+    """Records each batch; ``full`` batches in a row raise KVFull first."""
+
+    def __init__(self, n_batch: int = 512, full: int = 0) -> None:
+        self.n_batch = n_batch
+        self.batches: list[list[tuple[int, int]]] = []
+        self.full = full
+        self.armed: list[bool] = []
+
+    def decode_parts(self, parts, abortable=False):
+        if self.full:
+            self.full -= 1
+            raise KVFull("full")
+        self.batches.append([(p.seq, len(p.tokens)) for p in parts])
+        self.armed.append(abortable)
+        rows, i = [], 0
+        for part in parts:
+            rows.append(i)
+            i += len(part.tokens)
+        return rows
+
+    def arm_abort_check(self, check) -> None:
+        pass
+
+    def settle_outputs(self) -> None:
+        pass
+
+
+def decode_together(gate: DecodeGate, parts: list[BatchPart]) -> dict[int, BaseException]:
+    """Every part's slot takes part, then each asks for its decode on a thread of its own; the
+    errors raised, by slot."""
+    errors: dict[int, BaseException] = {}
+    for part in parts:
+        gate.join(part.seq)
+
+    def one(part: BatchPart) -> None:
+        try:
+            gate.decode(part, stop=lambda: False)
+        except Exception as exc:
+            errors[part.seq] = exc
+        gate.leave(part.seq)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in parts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    return errors
+
+
+def tokens(seq: int, n: int, start: int = 0) -> BatchPart:
+    return BatchPart(seq, [1] * n, start)
+
+
+def test_every_members_decode_goes_into_one_batch():
+    runtime = FakeRuntime()
+    gate = DecodeGate(runtime, lambda n: False)  # type: ignore[arg-type]
+    decode_together(gate, [tokens(0, 1), tokens(1, 100), tokens(2, 1)])
+    assert len(runtime.batches) == 1 and sorted(runtime.batches[0]) == [(0, 1), (1, 100), (2, 1)]
+    assert gate.stats.most_parts == 3 and gate.members == 0
+
+
+def test_a_slot_that_leaves_no_longer_holds_the_others_up():
+    runtime = FakeRuntime()
+    gate = DecodeGate(runtime, lambda n: False)  # type: ignore[arg-type]
+    ready = threading.Barrier(2)
+    done = threading.Event()
+
+    def member(seq: int) -> None:
+        gate.decode(tokens(seq, 1))
+        ready.wait()
+        if seq == 0:
+            gate.decode(tokens(0, 1, 1))
+            done.set()
+
+    threads = [threading.Thread(target=member, args=(s,)) for s in (0, 1)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)
+    assert not done.is_set()  # slot 1 takes part and has not asked yet: slot 0 waits
+    gate.leave(1)
+    assert done.wait(5)
+    gate.leave(0)
+    for thread in threads:
+        thread.join(5)
+
+
+def test_parts_beyond_n_batch_wait_for_the_next_step():
+    runtime = FakeRuntime(n_batch=130)
+    gate = DecodeGate(runtime, lambda n: False)  # type: ignore[arg-type]
+    decode_together(gate, [tokens(0, 128), tokens(1, 128)])
+    assert runtime.batches in ([[(0, 128)], [(1, 128)]], [[(1, 128)], [(0, 128)]])
+
+
+def test_a_full_cache_asks_for_room_then_runs_the_batch_again():
+    asked: list[int] = []
+    runtime = FakeRuntime(full=1)
+    gate = DecodeGate(runtime, lambda n: asked.append(n) or True)  # type: ignore[arg-type]
+    assert gate.decode(tokens(0, 10)) == 0
+    assert asked == [10] and runtime.batches == [[(0, 10)]]
+
+
+def test_with_no_room_to_make_the_largest_part_fails_and_the_others_run():
+    runtime = FakeRuntime()
+    gate = DecodeGate(runtime, lambda n: False)  # type: ignore[arg-type]
+    original = runtime.decode_parts
+
+    def full_when_shared(parts, abortable=False):
+        if len(parts) > 1:
+            raise KVFull("full")
+        return original(parts, abortable)
+
+    runtime.decode_parts = full_when_shared  # type: ignore[method-assign]
+    errors = decode_together(gate, [tokens(0, 50), tokens(1, 1)])
+    assert list(errors) == [0] and runtime.batches == [[(1, 1)]]  # the prefill failed, not the stream
+
+
+def test_a_prefill_alone_in_its_batch_is_abortable_a_shared_one_is_not():
+    runtime = FakeRuntime()
+    gate = DecodeGate(runtime, lambda n: False)  # type: ignore[arg-type]
+    gate.decode(tokens(0, 8), stop=lambda: False)
+    assert runtime.armed == [True]
+    gate.leave(0)
+    runtime.armed.clear()
+    decode_together(gate, [tokens(0, 8), tokens(1, 1)])
+    assert runtime.armed == [False]
+
+
+def record(role: str, tokens: list[int], content: str = "") -> CachedMessage:
+    return CachedMessage(role=role, content=content or role, text="", tokens=tokens)
+
+
+def slot(seq: int, records: list[CachedMessage], last_used: float = 0.0) -> SlotState:
+    n = sum(len(r.tokens) for r in records)
+    return SlotState(seq, StateView(records, n), last_used)
+
+
+def test_a_request_takes_the_slot_holding_its_conversation():
+    mine = [record("system", [1, 2, 3], "be brief"), record("user", [4, 5], "hi")]
+    other = [record("system", [1, 2, 3], "be brief"), record("user", [6, 7], "bye")]
+    wanted = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+              {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    chosen = choose_slot([slot(0, other, 5.0), slot(1, mine, 1.0), slot(2, [], 0.0)], wanted)
+    assert chosen.seq == 1
+
+
+def test_with_nothing_shared_an_empty_slot_then_the_least_recently_used():
+    held = [record("user", [4, 5], "hi")]
+    wanted = [{"role": "user", "content": "something else"}]
+    assert choose_slot([slot(0, held, 1.0), slot(1, [], 0.0)], wanted).seq == 1
+    assert choose_slot([slot(0, held, 9.0), slot(1, held, 2.0)], wanted).seq == 1
+
+
+def test_a_prompt_given_as_tokens_takes_the_slot_sharing_its_prefix():
+    typed = RawPrompt(tokens=(1, 2, 3, 4, 9))
+    assert choose_slot([slot(0, [record("prompt", [1, 2, 7])], 9.0),
+                        slot(1, [record("prompt", [1, 2, 3, 4])], 1.0)], typed).seq == 1
+
+
+def test_no_idle_slot_is_a_bug_not_a_choice():
+    with pytest.raises(ValueError):
+        choose_slot([], [])
