@@ -25,6 +25,11 @@ class FakeRuntime:
         self.batches: list[list[tuple[int, int]]] = []
         self.full = full
         self.armed: list[bool] = []
+        self.timed: list[float] = []  # single-token batches the thread governor was told of
+        self.governor = self
+
+    def observe(self, ms: float) -> None:
+        self.timed.append(ms)
 
     def decode_parts(self, parts, abortable=False):
         if self.full:
@@ -78,6 +83,9 @@ def test_every_members_decode_goes_into_one_batch():
     decode_together(gate, [tokens(0, 1), tokens(1, 100), tokens(2, 1)])
     assert len(runtime.batches) == 1 and sorted(runtime.batches[0]) == [(0, 1), (1, 100), (2, 1)]
     assert gate.stats.most_parts == 3 and gate.members == 0
+    assert runtime.timed == []  # a shared step says nothing about one token's time
+    gate.decode(tokens(0, 1))
+    assert len(runtime.timed) == 1
 
 
 def test_a_slot_that_leaves_no_longer_holds_the_others_up():

@@ -19,6 +19,7 @@ largest part fails (its turn ends with the error) and the others go on.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -133,6 +134,7 @@ class DecodeGate:
             while True:
                 try:
                     runtime.arm_abort_check(alone)
+                    started = time.perf_counter()
                     rows = runtime.decode_parts([r.part for r in pending], alone is not None)
                 except KVFull as exc:
                     needed = sum(len(r.part.tokens) for r in pending)
@@ -151,8 +153,11 @@ class DecodeGate:
                 finally:
                     runtime.arm_abort_check(None)
                 break
-            if any(r.part.outputs for r in pending):
-                runtime.settle_outputs()
+            if len(pending) == 1 and len(pending[0].part.tokens) == 1:
+                # One slot streaming alone: the thread governor weighs its tokens as it does
+                # the one-conversation engine's (shared steps say nothing about one token).
+                runtime.governor.observe((time.perf_counter() - started) * 1000.0)
+            runtime.settle_outputs()
         for request, row in zip(pending, rows):
             request.row = row
         self.stats.batches += 1

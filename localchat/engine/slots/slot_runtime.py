@@ -16,14 +16,20 @@ from localchat.engine.options import Sampling
 from localchat.engine.runtime import BatchPart, LlamaRuntime
 from localchat.engine.sampling.sampler import Sampler, TokenJudge
 from localchat.engine.slots.gate import DecodeGate
+from localchat.engine.threads import ThreadGovernor
 
 
 class QuietGovernor:
-    """A slot's decode time includes the other slots' parts: it tells the thread governor
-    nothing (the count it holds stays what the shared runtime's governor chose)."""
+    """A slot's decode time includes the waits for other slots: the slot tells the thread
+    governor nothing (the gate times the batches that hold one token alone), and reads the count
+    the shared runtime's governor holds."""
 
-    def __init__(self, threads: int) -> None:
-        self.threads = threads
+    def __init__(self, governor: ThreadGovernor) -> None:
+        self._governor = governor
+
+    @property
+    def threads(self) -> int:
+        return self._governor.threads
 
     def observe(self, ms_per_token: float) -> None:
         pass
@@ -39,7 +45,7 @@ class SlotRuntime(LlamaRuntime):
         self._gate = gate
         self._abort_requested = threading.Event()
         self.abort_check = self._abort_requested.is_set
-        self.governor = QuietGovernor(base.governor.threads)  # type: ignore[assignment]
+        self.governor = QuietGovernor(base.governor)  # type: ignore[assignment]
         self._first_row = 0
         self._n_rows = 0
 
