@@ -1,8 +1,8 @@
 """Parallel slots on the real model (``engine.slots``): conversations decoded together in one
 context, each exact (the greedy oracle per slot: a reply equals a fresh prefill of its history,
 up to a near-tie flipped by batch shape), each reusing its own cells, each with its own stop and
-grammar; a long prompt prefilled in chunks while another slot streams; and a full cache that
-takes an idle slot's cells (saved to the RAM pool, restored when its conversation comes back)."""
+grammar; a long prompt prefilled in chunks while another slot streams; and each slot with the
+whole context of its own."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from oracle import GREEDY, assert_matches_fresh, reply_tokens
 
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.slots.parallel import ParallelEngine
-from localchat.engine.state_pool import StatePool
 from localchat.events import Done, PrefillProgress, Token
 from localchat.formats import json_format
 from localchat.formats.constraint import Constraint
@@ -148,24 +147,30 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_another_slot_streams(slots):
     assert last > first and "token" in order[first:last]  # the stream went on between chunks
 
 
-def test_a_full_cache_takes_an_idle_slots_cells_and_the_pool_gives_them_back(test_model_path):
+def test_each_slot_has_the_whole_context_and_keeps_its_cells(test_model_path, fresh):
     engine = ParallelEngine(test_model_path, EngineOptions(n_ctx=512, gpu_layers=0, parallel=2),
                             name="smollm2-135m")
     engine.load()
-    pool = StatePool(64 * 1024**2)
     try:
+        assert engine.n_ctx == 512  # per slot, as with one: the context holds 2 x 512 cells
         filler = " ".join(f"Fact {i}: water boils at one hundred degrees." for i in range(26))
-        first = [{"role": "user", "content": filler + " Which fact is first?"}]
-        tokens, done = reply_tokens(engine.submit(first, replace(GREEDY, max_tokens=8), pool=pool))
-        held = done.timings.prompt_n
-        assert held > 250
-        other = [{"role": "user", "content": filler.replace("water", "milk") + " And now?"}]
-        _, done = reply_tokens(engine.submit(other, replace(GREEDY, max_tokens=8), pool=pool))
-        assert done.finish_reason in ("length", "stop")
-        assert engine.gate_stats.retried  # the cache was full once: an idle slot gave way
-        again = [*first, {"role": "assistant", "content": done.reply and tokens and
-                          engine.detokenize(tokens)}, {"role": "user", "content": "Thanks."}]
-        _, done = reply_tokens(engine.submit(again, replace(GREEDY, max_tokens=4), pool=pool))
-        assert done.timings.restore_ms > 0 and done.timings.cache_n >= held
+        conversations = [[{"role": "user", "content": filler + " Which fact is first?"}],
+                         [{"role": "user", "content": filler.replace("water", "milk") + " Now?"}]]
+        first = run_together(engine, conversations, replace(GREEDY, max_tokens=8))
+        assert all(done.timings.prompt_n > 300 for _, done in first)  # 600+ cells in all
+        again = [[*c, {"role": "assistant", "content": done.reply},
+                  {"role": "user", "content": "Thanks."}] for c, (_, done) in zip(conversations, first)]
+        second = run_together(engine, again, replace(GREEDY, max_tokens=8))
+        for (tokens, done), (_, earlier), messages in zip(second, first, again):
+            assert done.timings.cache_n >= earlier.timings.prompt_n  # each kept its own cells
+            assert_matches_fresh(tokens, fresh, messages)
+        too_long = [{"role": "user", "content": filler * 3}]
+        _, failed = reply_tokens_or_failure(engine.submit(too_long, GREEDY))
+        assert "context" in failed.message and "512" in failed.message
     finally:
         engine.close()
+
+
+def reply_tokens_or_failure(handle):
+    events = list(handle)
+    return [e.token_id for e in events if isinstance(e, Token)], events[-1]

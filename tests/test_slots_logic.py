@@ -1,6 +1,6 @@
 """The parallel slots' plain logic, without a model: the decode gate batches the decodes of every
 slot taking part into one call, releases the others when a slot leaves, keeps a batch within
-n_batch, and asks for room when the cache is full; a new request takes the slot whose records
+n_batch, and fails only the part that found no cells; a new request takes the slot whose records
 keep the most of it."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from localchat.engine.state_pool import StateView
 
 
 class FakeRuntime:
-    """Records each batch; ``full`` batches in a row raise KVFull first."""
+    """Records each batch; the first ``full`` calls raise KVFull."""
 
     def __init__(self, n_batch: int = 512, full: int = 0) -> None:
         self.n_batch = n_batch
@@ -79,7 +79,7 @@ def tokens(seq: int, n: int, start: int = 0) -> BatchPart:
 
 def test_every_members_decode_goes_into_one_batch():
     runtime = FakeRuntime()
-    gate = DecodeGate(runtime, lambda n: False)  # type: ignore[arg-type]
+    gate = DecodeGate(runtime)  # type: ignore[arg-type]
     decode_together(gate, [tokens(0, 1), tokens(1, 100), tokens(2, 1)])
     assert len(runtime.batches) == 1 and sorted(runtime.batches[0]) == [(0, 1), (1, 100), (2, 1)]
     assert gate.stats.most_parts == 3 and gate.members == 0
@@ -90,7 +90,7 @@ def test_every_members_decode_goes_into_one_batch():
 
 def test_a_slot_that_leaves_no_longer_holds_the_others_up():
     runtime = FakeRuntime()
-    gate = DecodeGate(runtime, lambda n: False)  # type: ignore[arg-type]
+    gate = DecodeGate(runtime)  # type: ignore[arg-type]
     ready = threading.Barrier(2)
     done = threading.Event()
 
@@ -115,22 +115,24 @@ def test_a_slot_that_leaves_no_longer_holds_the_others_up():
 
 def test_parts_beyond_n_batch_wait_for_the_next_step():
     runtime = FakeRuntime(n_batch=130)
-    gate = DecodeGate(runtime, lambda n: False)  # type: ignore[arg-type]
+    gate = DecodeGate(runtime)  # type: ignore[arg-type]
     decode_together(gate, [tokens(0, 128), tokens(1, 128)])
     assert runtime.batches in ([[(0, 128)], [(1, 128)]], [[(1, 128)], [(0, 128)]])
 
 
-def test_a_full_cache_asks_for_room_then_runs_the_batch_again():
-    asked: list[int] = []
+def test_a_part_alone_without_cells_fails_with_kvfull():
     runtime = FakeRuntime(full=1)
-    gate = DecodeGate(runtime, lambda n: asked.append(n) or True)  # type: ignore[arg-type]
-    assert gate.decode(tokens(0, 10)) == 0
-    assert asked == [10] and runtime.batches == [[(0, 10)]]
+    gate = DecodeGate(runtime)  # type: ignore[arg-type]
+    with pytest.raises(KVFull):
+        gate.decode(tokens(0, 10))
+    assert gate.stats.failed_full == 1
+    gate.decode(tokens(0, 10))  # the gate goes on
+    assert runtime.batches == [[(0, 10)]]
 
 
-def test_with_no_room_to_make_the_largest_part_fails_and_the_others_run():
+def test_without_cells_the_largest_part_fails_and_the_others_run():
     runtime = FakeRuntime()
-    gate = DecodeGate(runtime, lambda n: False)  # type: ignore[arg-type]
+    gate = DecodeGate(runtime)  # type: ignore[arg-type]
     original = runtime.decode_parts
 
     def full_when_shared(parts, abortable=False):
@@ -145,7 +147,7 @@ def test_with_no_room_to_make_the_largest_part_fails_and_the_others_run():
 
 def test_a_prefill_alone_in_its_batch_is_abortable_a_shared_one_is_not():
     runtime = FakeRuntime()
-    gate = DecodeGate(runtime, lambda n: False)  # type: ignore[arg-type]
+    gate = DecodeGate(runtime)  # type: ignore[arg-type]
     gate.decode(tokens(0, 8), stop=lambda: False)
     assert runtime.armed == [True]
     gate.leave(0)

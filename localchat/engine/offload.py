@@ -102,7 +102,9 @@ def resolve_gpu_layers(setting: str | int, gguf: GGUFInfo, options: EngineOption
     if free is None:
         return OffloadPlan(0, 0, n_layers, "CPU",
                            f"{backend} is available but free VRAM is unknown; set gpu_layers = N")
-    count = estimate_gpu_layers(gguf, options.n_ctx, options.kv_type, options.n_ubatch, free,
+    # Parallel slots hold n_ctx cells each (``engine.slots``).
+    count = estimate_gpu_layers(gguf, options.n_ctx * max(1, options.parallel), options.kv_type,
+                                options.n_ubatch, free,
                                 options.swa_full, reserve_bytes)
     why = f"auto: {count} of {n_layers + 1} layers fit in {free // MiB} MiB free VRAM"
     if reserve_bytes:

@@ -92,8 +92,8 @@ class BatchPart:
 
 class LlamaRuntime:
     """One loaded model and its context. Sequence ``seq`` (0) holds the conversation; a context
-    made for ``options.parallel`` sequences shares one cache among them (``engine.slots``: each
-    slot sees this runtime through a view bound to its own sequence)."""
+    made for ``options.parallel`` sequences gives each its own ``n_ctx`` cells (``engine.slots``:
+    each slot sees this runtime through a view bound to its own sequence)."""
 
     def __init__(self, model_path: Path, options: EngineOptions, n_gpu_layers: int) -> None:
         import llama_cpp
@@ -113,7 +113,7 @@ class LlamaRuntime:
                 self.llama = _new_llama(
                     llama_cpp,
                     str(model_path),
-                    n_ctx=options.n_ctx,
+                    n_ctx=options.n_ctx * self.n_seq,
                     n_batch=options.n_batch,
                     n_ubatch=min(options.n_ubatch, options.n_batch),
                     n_threads=threads,
@@ -133,7 +133,9 @@ class LlamaRuntime:
         self.ctx = self.llama._ctx.ctx
         self.model = self.llama._model
         self.vocab = self.model.vocab
-        self.n_ctx = self.llama.n_ctx()
+        # Cells of one sequence (each has its own stream of the cache: see _context_defaults).
+        self.n_ctx = (int(llama_cpp.llama_n_ctx_seq(self.ctx)) if self.n_seq > 1
+                      else self.llama.n_ctx())
         self.n_vocab = self.model.n_vocab()
         # llama.cpp may lower the batch (to n_ctx for a small context); a decode call with more
         # tokens than the context's own n_batch aborts the process (GGML_ASSERT), so ask it.
@@ -457,8 +459,11 @@ def _new_llama(llama_cpp, model_path: str, n_seq_max: int = 1, **params):
 
 @contextlib.contextmanager
 def _context_defaults(llama_cpp, n_seq_max: int) -> Iterator[None]:
-    """While a ``Llama`` is made: its context holds ``n_seq_max`` sequences in one unified
-    cache (each may use any cell: split per sequence, each would get n_ctx / n_seq_max)."""
+    """While a ``Llama`` is made: its context holds ``n_seq_max`` sequences, each in a stream of
+    the cache of its own (n_ctx / n_seq_max cells). One unified cache would let a sequence use
+    any cell, but every decode then attends over every sequence's cells (masked): measured on the
+    test model, a slot decoding at depth 300 took 18 ms a token while three others held 1,500
+    cells each, against 7.7 ms with a stream each."""
     if n_seq_max <= 1:
         yield
         return
@@ -468,7 +473,7 @@ def _context_defaults(llama_cpp, n_seq_max: int) -> Iterator[None]:
     def defaults():  # noqa: ANN202 - llama.cpp's struct
         params = original()
         params.n_seq_max = n_seq_max
-        params.kv_unified = True
+        params.kv_unified = False
         return params
 
     bindings.llama_context_default_params = defaults

@@ -11,9 +11,9 @@ Every other llama.cpp call of a slot (removing cells, restoring a state) is made
 ``lock``, which a batch holds while it decodes; a member's sampling needs no lock: no decode can
 run while it samples, since a batch waits for every member.
 
-When the cache has no cells left for a batch (``KVFull``), ``make_room`` is asked to free some
-(the engine drops an idle slot's cells) and the batch runs again; with nothing to free, the
-largest part fails (its turn ends with the error) and the others go on.
+When a slot's stream of the cache has no cells left for its part (``KVFull``: the engine checks
+that a turn fits its slot, so this is a safety net), the largest part of the batch fails (its
+turn ends with the error) and the others run again.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from localchat.engine.runtime import BatchPart, DecodeAborted, KVFull, LlamaRuntime
 
@@ -44,17 +44,14 @@ class GateStats:
     batches: int = 0
     most_parts: int = 0
     shared: int = 0  # batches that held more than one slot's part
-    retried: list[int] = field(default_factory=list)  # parts in a batch run again after KVFull
+    failed_full: int = 0  # parts that failed for want of cells
 
 
 class DecodeGate:
-    def __init__(self, runtime: LlamaRuntime, make_room: Callable[[int], bool]) -> None:
-        """``make_room(n)``: free at least ``n`` cells of slots not taking part; False if none
-        could be freed."""
+    def __init__(self, runtime: LlamaRuntime) -> None:
         self.runtime = runtime
         self.lock = threading.RLock()
         self.stats = GateStats()
-        self.make_room = make_room
         self._cond = threading.Condition()
         self._members: set[int] = set()
         self._waiting: list[Request] = []
@@ -103,7 +100,8 @@ class DecodeGate:
 
     def _take(self) -> list[Request]:
         """(Condition held.) The waiting parts that fit one batch, first come first."""
-        batch, total = [], 0
+        batch: list[Request] = []
+        total = 0
         for request in list(self._waiting):
             size = len(request.part.tokens)
             if batch and total + size > self.runtime.n_batch:
@@ -126,33 +124,26 @@ class DecodeGate:
                 request.done = True
 
     def _decode(self, pending: list[Request]) -> Request | None:
-        """One llama_decode of ``pending``; the request that failed alone when the cache is
-        full and nothing could be freed (the others are to run again), else None."""
+        """One llama_decode of ``pending``; the request that failed alone for want of cells
+        (the others are to run again), else None."""
         runtime = self.runtime
         alone = pending[0].stop if len(pending) == 1 else None
         with self.lock:
-            while True:
-                try:
-                    runtime.arm_abort_check(alone)
-                    started = time.perf_counter()
-                    rows = runtime.decode_parts([r.part for r in pending], alone is not None)
-                except KVFull as exc:
-                    needed = sum(len(r.part.tokens) for r in pending)
-                    if self.make_room(needed):
-                        self.stats.retried.append(len(pending))
-                        continue
-                    largest = max(pending, key=lambda r: len(r.part.tokens))
-                    largest.error = exc
-                    if len(pending) == 1:
-                        return None
-                    return largest
-                except (DecodeAborted, Exception) as exc:
-                    for request in pending:
-                        request.error = exc
-                    return None
-                finally:
-                    runtime.arm_abort_check(None)
-                break
+            try:
+                runtime.arm_abort_check(alone)
+                started = time.perf_counter()
+                rows = runtime.decode_parts([r.part for r in pending], alone is not None)
+            except KVFull as exc:
+                self.stats.failed_full += 1
+                largest = max(pending, key=lambda r: len(r.part.tokens))
+                largest.error = exc
+                return largest if len(pending) > 1 else None
+            except (DecodeAborted, Exception) as exc:
+                for request in pending:
+                    request.error = exc
+                return None
+            finally:
+                runtime.arm_abort_check(None)
             if len(pending) == 1 and len(pending[0].part.tokens) == 1:
                 # One slot streaming alone: the thread governor weighs its tokens as it does
                 # the one-conversation engine's (shared steps say nothing about one token).

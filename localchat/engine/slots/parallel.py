@@ -1,7 +1,8 @@
 """ParallelEngine: an Engine whose turns run side by side, one per slot, in one llama.cpp context.
 
-``localchat serve --parallel N`` answers N requests at once. The context holds N sequences in one
-cache (each may use any cell: ``runtime``'s unified cache); each slot is a sequence with its own
+``localchat serve --parallel N`` answers N requests at once. The context holds N sequences, each
+with n_ctx cells of its own (as Ollama multiplies the context by its parallel requests: every
+conversation keeps the context it has with one slot); each slot is a sequence with its own
 ``ConversationCache`` (its per-message records: exact-prefix reuse, the greedy oracle and trims
 hold per slot as for the one-conversation engine) seen through a ``SlotRuntime``. A turn runs on
 a thread of its own, exactly as ``Engine._turn`` runs it, with its own sampler, grammar and stop;
@@ -13,8 +14,6 @@ streaming slot and a chunk of each prompt in one batch (continuous batching).
   first come first served.
 - A stop or a client gone ends that slot's turn only (within one token, or one chunk of a
   prefill shared with other slots).
-- When the cache runs out of cells, the idle slot used least recently gives its cells up (saved
-  to the pool first when the request came with one), so the running turns go on.
 - Speculative decoding is off: a drafted check would make every other slot's step wait for it.
 """
 
@@ -28,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from localchat.engine.engine import CLOSED, Engine
-from localchat.engine.kv import ConversationCache, KVSnapshot
+from localchat.engine.kv import ConversationCache
 from localchat.engine.layout import RawPrompt
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.slots.choice import SlotState, choose_slot
@@ -65,7 +64,6 @@ class Slot:
 class _Waiting:
     handle: TurnHandle
     wanted: Wanted
-    pool: StatePool | None
     body: Callable[[ConversationCache], None]
 
 
@@ -83,7 +81,6 @@ class ParallelEngine(Engine):
         self._slots: list[Slot] = []
         self._slots_lock = threading.Lock()
         self._waiting: collections.deque[_Waiting] = collections.deque()
-        self._evicted: list[KVSnapshot] = []  # cells given up for room, for the next pool
         self._stopping = False
         self._gate: DecodeGate | None = None
 
@@ -109,14 +106,14 @@ class ParallelEngine(Engine):
         handle = TurnHandle(on_stop=self._stop_handle)
         snapshot = [dict(m) for m in messages]
         chosen = sampling or Sampling()
-        self._dispatch(_Waiting(handle, snapshot, pool, lambda kv: self._foreground_turn(
+        self._dispatch(_Waiting(handle, snapshot, lambda kv: self._foreground_turn(
             handle, snapshot, chosen, pool, kv=kv)))
         return handle
 
     def submit_prompt(self, prompt: RawPrompt, sampling: Sampling,
                       pool: StatePool | None = None) -> TurnHandle:
         handle = TurnHandle(on_stop=self._stop_handle)
-        self._dispatch(_Waiting(handle, prompt, pool, lambda kv: self._turn(
+        self._dispatch(_Waiting(handle, prompt, lambda kv: self._turn(
             handle, [], sampling, pool=pool, raw=prompt, kv=kv)))
         return handle
 
@@ -179,10 +176,6 @@ class ParallelEngine(Engine):
         assert gate is not None
         with self._slots_lock:
             slot.handle, slot.reserved = item.handle, False
-            evicted, self._evicted = self._evicted, []
-        if item.pool is not None:
-            for snapshot in evicted:
-                item.pool.save(snapshot)
         try:
             self._run_job(item.handle, lambda: item.body(slot.kv), False, kv=slot.kv)
         finally:
@@ -216,7 +209,7 @@ class ParallelEngine(Engine):
     def _load(self, on_progress: Callable[[float], None] | None) -> Loaded:
         info = super()._load(on_progress)
         runtime = self._require_runtime()
-        self._gate = DecodeGate(runtime, self._make_room)
+        self._gate = DecodeGate(runtime)
         with self._slots_lock:
             self._slots = [Slot(seq, ConversationCache(SlotRuntime(runtime, seq, self._gate),
                                                        self.options.checkpoints))
@@ -228,15 +221,3 @@ class ParallelEngine(Engine):
     def _chunk_cap(self) -> int:
         """A prompt chunk leaves room in the batch for one token of every other slot."""
         return max(1, self._require_runtime().n_batch - (self.n_slots - 1))
-
-    def _make_room(self, needed: int) -> bool:
-        """(A batch's thread, the gate's lock held.) Free the cells of the idle slot used least
-        recently (kept for the pool); False when no idle slot holds any."""
-        with self._slots_lock:
-            idle = [slot for slot in self._slots if not slot.busy and slot.kv.n_tokens > 0]
-            if not idle:
-                return False
-            slot = min(idle, key=lambda s: s.last_used)
-            self._evicted.append(slot.kv.export(with_checkpoints=True))
-            slot.kv.forget()
-            return True

@@ -100,12 +100,8 @@ class SlotRuntime(LlamaRuntime):
             return super().restore_checkpoint(data, n_tokens)
 
     def import_sequence(self, data: bytes | memoryview) -> bool:
-        """A state restored needs free cells as a prefill does: an idle slot gives its own up."""
         with self._gate.lock:
-            while not super().import_sequence(data):
-                if not self._gate.make_room(len(data)):
-                    return False
-            return True
+            return super().import_sequence(data)
 
     def close(self) -> None:
         """The base owns the model and context."""
