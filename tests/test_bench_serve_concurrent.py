@@ -44,9 +44,10 @@ def test_a_refused_kind_is_a_4xx_or_501_not_a_failure():
     assert not refused(Answer(status=500)) and not refused(Answer(status=None))
 
 
-def test_probe_prompts_start_apart_and_are_the_same_length():
-    alone, probe = fresh_prompt("alone", 0), fresh_prompt("probe", 0)
+def test_probe_prompts_start_apart_in_each_round_and_run_and_are_the_same_length():
+    alone, probe = fresh_prompt("alone", "abc123", 0), fresh_prompt("probe", "abc123", 0)
     assert alone != probe and len(alone) == len(probe)
+    assert fresh_prompt("alone", "abc123", 1) != alone != fresh_prompt("alone", "def456", 0)
     assert alone.split("\n", 1)[1] == probe.split("\n", 1)[1]
     assert completion_body("m", alone)["temperature"] == 0
 
@@ -157,7 +158,7 @@ def test_a_streamed_completion_is_timed_and_calls_back_once(serve_host):
     firsts = []
     with running(serve_host) as app, httpx.Client(timeout=60) as client:
         answer = stream_completion(client, app.base_url,
-                                   {**completion_body(MODEL, fresh_prompt("alone", 0)),
+                                   {**completion_body(MODEL, fresh_prompt("alone", "abc123", 0)),
                                     "max_tokens": 4}, lambda: firsts.append(1))
 
     assert answer.complete and answer.status == 200 and answer.text

@@ -25,10 +25,11 @@ not supported, not as a failure. The numbers are summed up and checked in
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -78,11 +79,14 @@ FIRST_TYPED = 200  # characters of TYPED_CODE in the first request, and in each 
 
 @dataclass(frozen=True)
 class Workload:
-    """What every server is sent: C chat clients, their turns, the reply length."""
+    """What every server is sent: C chat clients, their turns, the reply length. ``run`` starts
+    every prompt of this run, so that an --against server kept up between runs cannot answer
+    from the previous run's cache (every server of one run gets the same prompts)."""
 
     clients: int
     turns: int
     max_tokens: int
+    run: str = field(default_factory=lambda: secrets.token_hex(3))
 
 
 def probe_streams(clients: int) -> int:
@@ -112,30 +116,30 @@ def measure_concurrent(model: str | None, config: Settings, *, clients: int, tur
         name = local_name(parallel)
         with localchat_serve(reference, n_ctx, config.serve.cache_ram_mib, parallel) as url:
             say(f"{name} is up at {url}")
-            report["servers"][name] = server_run(url, spec.name, work, say, parallel=parallel)
+            report["servers"][name] = server_run(name, url, spec.name, work, say, parallel)
     for url in against:
         base = url.rstrip("/").removesuffix("/v1")
         wait_ready(base)
-        report["servers"][url] = server_run(base, served_name(base, url, spec.name), work, say)
+        report["servers"][url] = server_run(url, base, served_name(base, url, spec.name), work,
+                                            say)
     report["notes"] += refusal_notes(report)
     report["targets"] = concurrent_targets(report)
     return report
 
 
-def server_run(url: str, model: str, work: Workload, say: Callable[[str], None],
+def server_run(name: str, url: str, model: str, work: Workload, say: Callable[[str], None],
                parallel: int | None = None) -> dict[str, Any]:
     """Every phase on one server: its requests as the clients saw them, and their summary."""
     time.sleep(SETTLE_S)
     run: dict[str, Any] = {"url": url, "parallel": parallel,
                            "under_load": under_load(url, model, work)}
-    say(f"{url}: {work.clients} chat clients x {work.turns} turns, typing and embeddings at once")
+    say(f"{name}: {work.clients} chat clients x {work.turns} turns, typing and embeddings at once")
     run["alone"] = _chat_client(url, model, "Alone", work)
-    run["completion_alone"] = [_completion_alone(url, model, r) for r in range(PROBE_ROUNDS)]
+    run["completion_alone"] = [_completion_alone(url, model, work, r) for r in range(PROBE_ROUNDS)]
     streams = probe_streams(work.clients)
-    run["completion_during_streams"] = [
-        _completion_during_streams(url, model, streams, work.max_tokens, r)
-        for r in range(PROBE_ROUNDS)]
-    say(f"{url}: one client alone; a completion alone and while {streams} chats stream")
+    run["completion_during_streams"] = [_completion_during_streams(url, model, work, streams, r)
+                                        for r in range(PROBE_ROUNDS)]
+    say(f"{name}: one client alone; a completion alone and while {streams} chats stream")
     run["summary"] = summarise(run)
     return run
 
@@ -151,7 +155,7 @@ def under_load(url: str, model: str, work: Workload) -> dict[str, Any]:
 
     def typing() -> None:
         streaming.wait(REQUEST_TIMEOUT_S)
-        side["completions"] = _typing_burst(url, model)
+        side["completions"] = _typing_burst(url, model, work.run)
 
     def embeddings() -> None:
         streaming.wait(REQUEST_TIMEOUT_S)
@@ -176,7 +180,7 @@ def under_load(url: str, model: str, work: Workload) -> dict[str, Any]:
 def _chat_client(url: str, model: str, label: str, work: Workload,
                  on_first_text: Callable[[], None] | None = None) -> list[dict[str, Any]]:
     """One client's conversation, turn after turn, each request the whole history."""
-    messages = [{"role": "system", "content": DEFAULT_SYSTEM}]
+    messages = [{"role": "system", "content": f"{DEFAULT_SYSTEM} (Run {work.run}.)"}]
     rows = []
     with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
         for turn in range(work.turns):
@@ -191,12 +195,12 @@ def _chat_client(url: str, model: str, label: str, work: Workload,
     return rows
 
 
-def _typing_burst(url: str, model: str) -> dict[str, Any]:
+def _typing_burst(url: str, model: str, run: str) -> dict[str, Any]:
     """Completions of a growing prefix, one after another, as an editor asks while one types."""
     rows: list[dict[str, Any]] = []
     with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
         for i in range(TYPING_REQUESTS):
-            prompt = "# typed\n" + TYPED_CODE[:FIRST_TYPED + i * TYPED_CHARS]
+            prompt = f"# typed {run}\n" + TYPED_CODE[:FIRST_TYPED + i * TYPED_CHARS]
             answer = stream_completion(client, url, completion_body(model, prompt))
             if refused(answer):
                 return {"refused": answer.error, "requests": rows}
@@ -205,13 +209,14 @@ def _typing_burst(url: str, model: str) -> dict[str, Any]:
     return {"refused": None, "requests": rows}
 
 
-def _completion_alone(url: str, model: str, round_: int) -> dict[str, Any]:
+def _completion_alone(url: str, model: str, work: Workload, round_: int) -> dict[str, Any]:
+    prompt = fresh_prompt("alone", work.run, round_)
     with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
-        answer = stream_completion(client, url, completion_body(model, fresh_prompt("alone", round_)))
+        answer = stream_completion(client, url, completion_body(model, prompt))
     return {**request_row(answer), "refused": answer.error if refused(answer) else None}
 
 
-def _completion_during_streams(url: str, model: str, streams: int, max_tokens: int,
+def _completion_during_streams(url: str, model: str, work: Workload, streams: int,
                                round_: int) -> dict[str, Any]:
     """``streams`` fresh chats; once each has its first text, one completion of a fresh prompt.
     ``streams_active``: the chats still streaming when it was sent (a short reply may be over)."""
@@ -220,10 +225,11 @@ def _completion_during_streams(url: str, model: str, streams: int, max_tokens: i
 
     def chat(i: int) -> None:
         question = DEFAULT_QUESTIONS[(round_ + i) % len(DEFAULT_QUESTIONS)]
-        messages = [{"role": "user", "content": f"(Stream {round_ + 1}.{i + 1}) {question}"}]
+        label = f"Run {work.run}, stream {round_ + 1}.{i + 1}"
+        messages = [{"role": "user", "content": f"({label}) {question}"}]
         try:
             with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
-                stream_chat(client, url, chat_body(model, messages, max_tokens), first[i].set)
+                stream_chat(client, url, chat_body(model, messages, work.max_tokens), first[i].set)
         finally:
             first[i].set()
             ended[i].set()
@@ -234,8 +240,9 @@ def _completion_during_streams(url: str, model: str, streams: int, max_tokens: i
     for event in first:
         event.wait(REQUEST_TIMEOUT_S)
     active = sum(not event.is_set() for event in ended)
+    prompt = fresh_prompt("probe", work.run, round_)
     with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
-        answer = stream_completion(client, url, completion_body(model, fresh_prompt("probe", round_)))
+        answer = stream_completion(client, url, completion_body(model, prompt))
     for thread in threads:
         thread.join()
     return {**request_row(answer), "refused": answer.error if refused(answer) else None,
@@ -269,10 +276,10 @@ def completion_body(model: str, prompt: str) -> dict[str, Any]:
             "repeat_penalty": 1.0}
 
 
-def fresh_prompt(tag: str, round_: int) -> str:
+def fresh_prompt(kind: str, run: str, round_: int) -> str:
     """A prompt no earlier request began with (its first line differs), of the same length for
-    every tag of the same length: what a completion alone and one under load both prefill."""
-    return f"# {tag} {round_ + 1}\n" + TYPED_CODE[:FIRST_TYPED]
+    every kind of the same length: what a completion alone and one under load both prefill."""
+    return f"# {kind} {run} {round_ + 1}\n" + TYPED_CODE[:FIRST_TYPED]
 
 
 def refused(answer: Answer) -> bool:
