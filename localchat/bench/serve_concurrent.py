@@ -110,16 +110,18 @@ def measure_concurrent(model: str | None, config: Settings, *, clients: int, tur
         "model": spec.name, "n_ctx": n_ctx, "clients": clients, "turns": turns,
         "max_tokens": max_tokens, "typing_requests": TYPING_REQUESTS,
         "typing_max_tokens": TYPING_MAX_TOKENS, "embedding_inputs": EMBEDDING_INPUTS,
-        "probe_streams": probe_streams(clients), "probe_rounds": PROBE_ROUNDS, "servers": {},
+        "probe_streams": probe_streams(clients), "probe_rounds": PROBE_ROUNDS, "run": work.run,
+        "servers": {},
         "notes": [] if against else [NO_AGAINST_NOTE]}
+    others = {url: url.rstrip("/").removesuffix("/v1") for url in against}
+    for base in others.values():  # before minutes of work: a server that is not up fails now
+        wait_ready(base)
     for parallel in (clients, 1):
         name = local_name(parallel)
         with localchat_serve(reference, n_ctx, config.serve.cache_ram_mib, parallel) as url:
             say(f"{name} is up at {url}")
             report["servers"][name] = server_run(name, url, spec.name, work, say, parallel)
-    for url in against:
-        base = url.rstrip("/").removesuffix("/v1")
-        wait_ready(base)
+    for url, base in others.items():
         report["servers"][url] = server_run(url, base, served_name(base, url, spec.name), work,
                                             say)
     report["notes"] += refusal_notes(report)
