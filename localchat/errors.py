@@ -18,6 +18,12 @@ class ConfigError(UserError):
     """A config or registry file is malformed (the message names file, line and field)."""
 
 
+class UsageError(UserError):
+    """Flags that do not go together on the command line: exit status 2, as argparse's own."""
+
+    exit_code = 2
+
+
 class DownloadError(UserError):
     """A pull failed (network, 404, checksum, disk); nothing that looks like a model was left."""
 

@@ -103,7 +103,9 @@ def print_conversation(report: dict[str, Any]) -> None:
 
 
 def _target_line(check: dict[str, Any]) -> str:
-    return f"  [{'ok' if check['ok'] else 'MISS'}] {check['target']}: {check['value']} (limit {check['limit']})"
+    # ok None: a target this run could not measure (what it compares with was not there).
+    mark = "--" if check["ok"] is None else "ok" if check["ok"] else "MISS"
+    return f"  [{mark}] {check['target']}: {check['value']} (limit {check['limit']})"
 
 
 _FRAME_COLUMNS = (("frames", "frames", ""), ("frame_interval_p50_ms", "p50", "ms"),

@@ -33,9 +33,11 @@ import httpx
 from localchat.bench.script import DEFAULT_QUESTIONS, DEFAULT_SYSTEM
 from localchat.bench.serve_clients import (
     Answer,
+    chat_body,
     llama_cpp_server,
     llama_cpp_server_available,
     localchat_serve,
+    served_name,
     stream_chat,
     wait_ready,
 )
@@ -77,7 +79,7 @@ def measure_serve(model: str | None, config: Settings, *, conversations: int, tu
             for url in against:
                 wait_ready(url.rstrip("/").removesuffix("/v1"))
                 servers[url] = url.rstrip("/").removesuffix("/v1")
-            names = {name: _served_name(url, name, spec.name) for name, url in servers.items()}
+            names = {name: served_name(url, name, spec.name) for name, url in servers.items()}
             report["servers"] = interleaved(servers, names, conversations, turns, max_tokens, say)
             report["concurrent"] = {name: concurrent(url, names[name], clients)
                                     for name, url in servers.items()}
@@ -101,24 +103,6 @@ class _optional_llama_cpp:
             self._context.__exit__(*exc)
 
 
-def _served_name(url: str, name: str, model: str) -> str:
-    """The model id to send: ours by name; another server's first listed model."""
-    if name == "localchat serve":
-        return model
-    try:
-        data = httpx.get(url + "/v1/models", timeout=5).json().get("data") or []
-        return str(data[0]["id"]) if data else model
-    except (httpx.HTTPError, ValueError, KeyError):
-        return model
-
-
-def _body(model: str, messages: list[dict], max_tokens: int) -> dict[str, Any]:
-    # Greedy and no repeat penalty on every server (llama-server and llama-cpp-python read
-    # repeat_penalty; the rest ignore it), so all answer the same way.
-    return {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-            "repeat_penalty": 1.0}
-
-
 def _question(conversation: int, turn: int) -> str:
     question = DEFAULT_QUESTIONS[turn % len(DEFAULT_QUESTIONS)]
     return f"(Conversation {conversation + 1}) {question}"
@@ -139,7 +123,7 @@ def interleaved(servers: dict[str, str], names: dict[str, str], conversations: i
                 for c in range(conversations):
                     messages = histories[name][c]
                     messages.append({"role": "user", "content": _question(c, turn)})
-                    answer = stream_chat(client, servers[name], _body(names[name], messages, max_tokens))
+                    answer = stream_chat(client, servers[name], chat_body(names[name], messages, max_tokens))
                     messages.append({"role": "assistant", "content": answer.text})
                     row.append(_request_row(answer, previous.get((name, c))))
                     previous[(name, c)] = answer
@@ -184,7 +168,7 @@ def concurrent(url: str, model: str, clients: int) -> dict[str, Any]:
 
     threads = []
     for i in range(clients):
-        body = json.dumps({**_body(model, [{"role": "user", "content":
+        body = json.dumps({**chat_body(model, [{"role": "user", "content":
                                             f"Client {i}: say hello in one sentence."}], 16),
                            "stream": True}).encode()
         sock = socket.create_connection((target.hostname, target.port or 80), timeout=900)
@@ -238,11 +222,11 @@ def http_overhead(model: str, config: Settings, n_ctx: int, rounds: int,
                 # Which goes first alternates: on a shared machine, a run's neighbour in time
                 # matters more than anything measured here.
                 if i % 2:
-                    served_answer = stream_chat(client, app.base_url, _body(served, through_http, 64))
+                    served_answer = stream_chat(client, app.base_url, chat_body(served, through_http, 64))
                     ttft, tps = _direct(engine, direct)
                 else:
                     ttft, tps = _direct(engine, direct)
-                    served_answer = stream_chat(client, app.base_url, _body(served, through_http, 64))
+                    served_answer = stream_chat(client, app.base_url, chat_body(served, through_http, 64))
                 if served_answer.ttft_ms is not None:
                     ttft_gap.append(served_answer.ttft_ms - ttft)
                 if tps and served_answer.decode_tps:

@@ -1,12 +1,14 @@
 """What ``bench --serve`` drives: OpenAI-compatible servers (``localchat serve`` and
-llama-cpp-python's server started here, any other at a URL) and one streamed chat request timed
-as a client sees it.
+llama-cpp-python's server started here, any other at a URL) and one streamed request timed as a
+client sees it.
 
-``stream_chat`` sends one ``/v1/chat/completions`` request with ``stream: true`` and
-``include_usage`` and reads the SSE stream: TTFT is the time from sending to the first chunk
-with text (answer or reasoning), decode speed the text chunks after the first over the time
-they took, and the cached tokens come from ``usage.prompt_tokens_details.cached_tokens`` or
-llama-server's ``timings.cache_n`` (None when the server reports neither).
+``stream_chat`` sends one ``/v1/chat/completions`` request (``stream_completion`` one
+``/v1/completions`` request, a prompt continued) with ``stream: true`` and ``include_usage`` and
+reads the SSE stream: TTFT is the time from sending to the first chunk with text (answer or
+reasoning), decode speed the text chunks after the first over the time they took, and the cached
+tokens come from ``usage.prompt_tokens_details.cached_tokens`` or llama-server's
+``timings.cache_n`` (None when the server reports neither). A refused request keeps its HTTP
+status (``Answer.status``): a server without an endpoint answers 404 or 501.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -43,6 +45,7 @@ class Answer:
     finish_reason: str | None = None
     done: bool = False  # data: [DONE] arrived
     error: str | None = None
+    status: int | None = None  # the HTTP status (None: no answer at all)
     ended_at: float = 0.0
 
     @property
@@ -50,15 +53,49 @@ class Answer:
         return self.done and self.finish_reason in ("stop", "length") and self.error is None
 
 
-def stream_chat(client: httpx.Client, base_url: str, body: dict[str, Any]) -> Answer:
+def chat_body(model: str, messages: list[dict], max_tokens: int) -> dict[str, Any]:
+    """A greedy chat request that every server answers the same way."""
+    # Greedy and no repeat penalty on every server (llama-server and llama-cpp-python read
+    # repeat_penalty; the rest ignore it), so all answer the same way.
+    return {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "repeat_penalty": 1.0}
+
+
+def served_name(url: str, name: str, model: str) -> str:
+    """The model id to send: ours by name; another server's first listed model."""
+    if name.startswith("localchat serve"):
+        return model
+    try:
+        data = httpx.get(url + "/v1/models", timeout=5).json().get("data") or []
+        return str(data[0]["id"]) if data else model
+    except (httpx.HTTPError, ValueError, KeyError):
+        return model
+
+
+def stream_chat(client: httpx.Client, base_url: str, body: dict[str, Any],
+                on_first_text: Callable[[], None] | None = None) -> Answer:
+    """One streamed ``/v1/chat/completions`` request; ``on_first_text`` runs when its first
+    text arrives."""
+    return _stream(client, base_url.rstrip("/") + "/v1/chat/completions", body, on_first_text)
+
+
+def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
+                      on_first_text: Callable[[], None] | None = None) -> Answer:
+    """One streamed ``/v1/completions`` request (``body`` has a ``prompt``), timed as a chat."""
+    return _stream(client, base_url.rstrip("/") + "/v1/completions", body, on_first_text)
+
+
+def _stream(client: httpx.Client, url: str, body: dict[str, Any],
+            on_first_text: Callable[[], None] | None) -> Answer:
     answer = Answer()
     times: list[float] = []
     pieces: list[str] = []
     started = time.perf_counter()
     try:
-        with client.stream("POST", base_url.rstrip("/") + "/v1/chat/completions",
-                           json={**body, "stream": True, "stream_options": {"include_usage": True}}
+        with client.stream("POST", url, json={**body, "stream": True,
+                                              "stream_options": {"include_usage": True}}
                            ) as response:
+            answer.status = response.status_code
             if response.status_code != 200:
                 answer.error = f"HTTP {response.status_code}: {response.read()[:200]!r}"
                 return answer
@@ -69,7 +106,10 @@ def stream_chat(client: httpx.Client, base_url: str, body: dict[str, Any]) -> An
                 if payload == "[DONE]":
                     answer.done = True
                     break
+                had_text = bool(times)
                 _read_chunk(json.loads(payload), answer, times, pieces)
+                if times and not had_text and on_first_text is not None:
+                    on_first_text()
     except (httpx.HTTPError, ValueError) as exc:
         answer.error = f"{type(exc).__name__}: {exc}"
     answer.ended_at = time.perf_counter()
@@ -87,7 +127,7 @@ def _read_chunk(chunk: dict[str, Any], answer: Answer, times: list[float], piece
         answer.error = str(chunk["error"])[:200]
     for choice in chunk.get("choices") or []:
         delta = choice.get("delta") or {}
-        content = delta.get("content") or ""
+        content = delta.get("content") or choice.get("text") or ""  # a chat's, a completion's
         if content or delta.get("reasoning_content"):
             times.append(time.perf_counter())
             pieces.append(content)
@@ -114,10 +154,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def localchat_serve(model: str, n_ctx: int, cache_mib: int) -> Iterator[str]:
-    """``localchat serve`` in a subprocess on a free port; its base URL."""
+def localchat_serve(model: str, n_ctx: int, cache_mib: int,
+                    parallel: int | None = None) -> Iterator[str]:
+    """``localchat serve`` in a subprocess on a free port (with ``--parallel N`` when given, else
+    its configured slots); its base URL."""
     command = [sys.executable, "-m", "localchat", "serve", "--model", model, "--port", "0",
                "--n-ctx", str(n_ctx), "--cache-ram", str(cache_mib)]
+    if parallel is not None:
+        command += ["--parallel", str(parallel)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

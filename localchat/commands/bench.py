@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from localchat.errors import UserError
+from localchat.errors import UsageError, UserError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -62,14 +62,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="start `localchat serve` and llama-cpp-python's server on the model and "
                       "send both (and each --against server) the same interleaved conversations "
                       "through the OpenAI API: TTFT per turn, cached share, tokens/s; also what "
-                      "HTTP adds over an in-process engine and 16 concurrent streams")
+                      "HTTP adds over an in-process engine and 16 concurrent streams; with "
+                      "--concurrent C, many clients at once instead")
     p.add_argument("--against", action="append", default=[], metavar="URL",
                    help="with --serve: another OpenAI-compatible server on the same model "
                    "(llama-server, Ollama), compared side by side (repeatable)")
-    p.add_argument("--conversations", type=int, default=4,
+    p.add_argument("--conversations", type=int,
                    help="with --serve: conversations interleaved (default 4)")
-    p.add_argument("--clients", type=int, default=16,
+    p.add_argument("--clients", type=int,
                    help="with --serve: concurrent streaming clients (default 16)")
+    p.add_argument("--concurrent", type=int, metavar="C",
+                   help="with --serve: instead of the interleaved conversations, C chat clients "
+                   "at once (--turns, default 3; --max-tokens, default 48) with typed completions "
+                   "and an embeddings request among them, on `localchat serve --parallel C`, on "
+                   "`--parallel 1` and on each --against server (llama-server -np C): TTFT p50/p90 "
+                   "per kind, the chats' tokens/s together, one client alone, a completion while "
+                   "3 chats stream")
     p.add_argument("--spec-mode", choices=("auto", "ngram", "draft"),
                    help="with --speculative: what drafts (default: [engine] speculative, or auto)")
     p.add_argument("--draft-model", help="with --speculative: the draft model (registry name, "
@@ -100,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
     from localchat.settings import check_flag, load_config
 
     check_flag("--max-tokens", "sampling.max_tokens", args.max_tokens)
+    if args.concurrent is not None and not args.serve:
+        raise UsageError("--concurrent goes with --serve")
     if args.router is not None:
         report.show(_router(args), args.json)
         return 0
@@ -217,17 +227,45 @@ def _serve(args: argparse.Namespace) -> dict:
     from localchat.bench.serve import measure_serve
     from localchat.settings import load_config
 
-    for flag, value in (("--conversations", args.conversations), ("--clients", args.clients),
-                        ("--turns", args.turns if args.turns is not None else 1)):
+    if args.turns is not None and args.turns < 1:
+        raise UserError(f"--turns must be at least 1, not {args.turns}")
+    if args.concurrent is not None:
+        return _serve_concurrent(args)
+    conversations = 4 if args.conversations is None else args.conversations
+    clients = 16 if args.clients is None else args.clients
+    for flag, value in (("--conversations", conversations), ("--clients", clients)):
         if value < 1:
             raise UserError(f"{flag} must be at least 1, not {value}")
-    return measure_serve(args.model, load_config(), conversations=args.conversations,
+    return measure_serve(args.model, load_config(), conversations=conversations,
                          turns=args.turns or 10, max_tokens=args.max_tokens or 32,
                          n_ctx=args.n_ctx, against=args.against, rounds=args.rounds or 8,
-                         clients=args.clients, say=report.progress(enabled=not args.json))
+                         clients=clients, say=report.progress(enabled=not args.json))
+
+
+def _serve_concurrent(args: argparse.Namespace) -> dict:
+    from localchat.bench import report
+    from localchat.bench.serve_concurrent import measure_concurrent
+    from localchat.settings import load_config
+
+    if args.concurrent < 2:
+        raise UsageError(f"--concurrent must be at least 2 (it is compared with --parallel 1), "
+                         f"not {args.concurrent}")
+    for flag, value in (("--conversations", args.conversations), ("--clients", args.clients),
+                        ("--rounds", args.rounds)):
+        if value is not None:
+            raise UsageError(f"{flag} goes with --serve without --concurrent")
+    return measure_concurrent(args.model, load_config(), clients=args.concurrent,
+                              turns=args.turns or 3, max_tokens=args.max_tokens or 48,
+                              n_ctx=args.n_ctx, against=args.against,
+                              say=report.progress(enabled=not args.json))
 
 
 def _print_serve(result: dict) -> None:
+    if "probe_streams" in result:  # --concurrent
+        from localchat.bench.serve_concurrent_report import print_concurrent
+
+        print_concurrent(result)
+        return
     from localchat.bench.serve import print_serve
 
     print_serve(result)

@@ -1,0 +1,185 @@
+"""What ``bench --serve --concurrent C`` makes of its requests (``serve_concurrent``): each server's
+summary, the targets (issue 48) and the side-by-side table. Plain functions of the report, so that
+they are tested on made-up numbers.
+
+A target that cannot be measured on this run (no ``--against`` server, or a server that refused a
+kind) is recorded with ``"value": "not measured"`` and ``"ok": None``: neither met nor missed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from localchat.bench.report import lines
+from localchat.bench.targets import target
+from localchat.percentiles import percentile
+
+NO_AGAINST_NOTE = ("no --against server: the targets against llama-server are not measured; start "
+                   "`llama-server -m MODEL.gguf -np C --embeddings --pooling mean --port 18080` and "
+                   "pass --against http://127.0.0.1:18080")
+LLAMA_SERVER = "llama-server"  # how a target names an --against server when there is only one
+
+
+def local_name(parallel: int) -> str:
+    """The report's name for ``localchat serve`` started with ``--parallel N``."""
+    return f"localchat serve --parallel {parallel}"
+
+
+def summarise(run: dict[str, Any]) -> dict[str, Any]:
+    """One server's figures from its requests (``serve_concurrent.server_run``)."""
+    load = run["under_load"]
+    chats = [row for rows in load["chats"] for row in rows]
+    answered = [row for row in chats if not row["error"]]
+    tokens = sum(row["completion_tokens"] for row in answered)
+    chat_ttft = _present(row["ttft_ms"] for row in answered)
+    typing = load.get("completions") or {"refused": None, "requests": []}
+    typed = [row for row in typing["requests"] if not row["error"]]
+    typed_ttft = _present(row["ttft_ms"] for row in typed)
+    embeddings = load.get("embeddings") or {}
+    embedded = not embeddings.get("error") and not embeddings.get("refused")
+    return {
+        "chat_requests": len(chats), "chat_errors": len(chats) - len(answered),
+        "chat_ttft_p50_ms": _percentile(chat_ttft, 50),
+        "chat_ttft_p90_ms": _percentile(chat_ttft, 90),
+        "chat_tokens": tokens,
+        "aggregate_tps": round(tokens / load["wall_s"], 1) if tokens and load["wall_s"] else None,
+        "completion_supported": typing["refused"] is None,
+        "completion_requests": len(typing["requests"]),
+        "completion_errors": len(typing["requests"]) - len(typed),
+        "completion_ttft_p50_ms": _percentile(typed_ttft, 50),
+        "completion_ttft_p90_ms": _percentile(typed_ttft, 90),
+        "embeddings_supported": not embeddings.get("refused"),
+        "embeddings_latency_ms": embeddings.get("latency_ms") if embedded else None,
+        "embeddings_error": embeddings.get("error"),
+        "single_client_tps": _median(row["decode_tps"] for row in run["alone"] if not row["error"]),
+        "completion_alone_ttft_ms": _median(_answered_ttft(run["completion_alone"])),
+        "completion_during_streams_ttft_ms": _median(
+            _answered_ttft(run["completion_during_streams"])),
+        "streams_active_min": min((row["streams_active"] for row in run["completion_during_streams"]),
+                                  default=None),
+    }
+
+
+def concurrent_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 48's targets for ``localchat serve --parallel C`` on this run's summaries."""
+    clients, servers = report["clients"], report["servers"]
+    ours = servers[local_name(clients)]["summary"]
+    one_slot = servers[local_name(1)]["summary"]
+    others = {name: run["summary"] for name, run in servers.items()
+              if not name.startswith("localchat serve")}
+    checks = []
+    for name, theirs in (others or {LLAMA_SERVER: None}).items():
+        shown = LLAMA_SERVER if len(others) <= 1 else name
+        for p in (50, 90):
+            key = f"chat_ttft_p{p}_ms"
+            checks.append(_ratio(f"{clients} concurrent chat clients: TTFT p{p} / {shown} "
+                                 f"-np {clients}'s", ours[key], theirs and theirs[key], 1.0,
+                                 at_most=True))
+        checks.append(_ratio(f"chat tokens/s, all {clients} streams / {shown} -np {clients}'s",
+                             ours["aggregate_tps"], theirs and theirs["aggregate_tps"], 1.0))
+    checks.append(_ratio(f"chat tokens/s, all {clients} streams / --parallel 1's",
+                         ours["aggregate_tps"], one_slot["aggregate_tps"], 1.1))
+    checks.append(_ratio(f"completion TTFT while {report['probe_streams']} chats stream / alone "
+                         "(median)", ours["completion_during_streams_ttft_ms"],
+                         ours["completion_alone_ttft_ms"], 2.0, at_most=True))
+    checks.append(_ratio("one client alone: decode tokens/s / --parallel 1's",
+                         ours["single_client_tps"], one_slot["single_client_tps"], 0.95))
+    return checks
+
+
+def refusal_notes(report: dict[str, Any]) -> list[str]:
+    """A line for each kind of request a server does not answer (it had less to do while its
+    chats streamed), and for a probe whose chats had ended before its completion was sent."""
+    notes = []
+    for name, run in report["servers"].items():
+        summary, load = run["summary"], run["under_load"]
+        if not summary["completion_supported"]:
+            notes.append(f"{name} does not answer /v1/completions: "
+                         f"{(load.get('completions') or {}).get('refused')}")
+        if not summary["embeddings_supported"]:
+            notes.append(f"{name} does not answer /v1/embeddings (llama-server needs "
+                         f"--embeddings): {(load.get('embeddings') or {}).get('refused')}")
+        active = summary["streams_active_min"]
+        if active is not None and active < report["probe_streams"]:
+            notes.append(f"{name}: only {active} of {report['probe_streams']} chats were still "
+                         "streaming when a probe's completion was sent")
+    return notes
+
+
+def not_measured(name: str, limit: Any) -> dict[str, Any]:
+    return {**target(name, "not measured", limit, False), "ok": None}
+
+
+def _ratio(name: str, value: float | None, reference: float | None, limit: float, *,
+           at_most: bool = False) -> dict[str, Any]:
+    """value / reference against ``limit`` (at least, or at most), or not measured."""
+    if value is None or not reference:
+        return not_measured(name, limit)
+    ratio = round(value / reference, 3)
+    return target(name, ratio, limit, ratio <= limit if at_most else ratio >= limit)
+
+
+def _answered_ttft(rows: list[dict[str, Any]]) -> list[float]:
+    return _present(row["ttft_ms"] for row in rows if not row["error"] and not row.get("refused"))
+
+
+def _present(values: Any) -> list[float]:
+    return [v for v in values if v is not None]
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    return round(percentile(values, q), 1) if values else None
+
+
+def _median(values: Any) -> float | None:
+    present = _present(values)
+    return round(statistics.median(present), 1) if present else None
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+def _pair(a: float | None, b: float | None) -> str:
+    return f"{_number(a)} / {_number(b)}"
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+_ROWS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+    ("chat TTFT p50 / p90 (ms)", lambda s: _pair(s["chat_ttft_p50_ms"], s["chat_ttft_p90_ms"])),
+    ("chat tok/s, all streams", lambda s: _number(s["aggregate_tps"])),
+    ("chat requests (errors)", lambda s: f"{s['chat_requests']} ({s['chat_errors']})"),
+    ("completion TTFT p50 / p90 (ms)", lambda s: _pair(s["completion_ttft_p50_ms"],
+                                                       s["completion_ttft_p90_ms"])
+     if s["completion_supported"] else "not supported"),
+    ("embeddings request (ms)", lambda s: _number(s["embeddings_latency_ms"])
+     if s["embeddings_supported"] else "not supported"),
+    ("one client alone: tok/s", lambda s: _number(s["single_client_tps"])),
+    ("completion alone: TTFT (ms)", lambda s: _number(s["completion_alone_ttft_ms"])),
+    ("completion, chats streaming: TTFT", lambda s: _number(s["completion_during_streams_ttft_ms"])),
+]
+
+
+def print_concurrent(report: dict[str, Any]) -> None:
+    """The side-by-side table (one column per server), then the notes and the targets."""
+    names = list(report["servers"])
+    print(f"bench --serve --concurrent {report['clients']}: {report['model']}, n_ctx "
+          f"{report['n_ctx']}, {report['clients']} chat clients at once x {report['turns']} turns "
+          f"({report['max_tokens']}-token greedy replies, whole history each request); meanwhile "
+          f"{report['typing_requests']} typed completions ({report['typing_max_tokens']} tokens) "
+          f"and one embeddings request of {report['embedding_inputs']} inputs; then one client "
+          f"alone, and a completion alone and while {report['probe_streams']} chats stream "
+          f"(median of {report['probe_rounds']})")
+    label = max(len(row) for row, _ in _ROWS)
+    width = max(18, *(min(len(name), 32) for name in names))
+    print(" " * label + "".join(f" | {name[:32]:^{width}}" for name in names))
+    for row, cell in _ROWS:
+        print(f"{row:<{label}}" + "".join(
+            f" | {cell(report['servers'][name]['summary']):^{width}}" for name in names))
+    for note in report["notes"]:
+        print(f"note: {note}")
+    for line in lines({"targets": report["targets"]}):
+        print(line)
