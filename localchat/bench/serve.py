@@ -10,8 +10,9 @@ whole history each request, side by side with the servers people run instead.
   Ollama's /v1).
 - **What HTTP adds**: the same fresh prompts answered by an engine in this process (what ``ask``
   does) and through serve, alternating: TTFT difference and decode-speed ratio (medians).
-- **Many clients**: 16 streaming requests sent 30 ms apart: every stream complete, answered in
-  the order they were sent, no error (also for llama-cpp-python's server, which cuts them).
+- **Many clients**: 16 streaming requests sent 30 ms apart: every stream complete, its first
+  text in the order they were sent, no error (also for llama-cpp-python's server, which cuts
+  them).
 
 Targets (issue 41) are checked at the end (``serve_targets``).
 """
@@ -154,17 +155,21 @@ def _turn_summary(row: list[dict[str, Any]]) -> dict[str, Any]:
 
 def concurrent(url: str, model: str, clients: int) -> dict[str, Any]:
     """``clients`` streams sent 30 ms apart from one thread (so the order they arrive in is
-    known), each read on its own thread: complete, answered in the order sent, no error?"""
+    known), each read on its own thread: complete, first text in the order sent (requests start
+    in arrival order; with parallel slots several stream at once, so they need not end in it),
+    no error?"""
     time.sleep(SETTLE_S)
     ended: list[tuple[float, bytes]] = [(0.0, b"")] * clients
     target = urlsplit(url)
 
     def read(i: int, sock: socket.socket) -> None:
-        data = b""
+        data, first = b"", None
         with sock:
             while chunk := sock.recv(65536):
                 data += chunk
-        ended[i] = (time.perf_counter(), data)
+                if first is None and _TEXT.search(data):
+                    first = time.perf_counter()
+        ended[i] = (first if first is not None else time.perf_counter(), data)
 
     threads = []
     for i in range(clients):
@@ -183,10 +188,14 @@ def concurrent(url: str, model: str, clients: int) -> dict[str, Any]:
     complete = [bool(_FINISHED.search(data)) and b"data: [DONE]" in data for _, data in ended]
     errors = sum(1 for _, data in ended if not data.startswith(b"HTTP/1.1 200") or b'"error"' in data)
     times = [at for at, _ in ended]
+    # Streams that start in one batch show their first text in the same step, in any order.
+    in_order = all(later >= earlier - SAME_STEP_S for earlier, later in zip(times, times[1:]))
     return {"clients": clients, "complete": sum(complete), "errors": errors,
-            "in_order": times == sorted(times)}
+            "in_order": in_order}
 
 
+SAME_STEP_S = 0.025  # first texts this close came out of one decode step (~7-20 ms here)
+_TEXT = re.compile(rb'"content":\s*"[^"]')
 _FINISHED = re.compile(rb'"finish_reason":\s*"(stop|length)"')
 
 
@@ -282,7 +291,8 @@ def serve_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                              ratio >= 0.95))
     many = report["concurrent"]["localchat serve"]
     ok = many["complete"] == many["clients"] and many["in_order"] and many["errors"] == 0
-    checks.append(target(f"{many['clients']} concurrent streams: complete, in order, no error",
+    checks.append(target(f"{many['clients']} concurrent streams: complete, started in order, "
+                         "no error",
                          f"{many['complete']}/{many['clients']} complete, "
                          f"{'in order' if many['in_order'] else 'OUT OF ORDER'}, "
                          f"{many['errors']} errors", "all", ok))
