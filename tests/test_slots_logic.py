@@ -190,3 +190,27 @@ def test_a_prompt_given_as_tokens_takes_the_slot_sharing_its_prefix():
 def test_no_idle_slot_is_a_bug_not_a_choice():
     with pytest.raises(ValueError):
         choose_slot([], [])
+
+
+def test_the_gates_lock_is_granted_in_the_order_asked_and_a_holder_cannot_jump_the_queue():
+    from localchat.engine.slots.gate import FairLock
+
+    lock = FairLock()
+    order: list[str] = []
+    asked = threading.Event()
+
+    def later(name: str) -> None:
+        with lock:
+            order.append(name)
+
+    with lock:
+        with lock:  # reentrant
+            order.append("holder")
+        waiter = threading.Thread(target=later, args=("waiter",))
+        waiter.start()
+        time.sleep(0.2)
+        asked.set()
+    with lock:  # asked again at once: the waiter asked first
+        order.append("holder again")
+    waiter.join(5)
+    assert order == ["holder", "waiter", "holder again"]

@@ -9,7 +9,11 @@ never wait for it. Parts that do not fit ``n_batch`` wait for the next step, fir
 
 Every other llama.cpp call of a slot (removing cells, restoring a state) is made under
 ``lock``, which a batch holds while it decodes; a member's sampling needs no lock: no decode can
-run while it samples, since a batch waits for every member.
+run while it samples, since a batch waits for every member. A slot takes part from the start of
+its turn (``join``), so its setup never waits for the others' steps; the lock is fair (first
+come, first served), so whatever else takes it between steps (an embedding's decode) waits for
+one step, never for a lone member's whole reply (Python's own locks let a thread that releases
+one take it straight back: three slots waited 7 s for a fourth's reply to end).
 
 When a slot's stream of the cache has no cells left for its part (``KVFull``: the engine checks
 that a turn fits its slot, so this is a safety net), the largest part of the batch fails (its
@@ -18,6 +22,7 @@ turn ends with the error) and the others run again.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable
@@ -47,10 +52,39 @@ class GateStats:
     failed_full: int = 0  # parts that failed for want of cells
 
 
+class FairLock:
+    """A reentrant lock granted in the order it was asked for."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._owner: int | None = None
+        self._depth = 0
+        self._queue: collections.deque[int] = collections.deque()
+
+    def __enter__(self) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner == me:
+                self._depth += 1
+                return
+            self._queue.append(me)
+            while self._owner is not None or self._queue[0] != me:
+                self._cond.wait()
+            self._queue.popleft()
+            self._owner, self._depth = me, 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
+                self._cond.notify_all()
+
+
 class DecodeGate:
     def __init__(self, runtime: LlamaRuntime) -> None:
         self.runtime = runtime
-        self.lock = threading.RLock()
+        self.lock = FairLock()
         self.stats = GateStats()
         self._cond = threading.Condition()
         self._members: set[int] = set()
@@ -87,8 +121,8 @@ class DecodeGate:
         return request.row
 
     def join(self, seq: int) -> None:
-        """Slot ``seq`` takes part from now on: the next batch waits for its part (a slot's
-        first decode does this itself)."""
+        """Slot ``seq`` takes part from now on (its turn has begun): the next batch waits for
+        its part."""
         with self._cond:
             self._members.add(seq)
 

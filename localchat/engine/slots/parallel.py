@@ -182,6 +182,7 @@ class ParallelEngine(Engine):
         assert gate is not None
         with self._slots_lock:
             slot.handle, slot.reserved = item.handle, False
+        gate.join(slot.seq)  # the next step waits for this turn's first part (see gate)
         try:
             self._run_job(item.handle, lambda: item.body(slot.kv), False, kv=slot.kv)
         finally:
