@@ -133,25 +133,3 @@ def test_64_clients_on_4_slots_get_a_stream_or_a_503_and_nothing_leaks(serve_hos
         time.sleep(0.5)
         assert threading.active_count() <= threads_before + 2  # job and slot threads ended
         assert rss_mib() - rss_before < 200
-
-
-def test_an_embedding_beside_the_slots_decodes_in_short_turns_with_the_same_vectors(serve_host):
-
-    assert serve_host.decode_share() is serve_host.engine.decode_share() is not None
-    embedder, _ = serve_host.embedder(serve_host.loaded)
-    entered: list[int] = []
-
-    class Share:  # stands for the slots' lock: counts the decodes made under it
-        def __enter__(self) -> None:
-            entered.append(1)
-
-        def __exit__(self, *exc: object) -> bool:
-            return False
-
-    inputs = embedder.tokenize([f"Sentence number {i} is about the sea." for i in range(32)])
-    shared = embedder.embed(inputs, Share())
-    alone = embedder.embed(inputs)
-    assert len(entered) >= sum(map(len, inputs)) // 128 >= 2  # short turns, not one long decode
-    assert shared.shape == alone.shape == (32, embedder.n_embd)
-    cosines = (shared * alone).sum(axis=1)  # unit vectors
-    assert cosines.min() > 0.999, cosines.min()  # the grouping changes no vector (but rounding)

@@ -12,21 +12,13 @@ GGUF loaded beside the chat model, pooled as its header says). Both are a :class
 
 llama.cpp pools within one micro-batch, so an input never spans two: the per-input limit is the
 context's batch size (``n_ctx`` here: batch, micro-batch and context are one size).
-
-Beside parallel chat slots (``engine.slots``) an embedding takes turns with their steps: each of
-its decodes holds the slots' lock (``share``), with at most :data:`SHARED_GROUP_TOKENS` tokens,
-so the streams wait for one short decode at a time. Two contexts decoding at once on the same
-cores make every thread of both spin at ggml's barriers (measured: four chat streams fell to
-12-22 tokens/s each while 64 inputs were embedded beside them).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import threading
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -45,8 +37,6 @@ MAX_SEQUENCES = 64
 CHAT_MODEL_N_CTX = 512
 
 POOLING_NAMES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
-# Tokens in one decode while chat slots stream beside (a prompt chunk's worth: ``Engine``).
-SHARED_GROUP_TOKENS = 128
 
 
 class TextEmbedder(Protocol):
@@ -62,10 +52,8 @@ class TextEmbedder(Protocol):
         special tokens written in the text stay text)."""
         ...
 
-    def embed(self, inputs: Sequence[Sequence[int]],
-              share: AbstractContextManager | None = None) -> np.ndarray:
-        """One normalised float32 row per input (each 1..``n_ctx`` tokens below ``n_vocab``);
-        ``share``: held around each decode (see the module doc)."""
+    def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        """One normalised float32 row per input (each 1..``n_ctx`` tokens below ``n_vocab``)."""
         ...
 
 
@@ -100,30 +88,26 @@ class EmbeddingContext:
         self._memory = llama_cpp.llama_get_memory(self.ctx)
         self._batch = llama_cpp.llama_batch_init(self.n_ctx, 0, 1)
 
-    def embed(self, inputs: Sequence[Sequence[int]],
-              share: AbstractContextManager | None = None) -> np.ndarray:
+    def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
         """One L2-normalised row per input, in order. The inputs are packed into decodes of up
-        to ``n_ctx`` tokens (:data:`SHARED_GROUP_TOKENS` with ``share``, held around each) and
-        :data:`MAX_SEQUENCES` inputs."""
+        to ``n_ctx`` tokens and :data:`MAX_SEQUENCES` inputs."""
         out = np.empty((len(inputs), self.n_embd), dtype=np.float32)
         group: list[int] = []
         used = 0
-        budget = self.n_ctx if share is None else min(self.n_ctx, SHARED_GROUP_TOKENS)
         for index, tokens in enumerate(inputs):
             if not 0 < len(tokens) <= self.n_ctx:
                 raise EngineError(f"an input of {len(tokens)} tokens: 1 to {self.n_ctx} fit")
-            if group and (used + len(tokens) > budget or len(group) == MAX_SEQUENCES):
-                self._decode(inputs, group, out, share)
+            if group and (used + len(tokens) > self.n_ctx or len(group) == MAX_SEQUENCES):
+                self._decode(inputs, group, out)
                 group, used = [], 0
             group.append(index)
             used += len(tokens)
         if group:
-            self._decode(inputs, group, out, share)
+            self._decode(inputs, group, out)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.where(norms > 0, norms, 1.0)
 
-    def _decode(self, inputs: Sequence[Sequence[int]], group: list[int], out: np.ndarray,
-                share: AbstractContextManager | None) -> None:
+    def _decode(self, inputs: Sequence[Sequence[int]], group: list[int], out: np.ndarray) -> None:
         batch = self._batch
         n = 0
         for seq, index in enumerate(group):
@@ -137,8 +121,7 @@ class EmbeddingContext:
         batch.n_tokens = n
         if self._memory:  # a causal model keeps cells; an encoder (BERT) has no memory
             self._lib.llama_memory_clear(self._memory, True)
-        with share or contextlib.nullcontext():
-            status = self._lib.llama_decode(self.ctx, batch)
+        status = self._lib.llama_decode(self.ctx, batch)
         if status != 0:
             raise EngineError(f"llama_decode failed with status {status} while embedding")
         for seq, index in enumerate(group):
@@ -195,12 +178,11 @@ class ChatModelEmbedder:
 
         return self._engine.with_cache(job)
 
-    def embed(self, inputs: Sequence[Sequence[int]],
-              share: AbstractContextManager | None = None) -> np.ndarray:
+    def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
         def job(kv: ConversationCache) -> np.ndarray:
             self._ensure(kv)
             assert self._context is not None
-            return self._context.embed(inputs, share)
+            return self._context.embed(inputs)
 
         with self._lock:
             return self._engine.with_cache(job)

@@ -3,15 +3,13 @@ and an ``embedder.EmbeddingContext`` pooled as its header says (``llama_pooling_
 BGE, MEAN for nomic, LAST for Qwen3-Embedding). A :class:`embedder.TextEmbedder`.
 
 Runs on its caller's thread (the server's queue), one request at a time (a lock); it shares
-nothing with the chat engine, so a chat's cache is never touched (beside parallel chat slots its
-decodes take turns with theirs: ``embedder``).
+nothing with the chat engine, so a chat's cache is never touched.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from pathlib import Path
 
 import numpy as np
@@ -62,10 +60,9 @@ class EmbeddingModel:
         # last-token pooling of Qwen3-Embedding needs); text never becomes special tokens.
         return [self._model.tokenize(text.encode("utf-8"), True, False) for text in texts]
 
-    def embed(self, inputs: Sequence[Sequence[int]],
-              share: AbstractContextManager | None = None) -> np.ndarray:
+    def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
         with self._lock:
-            return self._context.embed(inputs, share)
+            return self._context.embed(inputs)
 
     def close(self) -> None:
         with self._lock:

@@ -16,7 +16,6 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -148,11 +147,6 @@ class Engine:
             self._idle.clear()
         self._queue_turn(handle, lambda: self._run_job(handle, lambda: self._prepare(handle, snapshot, sampling), True))
         return handle
-
-    def decode_share(self) -> AbstractContextManager | None:
-        """What another context's decodes on these cores hold to take turns with this engine's
-        (``embedder``); None: this engine's work runs on its own thread, one job at a time."""
-        return None
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no background turn (e.g. a summary) is queued or running."""

@@ -71,7 +71,7 @@ def _run(host: ModelHost, model: ServedModel, request: EmbedRequest) -> Embedded
     total = sum(len(tokens) for tokens in inputs)
     if total > MAX_TOKENS:
         raise bad(_where(request), f"is {total:,} tokens; at most {MAX_TOKENS:,} go in one request")
-    vectors = embedder.embed(inputs, host.decode_share())
+    vectors = embedder.embed(inputs)
     return Embedded(model, vectors, total, load_ms, (time.perf_counter() - started) * 1000.0)
 
 

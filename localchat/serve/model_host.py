@@ -27,7 +27,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -198,12 +197,6 @@ class ModelHost:
         if self._chat_embedder is None:
             self._chat_embedder = ChatModelEmbedder(engine)
         return self._chat_embedder, load_ms
-
-    def decode_share(self) -> AbstractContextManager | None:
-        """What an embedding's decodes hold to take turns with the loaded chat engine's
-        (``Engine.decode_share``)."""
-        engine = self.engine
-        return engine.decode_share() if engine is not None else None
 
     def _close_embedding(self) -> None:
         embedding, self._embedding = self._embedding, None

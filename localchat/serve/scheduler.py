@@ -12,9 +12,8 @@ so the event loop never waits on the engine (and the engine never on a socket).
 - A completion's prompt (``ChatRequest.prompt``) becomes tokens here, with the loaded model's
   vocabulary, and goes to the engine as they are (``Engine.submit_prompt``); one the model
   cannot take is the client's 400 (``Rejected``).
-- An embeddings request (``task.Task``) takes its turn in the same queue; with parallel slots it
-  runs beside the chats (one task at a time, its decodes taking turns with their steps) unless
-  it needs another chat model loaded; with one slot it waits for the running chat.
+- An embeddings request (``task.Task``) takes its turn in the same queue; it runs beside the
+  chats (one task at a time) unless it needs another chat model loaded.
 - A request for a model other than the loaded one waits until every running request has ended,
   then the host switches (``ModelHost.acquire``); the requests behind it wait for it. The turn
   goes to the engine with the host's state pool (``engine.state_pool``), so each conversation's
@@ -200,8 +199,8 @@ class Scheduler:
             return True
         if self._switches_model(job):
             return False
-        if isinstance(job, Task):  # beside slots only: their steps and its decodes take turns
-            return self.parallel > 1 and not any(isinstance(j, Task) for j in self._running)
+        if isinstance(job, Task):
+            return not any(isinstance(j, Task) for j in self._running)
         return sum(isinstance(j, Job) for j in self._running) < self.parallel
 
     def _switches_model(self, job: Job | Task) -> bool:

@@ -23,7 +23,6 @@ import collections
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -117,11 +116,6 @@ class ParallelEngine(Engine):
         self._dispatch(_Waiting(handle, prompt, lambda kv: self._turn(
             handle, [], sampling, pool=pool, raw=prompt, kv=kv)))
         return handle
-
-    def decode_share(self) -> AbstractContextManager | None:
-        """The slots' batches run under the gate's lock: another context holding it never
-        decodes at the same time as they do."""
-        return self._gate.lock if self._gate is not None else None
 
     def prepare(self, messages: list[dict[str, str]],
                 tools: tuple = ()) -> TurnHandle:
