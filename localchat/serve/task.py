@@ -1,7 +1,6 @@
 """Work other than a chat turn that takes its turn in the request queue (``scheduler``): an
 embeddings request, which may load a model or run on the chat engine's thread. It starts in its
-turn, beside the running chats (one task at a time), or after them when it needs another chat
-model loaded.
+turn, once the running chats have ended, and the requests after it wait for it (``scheduler``).
 
 A :class:`Task` runs ``work(host)`` on a thread of the scheduler's; the connection awaits its
 result (``await task.result()``), or the error it raised (an ``http_errors.ApiError`` answered as it
