@@ -174,3 +174,32 @@ def test_each_slot_has_the_whole_context_and_keeps_its_cells(test_model_path, fr
 def reply_tokens_or_failure(handle):
     events = list(handle)
     return [e.token_id for e in events if isinstance(e, Token)], events[-1]
+
+
+@pytest.mark.parametrize("shape", ["mamba-tiny", "lfm2-tiny", "gemma3-tiny", "vocab262k"])
+def test_slots_on_recurrent_hybrid_windowed_and_large_vocabulary_models(synthetic_model, shape):
+    """Each slot's state is its own sequence's: two conversations interleaved on two slots each
+    keep their cells (a recurrent state and a window cache per sequence), and each reply is a
+    fresh prefill's of its history (the oracle's margins tell a near-tie from a wrong state)."""
+    from oracle import loaded_engine
+
+    path = synthetic_model(shape)
+    engine = ParallelEngine(path, EngineOptions(n_ctx=512, gpu_layers=0, parallel=2,
+                                                speculative="off"), name=shape)
+    engine.load()
+    try:
+        short = replace(GREEDY, max_tokens=6)
+        conversations = [[{"role": "user", "content": f"Conversation {i}: tell me about cats."}]
+                         for i in range(2)]
+        first = run_together(engine, conversations, short)
+        again = [[*c, {"role": "assistant", "content": done.reply},
+                  {"role": "user", "content": "More."}] for c, (_, done) in zip(conversations, first)]
+        second = run_together(engine, again, short)
+        for (_, done), (_, earlier) in zip(second, first):
+            assert done.finish_reason in ("length", "stop")
+            assert done.timings.cache_n >= earlier.timings.prompt_n // 2  # kept (to a checkpoint)
+        with loaded_engine(path, 512, "oracle", speculative="off") as oracle:
+            for (tokens, _), messages in zip(second, again):
+                assert_matches_fresh(tokens, oracle, messages, short)
+    finally:
+        engine.close()
