@@ -1,0 +1,144 @@
+"""Images in the engine's records (issue 47): a picture becomes placeholder cells keyed by its
+SHA-256, so the exact-prefix reuse works across turns as for text. Real engine, the synthetic
+``mlp`` projector (tests/projector_fixture.py), real PNG/GIF/JPEG bytes (tests/image_fixture.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+from image_fixture import gif, jpeg, png
+from oracle import GREEDY, assert_matches_fresh, loaded_engine, reply_tokens
+from projector_fixture import write_mlp_projector
+
+from localchat.engine.image_records import image_safe_cut, placeholders
+from localchat.engine.snapshot_file import SnapshotStore
+from localchat.engine.vision import image_support
+from localchat.events import Done, Failed
+
+pytestmark = pytest.mark.skipif(not image_support().available, reason="no libmtmd in this build")
+
+RED, BLUE = png(40, 30, (255, 0, 0)), png(40, 30, (0, 0, 255))
+
+
+@pytest.fixture(scope="module")
+def projector(tmp_path_factory):
+    return write_mlp_projector(tmp_path_factory.mktemp("proj") / "mmproj.gguf")
+
+
+@pytest.fixture(scope="module")
+def vision_engine(test_model_path, projector):
+    with loaded_engine(test_model_path, 1024, "vision", speculative="off", mmproj=projector) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def vision_oracle(test_model_path, projector):
+    """A second engine with the same projector: its cache is emptied before each answer."""
+    with loaded_engine(test_model_path, 1024, "oracle", speculative="off", mmproj=projector) as engine:
+        yield engine
+
+
+@pytest.fixture
+def engine(vision_engine):
+    vision_engine.reset()
+    return vision_engine
+
+
+def ask(engine, messages) -> tuple[list[int], Done]:
+    tokens, done = reply_tokens(engine.submit(messages, GREEDY))
+    return tokens, done
+
+
+def first_image_at(engine, messages) -> int:
+    return next(i for i, t in enumerate(engine.fresh_prompt(messages)) if t < 0)
+
+
+def test_a_picture_is_read_and_encoded_once_per_turn(engine):
+    messages = [{"role": "user", "content": "What is in this picture?", "images": [RED]}]
+    tokens, done = ask(engine, messages)
+    assert done.finish_reason in ("stop", "length") and tokens
+    assert done.timings.images_n == 1 and done.timings.image_ms > 0
+    # The picture's 4 tokens (28-pixel tower, 14-pixel patches) are 4 placeholder cells.
+    record = next(r for r in engine.cached_messages() if r.role == "user")
+    assert sum(1 for t in record.tokens if t < 0) == 4
+
+
+def test_second_question_about_the_same_picture_prefills_only_the_new_text(engine, vision_oracle):
+    first = [{"role": "user", "content": "Describe this picture.", "images": [RED]}]
+    reply, done1 = ask(engine, first)
+    held = engine.tokens_in_context
+    second = [*first, {"role": "assistant", "content": done1.reply},
+              {"role": "user", "content": "And its colour?"}]
+    tokens, done2 = ask(engine, second)
+    assert done2.timings.images_n == 0
+    assert done2.timings.cache_n >= held - 1
+    new_text = engine.prompt_tokens(second) - done2.timings.cache_n
+    assert done2.timings.prompt_n == new_text < 20
+    assert_matches_fresh(tokens, vision_oracle, second)
+
+
+def test_the_greedy_reply_with_a_picture_equals_a_fresh_prefill(engine, vision_oracle):
+    messages = [{"role": "system", "content": "You describe pictures."},
+                {"role": "user", "content": "What do you see?", "images": [BLUE, RED]}]
+    tokens, _ = ask(engine, messages)
+    assert_matches_fresh(tokens, vision_oracle, messages)
+
+
+def test_a_different_picture_breaks_the_prefix_at_the_picture(engine):
+    ask(engine, [{"role": "user", "content": "What is this?", "images": [RED]}])
+    other = [{"role": "user", "content": "What is this?", "images": [BLUE]}]
+    _, done = ask(engine, other)
+    assert done.timings.cache_n == first_image_at(engine, other)
+    assert done.timings.images_n == 1
+
+
+def test_the_same_text_with_another_picture_is_another_message(engine):
+    ask(engine, [{"role": "user", "content": "Look.", "images": [RED]}])
+    records = engine.cached_messages()
+    assert not any(r.matches({"role": "user", "content": "Look."}) for r in records)
+
+
+def test_a_restored_snapshot_answers_without_encoding_again(engine, vision_oracle, tmp_path):
+    first = [{"role": "user", "content": "What colour is it?", "images": [RED]}]
+    _, done1 = ask(engine, first)
+    store = SnapshotStore(tmp_path)
+    store.save("s", engine.fingerprint(), engine.export_snapshot())
+    engine.reset()
+    saved = store.load("s", engine.fingerprint())
+    engine.import_snapshot(saved.snapshot)
+    second = [*first, {"role": "assistant", "content": done1.reply},
+              {"role": "user", "content": "Are you sure?"}]
+    tokens, done2 = ask(engine, second)
+    assert done2.timings.images_n == 0 and done2.timings.cache_n >= saved.snapshot.n_tokens - 1
+    assert_matches_fresh(tokens, vision_oracle, second)
+
+
+def test_gif_and_jpeg_pictures_are_read(engine):
+    animated = gif(20, 20, [(255, 0, 0), (0, 255, 0)])
+    _, done = ask(engine, [{"role": "user", "content": "Two pictures.",
+                            "images": [jpeg(24, 16, 200), animated]}])
+    assert done.timings.images_n == 2
+
+
+def test_a_model_without_projector_refuses_pictures_in_one_line(shared_engine):
+    shared_engine.reset()
+    events = list(shared_engine.submit([{"role": "user", "content": "hi", "images": [RED]}],
+                                       GREEDY))
+    assert isinstance(events[-1], Failed)
+    assert "does not read images" in events[-1].message and "\n" not in events[-1].message
+
+
+def test_too_many_image_tokens_for_the_context_are_refused_with_the_numbers(
+        test_model_path, tmp_path):
+    big = write_mlp_projector(tmp_path / "big.gguf", image_size=336)  # 576 tokens a picture
+    with loaded_engine(test_model_path, 256, "small", speculative="off", mmproj=big) as engine:
+        events = list(engine.submit([{"role": "user", "content": "hi", "images": [RED]}], GREEDY))
+        assert isinstance(events[-1], Failed)
+        assert "576 of them for its images" in events[-1].message
+        assert "context holds 256" in events[-1].message
+        assert engine.tokens_in_context == 0
+
+
+def test_a_cut_inside_a_picture_moves_back_to_its_start():
+    tokens = [1, 2, *placeholders("ab" * 32, 4), 3]
+    assert [image_safe_cut(tokens, n) for n in range(8)] == [0, 1, 2, 2, 2, 2, 6, 7]
