@@ -10,22 +10,24 @@ import zlib
 RGB = tuple[int, int, int]
 
 
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    body = kind + data
+    return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF)
+
+
+def _png_header(width: int, height: int) -> bytes:
+    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+
+
 def png(width: int, height: int, rgb: RGB = (255, 0, 0)) -> bytes:
     raw = b"".join(b"\x00" + bytes(rgb) * width for _ in range(height))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        body = kind + data
-        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw))
-            + chunk(b"IEND", b""))
+    return _png_header(width, height) + _chunk(b"IDAT", zlib.compress(raw)) + _chunk(b"IEND", b"")
 
 
 def png_header_only(width: int, height: int) -> bytes:
     """A PNG that claims ``width`` x ``height`` and stops after its header (size checks read no
     further)."""
-    return png(width, height)[:33]
+    return _png_header(width, height)
 
 
 def bmp(width: int, height: int, rgb: RGB = (255, 0, 0)) -> bytes:
