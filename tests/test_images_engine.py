@@ -142,3 +142,57 @@ def test_too_many_image_tokens_for_the_context_are_refused_with_the_numbers(
 def test_a_cut_inside_a_picture_moves_back_to_its_start():
     tokens = [1, 2, *placeholders("ab" * 32, 4), 3]
     assert [image_safe_cut(tokens, n) for n in range(8)] == [0, 1, 2, 2, 2, 2, 6, 7]
+
+
+def test_drafting_is_off_over_pictures_and_the_reply_is_the_same(test_model_path, projector,
+                                                                  vision_oracle):
+    with loaded_engine(test_model_path, 1024, "drafting", speculative="ngram",
+                       mmproj=projector) as drafting:
+        first = [{"role": "user", "content": "Repeat: one two three one two three.",
+                  "images": [RED]}]
+        _, done1 = ask(drafting, first)
+        second = [*first, {"role": "assistant", "content": done1.reply},
+                  {"role": "user", "content": "Again: one two three one two three."}]
+        tokens, done2 = ask(drafting, second)
+        assert done2.timings.draft_n == 0 and done2.timings.images_n == 0
+        assert_matches_fresh(tokens, vision_oracle, second)
+
+
+def test_preparing_a_message_with_a_picture_leaves_its_cells_for_the_turn(engine):
+    messages = [{"role": "user", "content": "What is this?", "images": [RED]}]
+    events = list(engine.prepare(messages))
+    assert isinstance(events[-1], Done) and events[-1].timings.images_n == 1
+    _, done = ask(engine, messages)
+    assert done.timings.images_n == 0
+    assert done.timings.cache_n >= first_image_at(engine, messages) + 4
+
+
+def test_a_stop_during_prefill_keeps_no_part_of_a_picture(engine):
+    long_text = "word " * 300
+    messages = [{"role": "user", "content": long_text, "images": [RED]},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "again " * 200, "images": [BLUE]}]
+    handle = engine.submit(messages, GREEDY)
+    for event in handle:
+        if type(event).__name__ == "PrefillProgress":
+            handle.stop()
+    for record in engine.cached_messages():
+        images = [t for t in record.tokens if t < 0]
+        assert len(images) % 4 == 0  # whole pictures only
+    _, done = ask(engine, messages)  # and the next turn goes on from what was kept
+    assert done.timings.cache_n > 0
+
+
+def test_parallel_slots_refuse_pictures_in_one_line(test_model_path, projector):
+    from localchat.engine.options import EngineOptions
+    from localchat.engine.slots.parallel import ParallelEngine
+
+    engine = ParallelEngine(test_model_path, EngineOptions(n_ctx=512, gpu_layers=0, parallel=2,
+                                                           mmproj=projector), name="slots")
+    engine.load()
+    try:
+        events = list(engine.submit([{"role": "user", "content": "hi", "images": [RED]}], GREEDY))
+        assert isinstance(events[-1], Failed)
+        assert "images are not read with parallel slots yet" in events[-1].message
+    finally:
+        engine.close()

@@ -279,14 +279,14 @@ class Engine:
 
     def _fresh_prompt(self, messages: list[dict[str, str]],
                       sampling: Sampling | None = None) -> list[int]:
-        messages, tokenize = self._images(messages)
+        messages, tokenize = self._images(messages, self._require_kv())
         render, shaped = self._prompts.render_for(messages, sampling)
         return plan_layout([], shaped, render, tokenize).tokens
 
     def _images(self, messages: list[dict], kv: ConversationCache | None = None) -> tuple[list[dict], Any]:
-        """``projector_runtime.Vision.for_turn`` with this engine's projector, on ``kv``."""
-        return self._vision.for_turn(messages, kv or self._require_kv(), self.name,
-                                     parallel=kv not in (None, self._kv))
+        """``Vision.for_turn``: the pictures bound to ``kv`` for its prefill (None: counting)."""
+        return self._vision.for_turn(messages, self._require_runtime().tokenize, self.name, kv,
+                                     parallel=kv is not None and kv.runtime is not self._runtime)
 
     def end_tokens(self) -> list[int]:
         """The tokens that end a reply: where a greedy reply stops and another goes on, the

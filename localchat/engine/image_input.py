@@ -105,7 +105,7 @@ def _jpeg(data: bytes) -> ImageInfo:
             height, width = struct.unpack(">HH", data[i + 5:i + 9])
             size = (width, height)
         if marker == 0xDA:  # scan data follows; the file must end with its EOI marker
-            if size is None or b"\xff\xd9" not in data[i:]:
+            if size is None or data.find(b"\xff\xd9", i) < 0:
                 raise ValueError("truncated scan")
             return ImageInfo("JPEG", *size)
         i += 2 + length

@@ -15,6 +15,7 @@ projector is refused in one line at the first image, never half supported.
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -74,6 +75,9 @@ class Projector:
         self._ctx = ctx
         self._runtime = runtime
         self._made: OrderedDict[str, _Tokenized] = OrderedDict()
+        # The engine thread evaluates; the context's budget may count a prompt's tokens (and so
+        # tokenize a picture) on its own thread meanwhile.
+        self._lock = threading.RLock()
         self._keys: dict[int, str] = {}
         self.mrope = bool(mtmd_cpp.mtmd_decode_use_mrope(ctx))
 
@@ -83,11 +87,16 @@ class Projector:
     def tokens(self, sha: str, data: bytes) -> list[int]:
         """The record's tokens for the picture ``data`` (SHA-256 ``sha``). UserError when
         libmtmd cannot decode it."""
-        return self._tokenized(sha, data).tokens
+        with self._lock:
+            return self._tokenized(sha, data).tokens
 
     def evaluate(self, key: int, n_tokens: int, position: int, images: TurnImages) -> None:
         """Encode the image whose placeholders carry ``key`` and decode its ``n_tokens``
         embeddings at ``position``.. of the conversation's sequence."""
+        with self._lock:
+            self._evaluate(key, n_tokens, position, images)
+
+    def _evaluate(self, key: int, n_tokens: int, position: int, images: TurnImages) -> None:
         sha = self._keys.get(key)
         if sha is None or sha not in images.by_sha:
             sha = next((s for s in images.by_sha if key_of(s) == key), None)
@@ -173,6 +182,10 @@ class Projector:
         return placeholders(sha, n_tokens)
 
     def close(self) -> None:
+        with self._lock:
+            self._free()
+
+    def _free(self) -> None:
         for made in self._made.values():
             self._m.mtmd_input_chunks_free(made.chunks)
         self._made.clear()
@@ -212,25 +225,26 @@ class Vision:
     def path(self) -> Path | None:
         return self.projector.path if self.projector is not None else None
 
-    def for_turn(self, messages: list[dict], kv: Any, model: str, *,
+    def for_turn(self, messages: list[dict], tokenize: Tokenize, model: str, kv: Any = None, *,
                  parallel: bool = False) -> tuple[list[dict], Tokenize]:
         """A turn's ``messages`` with their pictures as tags (``image_records.with_image_tags``)
-        and the tokenizer that reads those tags, having set ``kv.images`` for the turn's
-        prefill. UserError when the turn has pictures this engine cannot read."""
+        and the tokenizer that reads those tags; with a ``kv``, what its prefill evaluates the
+        pictures with is set (``kv.images``). UserError for pictures this engine cannot read."""
         shaped, images = with_image_tags(messages)
-        if not images:
-            kv.images = None
-            return shaped, kv.runtime.tokenize
-        for data in images.by_sha.values():
-            check_image(data, "an image of this turn")
-        if self.projector is None:
-            raise UserError(f"{model} does not read images "
-                            f"({self.problem or 'it has no image projector'})")
-        if parallel:  # an image's evaluation calls llama_decode itself, outside the slots' gate
-            raise EngineError("images are not read with parallel slots yet; use --parallel 1")
-        evaluator = ImageEval(self.projector, images)
-        kv.images = evaluator
-        return shaped, tokenize_with_images(kv.runtime.tokenize, evaluator.tokens, images)
+        evaluator = None
+        if images:
+            for data in images.by_sha.values():
+                check_image(data, "an image of this turn")
+            if self.projector is None:
+                raise UserError(f"{model} does not read images "
+                                f"({self.problem or 'it has no image projector'})")
+            if parallel:  # an image's evaluation calls llama_decode itself, outside the slots' gate
+                raise EngineError("images are not read with parallel slots yet; use --parallel 1")
+            evaluator = ImageEval(self.projector, images)
+            tokenize = tokenize_with_images(tokenize, evaluator.tokens, images)
+        if kv is not None:
+            kv.images = evaluator
+        return shaped, tokenize
 
     def close(self) -> None:
         if self.projector is not None:
