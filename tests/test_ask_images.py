@@ -105,3 +105,12 @@ def test_a_missing_picture_is_one_line(tmp_path, capsys):
 def test_pictures_are_not_stored_in_sessions_yet(red, capsys):
     code, _, err = run_cli(capsys, "ask", "--session", "s", "--image", str(red), "hi")
     assert code == 2 and "--image cannot be used with --session yet" in err
+
+
+def test_a_model_whose_projector_file_is_gone_says_so_before_it_loads(smol_with_eyes, red,
+                                                                      capsys, isolated_home):
+    for projector in isolated_home.rglob("smol.mmproj.gguf"):
+        projector.unlink()
+    code, _, err = run_cli(capsys, "ask", "--model", smol_with_eyes, "--image", str(red), "hi")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "smol's image projector" in err and "is missing; import the model again" in err

@@ -67,6 +67,9 @@ def check_model(model: str | None, default_model: str) -> None:
         these = f"these do: {', '.join(readers)}" if readers else "no model in the registry does"
         raise ImagesRefused(f"{spec.name} does not read images; {these}")
     projector = projector_spec_or_none(spec)
+    if projector is not None and projector.path is not None and not projector.path.is_file():
+        raise ImagesRefused(f"{spec.name}'s image projector {projector.path} is missing; import "
+                            f"the model again with --mmproj")
     if projector is None or not local_path(projector).is_file():
         raise ImagesRefused(f"{spec.name}'s image projector is not downloaded; run "
                             f"`localchat pull {spec.name}`")

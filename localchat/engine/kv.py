@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 
 
 class ImageEvaluator(Protocol):
+    images_n: int  # pictures encoded so far this turn
+    image_ms: float  # and the time that took
+
     def evaluate(self, first_token: int, n_tokens: int, position: int) -> None:
         """Evaluate the image whose ``n_tokens`` placeholders start with ``first_token`` at
         ``position``.. of the conversation."""
