@@ -58,8 +58,9 @@ class ContextOverflow(EngineError):
 
     code = "context_length_exceeded"
 
-    def __init__(self, needed: int, n_ctx: int) -> None:
-        super().__init__(f"the conversation needs {needed} tokens but the context holds {n_ctx}; "
-                         "start a new chat or raise n_ctx")
+    def __init__(self, needed: int, n_ctx: int, image_tokens: int = 0) -> None:
+        images = f" ({image_tokens} of them for its images)" if image_tokens else ""
+        super().__init__(f"the conversation needs {needed} tokens{images} but the context holds "
+                         f"{n_ctx}; start a new chat or raise n_ctx")
         self.needed = needed
         self.n_ctx = n_ctx

@@ -68,6 +68,10 @@ class Timings:
     # Cells in use that a context shift made approximate (they serve this conversation only).
     approx_n: int = 0
     restore_ms: float = 0.0  # time to restore a saved KV snapshot before this turn
+    # Pictures the projector encoded this turn (those already cached cost nothing) and the time
+    # that took, encode and decode of their embeddings (part of prompt_ms's wall time).
+    images_n: int = 0
+    image_ms: float = 0.0
     # Prompt tokens evaluated again although the cache held them (a checkpoint rollback, a trim
     # on a memory that cannot drop turns, a changed system prompt or summary before them) ...
     rebuild_n: int = 0

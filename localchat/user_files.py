@@ -36,9 +36,9 @@ class UnreadableFile(UserError):
         self.missing = missing
 
 
-def read_user_file(path: Path, advice: str) -> bytes:
+def read_user_file(path: Path, advice: str, limit: int = MAX_BYTES) -> bytes:
     """The bytes of the file or pipe at ``path`` (see the module); ``advice`` ends the refusal
-    of one over the cap ("attach a smaller text file")."""
+    of one over the cap ("attach a smaller text file"); ``limit``: another cap (an image's)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -50,7 +50,7 @@ def read_user_file(path: Path, advice: str) -> bytes:
         raise UnreadableFile(path, f"is {kind}, not a file")
     try:
         with open(path, "rb") as handle:
-            return read_capped(handle, path.name, advice)
+            return read_capped(handle, path.name, advice, limit)
     except OSError as exc:
         raise UnreadableFile(path, f"cannot be read: {exc.strerror or exc}") from None
 
@@ -67,10 +67,10 @@ def _not_readable_kind(mode: int) -> str | None:
     return "not a regular file"
 
 
-def read_capped(stream: BinaryIO, name: str, advice: str) -> bytes:
-    """All of ``stream`` if it holds at most :data:`MAX_BYTES`, never reading more than one byte
+def read_capped(stream: BinaryIO, name: str, advice: str, limit: int = MAX_BYTES) -> bytes:
+    """All of ``stream`` if it holds at most ``limit`` bytes, never reading more than one byte
     past them (a producer that never stops is not read for ever); UserError beyond that."""
-    data = stream.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        raise UserError(f"{name} is over {MAX_BYTES // 1024 // 1024} MB; {advice}.")
+    data = stream.read(limit + 1)
+    if len(data) > limit:
+        raise UserError(f"{name} is over {limit // 1024 // 1024} MB; {advice}.")
     return data

@@ -84,11 +84,13 @@ class RoundMessage:
 
 
 def start(chat: ChatContext, text: str, tools: ChatTools, sampling: Sampling | None = None, *,
-          tool_choice: str = "auto", router: TurnRouter | None = None) -> Turn:
-    """Send ``text`` with the tools that can be called now. A turn with no tools to offer is a
-    plain one (``ChatContext.send``'s). ``UserError`` for a ``tool_choice`` no tool can meet."""
+          tool_choice: str = "auto", router: TurnRouter | None = None,
+          images: tuple[bytes, ...] = ()) -> Turn:
+    """Send ``text`` (and ``images``, its pictures) with the tools that can be called now. A
+    turn with no tools to offer is a plain one (``ChatContext.send``'s). ``UserError`` for a
+    ``tool_choice`` no tool can meet."""
     offered = tools.offer(sampling or chat.sampling, tool_choice)
-    first = chat.send(text, offered, router=router)
+    first = chat.send(text, offered, router=router, images=images)
     if not offered.tools or first.finished and isinstance(first.result, Failed):
         return first
     return ToolTurn(chat, tools, offered, first, router)

@@ -11,7 +11,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from localchat.commands import answer_shape, ask_tools
+from localchat.commands import answer_shape, ask_images, ask_tools
 from localchat.commands.ask_output import JsonEvents, PlainText
 from localchat.ending import ENDING_SIGNALS, Ended, detach_lost_terminal, exit_status, handled
 from localchat.errors import FormatError
@@ -56,6 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--route", choices=("local", "remote", "auto"),
                    help="who answers: the local model, the configured remote, or decide by rules "
                    "and confidence (default: auto when [remote] is on, else local)")
+    ask_images.add_flags(p)
     answer_shape.add_flags(p)
     ask_tools.add_flags(p)
     p.set_defaults(func=run)
@@ -94,12 +95,18 @@ def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
             note = read_attachment(path, None, None).note
             if note:
                 out.event(Notice(note, kind="input"))
+        images, notices = ask_images.read_images(args.image)
+        for notice in notices:
+            out.event(notice)
         config = load_config()
+        if images:
+            ask_images.check_model(args.model, config.default_model)
         tools = ChatTools.open(config, args.allow_tool)  # servers start while the model loads
         for problem in tools.problems:
             out.event(Notice(problem, kind="tools"))
         escalator = Escalator.from_settings(config.remote)
-        route: Route = args.route or ("auto" if escalator.client is not None else "local")
+        route: Route = args.route or ("auto" if escalator.client is not None and not images
+                                      else "local")
         overrides = {"n_ctx": args.n_ctx or None, "speculative": args.speculative,
                      "draft_model": args.draft_model}
         if shape is not None and not shape.is_json and route == "remote":
@@ -130,7 +137,7 @@ def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
             before = len(chat.history)
             router = Escalation(escalator, engine, route) if route != "local" else None
             handle = tool_rounds.start(chat, prompt, tools, tool_choice=args.tool_choice,
-                                     router=router)
+                                     router=router, images=images)
             # The message as the context policy sent it (it may have cut an over-long one);
             # stored together with its reply. None: refused, nothing was sent.
             sent = chat.history[before].content if len(chat.history) > before else None
@@ -231,6 +238,7 @@ def check_flags(args: argparse.Namespace) -> None:
         check_n_ctx_floor(args.n_ctx, "--n-ctx")
     if args.session is not None:
         check_session_name(args.session)
+    ask_images.check_flags(args)
 
 
 def read_prompt(prompt: str | None) -> tuple[str, Notice | None]:

@@ -287,6 +287,9 @@ def summary_line(t: Timings) -> str:
     parts.append(f"context {t.n_ctx_used}/{t.n_ctx}")
     if t.restore_ms:
         parts.append(f"restored in {t.restore_ms:.0f} ms")
+    if t.images_n:
+        parts.append(f"{t.images_n} image{'s' if t.images_n != 1 else ''} encoded in "
+                     f"{t.image_ms:.0f} ms")
     if t.trimmed_n:
         parts.append(f"trimmed {t.trimmed_n} tok")
     if t.route != "local":

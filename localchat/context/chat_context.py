@@ -102,10 +102,10 @@ class ChatContext:
     # -- turns ---------------------------------------------------------------------------------
 
     def send(self, text: str, sampling: Sampling | None = None, *,
-             router: TurnRouter | None = None) -> Turn:
-        """Add the user's message and start the reply (with a ``router``, a turn that may be
-        handed to another model). The reply, also a stopped one, is added to the history
-        before the final event reaches the reader."""
+             router: TurnRouter | None = None, images: tuple[bytes, ...] = ()) -> Turn:
+        """Add the user's message (with ``images``: its pictures' file bytes) and start the
+        reply (with a ``router``, a turn that may be handed to another model). The reply, also
+        a stopped one, is added to the history before the final event reaches the reader."""
         sampling = sampling or self.sampling
         self.draft.cancel()  # no more steps; the submit below stops a running one at once
         remote_ready = router is not None and router.takes_overlong
@@ -117,7 +117,7 @@ class ChatContext:
                 text, refusal = self.keeper.make_room(self, text)
                 if refusal is not None and not remote_ready:
                     return refused(refusal)
-            self.history.append(Message("user", text))
+            self.history.append(Message("user", text, images=tuple(images)))
             return self._start(sampling, router, overlong=refusal is not None)
 
     def resume(self, sampling: Sampling | None = None, *,

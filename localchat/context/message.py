@@ -20,6 +20,9 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()  # the calls an assistant reply asked for
     tool_call_id: str = ""  # a tool result: the call it answers
     name: str = ""  # a tool result: the tool's name
+    # A user's pictures, as their files' bytes (the engine reads them through the model's
+    # projector, once: see engine.image_records).
+    images: tuple[bytes, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The message as templates and OpenAI's API take it (``tool_calls``, ``tool`` role)."""
@@ -27,4 +30,6 @@ class Message:
             return ToolResult(self.tool_call_id, self.name, self.content).to_message()
         if self.tool_calls:
             return assistant_message(self.content, list(self.tool_calls))
+        if self.images:
+            return {"role": self.role, "content": self.content, "images": list(self.images)}
         return {"role": self.role, "content": self.content}

@@ -21,11 +21,13 @@ from typing import Any, TypeVar
 
 from localchat import logs
 from localchat.engine.fresh import fresh_logits
+from localchat.engine.image_records import count_image_tokens
 from localchat.engine.kv import ConversationCache, KVSnapshot
 from localchat.engine.layout import CachedMessage, Layout, RawPrompt, plan_layout
 from localchat.engine.loading import load_model
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.preflight import Preflight, preflight
+from localchat.engine.projector_runtime import Vision
 from localchat.engine.prompts import ModelPrompts
 from localchat.engine.reuse import fill_cache
 from localchat.engine.runtime import LlamaRuntime
@@ -68,6 +70,7 @@ class Engine:
         self._prompts = ModelPrompts()  # the loaded model's chat template
         self._kv: ConversationCache | None = None
         self._speculator: Speculator | None = None
+        self._vision = Vision()  # reads the images of messages that have some
         self._notices: list[Notice] = []  # for the next foreground turn (after a load)
         self._file_notices = [Notice(text, kind="model") for text in notices]
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
@@ -276,8 +279,14 @@ class Engine:
 
     def _fresh_prompt(self, messages: list[dict[str, str]],
                       sampling: Sampling | None = None) -> list[int]:
+        messages, tokenize = self._images(messages, self._require_kv())
         render, shaped = self._prompts.render_for(messages, sampling)
-        return plan_layout([], shaped, render, self._require_runtime().tokenize).tokens
+        return plan_layout([], shaped, render, tokenize).tokens
+
+    def _images(self, messages: list[dict], kv: ConversationCache | None = None) -> tuple[list[dict], Any]:
+        """``Vision.for_turn``: the pictures bound to ``kv`` for its prefill (None: counting)."""
+        return self._vision.for_turn(messages, self._require_runtime().tokenize, self.name, kv,
+                                     parallel=kv is not None and kv.runtime is not self._runtime)
 
     def end_tokens(self) -> list[int]:
         """The tokens that end a reply: where a greedy reply stops and another goes on, the
@@ -288,9 +297,9 @@ class Engine:
                       sampling: Sampling | None = None) -> int:
         """Exact length in tokens of ``messages`` as the template renders them (no cache effect),
         with ``sampling``'s tools if it has some."""
-        runtime = self._require_runtime()
+        messages, tokenize = self._images(messages)
         render, shaped = self._prompts.render_for(messages, sampling)
-        return len(runtime.tokenize(render(shaped, add_generation_prompt), True))
+        return len(tokenize(render(shaped, add_generation_prompt), True))
 
     def close(self) -> None:
         if self._thread.is_alive():
@@ -305,6 +314,7 @@ class Engine:
         if self._speculator is not None:
             self._speculator.close()
             self._speculator = None
+        self._vision.close()
         if self._runtime is not None:
             self._runtime.close()
             self._runtime = None
@@ -353,7 +363,7 @@ class Engine:
         """What a saved KV state depends on: the model file, context size, KV type, template and
         llama.cpp version. A snapshot taken under another fingerprint must not be restored."""
         return engine_fingerprint(self.model_path, self._require_runtime().n_ctx,
-                                  self.options.kv_type, self._prompts.template)
+                                  self.options.kv_type, self._prompts.template, self._vision.path)
 
     def export_snapshot(self) -> KVSnapshot:
         """The KV cells and exact token records of the conversation (engine thread; fast: a copy)."""
@@ -395,7 +405,7 @@ class Engine:
         loaded = load_model(self.model_path, self.options, self.name, checked, on_progress)
         self._runtime, self._prompts = loaded.runtime, loaded.prompts
         self._kv = ConversationCache(self._runtime, self.options.checkpoints)
-        self._speculator = loaded.speculator
+        self._speculator, self._vision = loaded.speculator, loaded.vision
         self._notices = [*self._file_notices, *(Notice(t, kind="speculative") for t in loaded.notices)]
         self.info = loaded.info
         return self.info
@@ -466,8 +476,9 @@ class Engine:
         runtime = kv.runtime
         clock = TurnClock(handle.submitted_at)
         timings = Timings(model=self.name)
+        messages, tokenize = self._images(messages, kv)
         render, shaped = self._prompts.render_for(messages, sampling)
-        layout = plan_layout(kv.records, shaped, render, runtime.tokenize,
+        layout = plan_layout(kv.records, shaped, render, tokenize,
                              allow_shift=runtime.can_shift, add_generation_prompt=False)
         last = kv.records[-1] if kv.records else None
         if (last is not None and last.open and layout.messages
@@ -475,7 +486,7 @@ class Engine:
                 and layout.messages[-1].tokens[:len(last.tokens)] == last.tokens):
             # The reply's end marker is left for the next turn to add (as after any reply).
             layout.messages[-1] = last
-        self._check_fits(len(layout.tokens))
+        self._check_fits(layout.tokens)
         clock.prefill_start()
         finished = self._fill(handle, layout, timings, needs_logits=False)
         clock.prefill_end()
@@ -486,9 +497,9 @@ class Engine:
         kv = self._require_kv()
         kv.drop_partial()  # a stopped draft's cells: not this turn's base
         saved, saved_tokens = kv.mark(), kv.tokens()
-        render, shaped = self._prompts.render_for(messages, sampling)
-        layout = plan_layout(saved.records, shaped, render, kv.runtime.tokenize,
-                             allow_shift=False)
+        shaped_messages, tokenize = self._images(messages, kv)
+        render, shaped = self._prompts.render_for(shaped_messages, sampling)
+        layout = plan_layout(saved.records, shaped, render, tokenize, allow_shift=False)
         if layout.prefix_fallback or layout.tokens[:len(saved_tokens)] != saved_tokens:
             raise EngineError("a background turn may only add to the conversation")
         try:
@@ -503,6 +514,7 @@ class Engine:
         runtime = kv.runtime
         clock = TurnClock(handle.submitted_at)
         timings = Timings(model=self.name)
+        messages, tokenize = self._images(messages, kv)
         try:  # before anything is prefilled: a grammar llama.cpp refuses ends the turn at once
             tools = self._prompts.tool_plan(messages, sampling)
             if layout is None:
@@ -511,8 +523,8 @@ class Engine:
                     timings.restore_ms = kv.take_best_state(pool, raw or shaped)
                 render = self._prompts.turn_render(tools, sampling)
                 layout = raw.layout() if raw is not None else plan_layout(
-                    kv.records, shaped, render, runtime.tokenize, allow_shift=runtime.can_shift and pool is None)
-            self._check_fits(len(layout.tokens))
+                    kv.records, shaped, render, tokenize, allow_shift=runtime.can_shift and pool is None)
+            self._check_fits(layout.tokens)
             inside = prompt_opens_thinking(layout.messages[-1].text)
             constraint = TurnConstraint.for_turn(
                 self._require_runtime(),
@@ -549,10 +561,10 @@ class Engine:
         handle.emit(Done(reply, finish, self._timings(clock.fill(timings), kv), thinking,
                          stream.calls))
 
-    def _check_fits(self, n_tokens: int) -> None:
+    def _check_fits(self, tokens: list[int]) -> None:
         n_ctx = self._require_runtime().n_ctx
-        if n_tokens >= n_ctx:
-            raise ContextOverflow(n_tokens, n_ctx)
+        if len(tokens) >= n_ctx:
+            raise ContextOverflow(len(tokens), n_ctx, count_image_tokens(tokens))
 
     def _fill(self, handle: TurnHandle, layout: Layout, timings: Timings,
               needs_logits: bool = True, kv: ConversationCache | None = None) -> bool:

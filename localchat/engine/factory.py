@@ -8,6 +8,7 @@ TUI, ``ask`` and ``bench`` run a model the same way.
 from __future__ import annotations
 
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from localchat.engine.engine import Engine
@@ -16,6 +17,8 @@ from localchat.errors import UserError
 from localchat.models.registry import (
     ModelSpec,
     changed_since_import,
+    local_path,
+    projector_spec_or_none,
     require_local,
     resolve_model,
 )
@@ -35,6 +38,16 @@ def engine_options(spec: ModelSpec, settings: Settings, **overrides: Any) -> Eng
     from_spec = {"gpu_layers": spec.gpu_layers, "chat_format": spec.chat_format,
                  "chat_template": spec.chat_template, "draft_model": _paired_draft(spec, engine)}
     return replace(options, **_given(from_spec, overrides))
+
+
+def _projector_path(spec: ModelSpec) -> Path | None:
+    """The registry entry's projector file, when it has one and it is on disk (a model whose
+    projector is missing still chats; an image sent to it says what to pull)."""
+    projector = projector_spec_or_none(spec)
+    if projector is None:
+        return None
+    path = local_path(projector)
+    return path if path.is_file() else None
 
 
 def _paired_draft(spec: ModelSpec, engine: EngineSection) -> str | None:
@@ -71,6 +84,8 @@ def open_engine(model: str | None, settings: Settings | None = None, **overrides
                         "cannot chat; `localchat serve` answers /v1/embeddings with it")
     path = require_local(spec)
     options = engine_options(spec, settings, **overrides)
+    if options.mmproj is None:
+        options = replace(options, mmproj=_projector_path(spec))
     # A size llama.cpp would silently raise (below its 256-token step) is refused here; one above
     # what the model was trained for is refused by the engine's preflight, wherever it came from.
     from localchat.engine.runtime import check_n_ctx_floor

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from localchat.engine.image_records import image_run, next_image
 from localchat.engine.kv import ConversationCache
 
 
@@ -19,8 +20,16 @@ def fresh_logits(kv: ConversationCache, prompt: list[int], reply: list[int],
     kv.forget()
     try:
         # Not abortable: no turn is running that a stop could be meant for.
-        for i in range(0, len(prompt), chunk):
-            runtime.decode(prompt[i:i + chunk], i)
+        i = 0
+        while i < len(prompt):
+            image = image_run(prompt, i)
+            if image:  # a picture in the prompt: evaluated as a turn's prefill evaluates it
+                kv.evaluate_image(prompt[i], image, i)
+                i += image
+                continue
+            end = min(i + chunk, next_image(prompt, i))
+            runtime.decode(prompt[i:end], i)
+            i = end
         if check_size is None or not reply:
             for j, token in enumerate(reply):
                 runtime.decode([token], len(prompt) + j)

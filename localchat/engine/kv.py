@@ -29,7 +29,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
+from localchat.engine.image_records import has_placeholders, image_run, next_image
 from localchat.engine.layout import CachedMessage, RawPrompt, Shift, without_partial
 from localchat.engine.options import Sampling
 from localchat.engine.runtime import DecodeAborted, LlamaRuntime
@@ -44,6 +46,15 @@ from localchat.errors import EngineError
 from localchat.events import FinishReason, TokenLogprob
 
 log = logging.getLogger(__name__)
+
+
+class ImageEvaluator(Protocol):
+    images_n: int  # pictures encoded so far this turn
+    image_ms: float  # and the time that took
+
+    def evaluate(self, first_token: int, n_tokens: int, position: int) -> None:
+        """Evaluate the image whose ``n_tokens`` placeholders start with ``first_token`` at
+        ``position``.. of the conversation."""
 
 
 @dataclass
@@ -71,6 +82,9 @@ class ConversationCache:
         self.uses_checkpoints = runtime.needs_checkpoints and max_checkpoints > 0
         self.max_checkpoints = max(1, max_checkpoints)
         self.checkpoints: list[Checkpoint] = []
+        # How this turn's prefill evaluates the pictures in its prompt (``image_records``): set
+        # by the engine for a turn with images, None otherwise.
+        self.images: ImageEvaluator | None = None
 
     @property
     def records(self) -> list[CachedMessage]:
@@ -208,21 +222,31 @@ class ConversationCache:
         while done < len(tokens):
             if should_stop():
                 raise DecodeAborted
-            end = min(done + chunk, len(tokens))
-            if checkpoint_at is not None and done < checkpoint_at < end:
-                end = checkpoint_at
-            try:
-                self.runtime.decode(tokens[done:end], start + done, abortable=True)
-            except DecodeAborted:
-                if self.uses_checkpoints:  # a recurrent state may be half-updated: roll back
-                    self.truncate(start + done, dirty=True)
-                raise
+            image = image_run(tokens, done)
+            if image:  # a picture's placeholders: evaluated whole, by the projector
+                self.evaluate_image(tokens[done], image, start + done)
+                end = done + image
+            else:
+                end = min(done + chunk, next_image(tokens, done))
+                if checkpoint_at is not None and done < checkpoint_at < end:
+                    end = checkpoint_at
+                try:
+                    self.runtime.decode(tokens[done:end], start + done, abortable=True)
+                except DecodeAborted:
+                    if self.uses_checkpoints:  # a recurrent state may be half-updated: roll back
+                        self.truncate(start + done, dirty=True)
+                    raise
             done = end
             if in_order:
                 self.exact_n = start + done
             if done == checkpoint_at:
                 self.checkpoint()
             on_progress(done, len(tokens))
+
+    def evaluate_image(self, first_token: int, n_tokens: int, position: int) -> None:
+        if self.images is None:
+            raise EngineError("the prompt holds an image but this turn has no image projector")
+        self.images.evaluate(first_token, n_tokens, position)
 
     def generate(self, sampling: Sampling, confidence_tokens: int, should_stop: Callable[[], bool],
                  on_token: Callable[[str, int, TokenStats | None, TokenLogprob | None], None],
@@ -238,6 +262,8 @@ class ConversationCache:
         runtime = self.runtime
         reply_record = self.records[-1]
         position = self.n_tokens
+        if drafts is not None and has_placeholders(self.tokens()):
+            drafts = None  # drafts read the record, where a picture is placeholders, not tokens
         # One decoder makes both what is streamed and what is stored: it holds back the bytes of
         # a character not yet complete, so a reply cut inside one (max_tokens, a stop) keeps
         # exactly the text that was shown, never a U+FFFD for the missing half.

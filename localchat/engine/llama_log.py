@@ -61,6 +61,11 @@ def silence() -> None:
     llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
 
 
+def callback() -> ctypes._CFunctionType | None:
+    """The hook ``silence`` installed (libmtmd's helper log takes it too), None before."""
+    return _log_callback
+
+
 def start_load() -> None:
     """Forget the lines and buffers of an earlier load (a new one is about to be read)."""
     silence()

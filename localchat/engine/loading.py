@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from localchat.engine.options import EngineOptions
 from localchat.engine.preflight import Preflight
+from localchat.engine.projector_runtime import Projector, Vision
 from localchat.engine.prompts import ModelPrompts
 from localchat.engine.runtime import LlamaRuntime
 from localchat.engine.speculate import Speculator, build_speculator, plan_speculation
 from localchat.engine.templates import make_renderer
+from localchat.errors import EngineError
 from localchat.events import Loaded
 
 
@@ -22,8 +24,9 @@ class LoadedModel:
     runtime: LlamaRuntime
     prompts: ModelPrompts
     speculator: Speculator
-    notices: list[str]  # what the load could not set up (drafting), one line each
+    notices: list[str]  # what the load could not set up (drafting, images), one line each
     info: Loaded
+    vision: Vision = field(default_factory=Vision)  # the image projector, or why none
 
 
 def load_model(model_path: Path, options: EngineOptions, name: str, checked: Preflight,
@@ -45,6 +48,13 @@ def load_model(model_path: Path, options: EngineOptions, name: str, checked: Pre
     # A family's call marker is a special token: shown as text, so calls can be read.
     runtime.show_as_text(prompts.preserved_tokens)
     speculator, notices = build_speculator(options, runtime, gguf, draft, draft_problem, name)
+    vision = Vision()
+    if options.mmproj is not None:
+        try:
+            vision = Vision(Projector(options.mmproj, runtime, use_gpu=fit.offloaded_layers > 0))
+        except EngineError as exc:  # the model still chats; an image sent to it says why not
+            vision = Vision(None, str(exc))
+            notices = [*notices, f"images: {exc}"]
     if on_progress:
         on_progress(1.0)
     info = Loaded(
@@ -57,4 +67,4 @@ def load_model(model_path: Path, options: EngineOptions, name: str, checked: Pre
         memory=runtime.memory_kind,
         speculative=speculator.describe(),
     )
-    return LoadedModel(runtime, prompts, speculator, list(notices), info)
+    return LoadedModel(runtime, prompts, speculator, list(notices), info, vision)

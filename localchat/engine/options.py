@@ -10,6 +10,7 @@ schema's 0 means "the model's registry default", which only the factory knows.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from localchat.formats import AnswerFormat
@@ -86,3 +87,6 @@ class EngineOptions:
     # reference; the factory fills in the registry's pairing when the config names none).
     speculative: Speculative = EngineSection.speculative
     draft_model: str | None = EngineSection.draft_model
+    # The model's image projector (an ``mmproj`` GGUF; the factory fills it from the registry
+    # entry): loaded with the model, so messages may carry images. None: text only.
+    mmproj: Path | None = None

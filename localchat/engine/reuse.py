@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
+from localchat.engine.image_records import image_safe_cut
 from localchat.engine.kv import ConversationCache
 from localchat.engine.layout import PROMPT, CachedMessage, Layout
 from localchat.engine.runtime import DecodeAborted
@@ -44,7 +45,7 @@ def fill_cache(kv: ConversationCache, layout: Layout, timings: Timings, *, chunk
         reused = min(reused, kv.exact_n)
     if reused == len(target) and needs_logits:
         reused -= 1  # the last prompt token must be evaluated to get logits to sample from
-    wanted = reused
+    wanted = image_safe_cut(target, reused)  # a picture's cells are kept whole or not at all
     reused = kv.truncate(wanted)  # fewer when the memory rolled back to a checkpoint
     # Where this turn starts adding: an edit or a stopped prefill rolls back to here.
     kv.checkpoint()
@@ -71,6 +72,9 @@ def fill_cache(kv: ConversationCache, layout: Layout, timings: Timings, *, chunk
     except Exception:
         kv.forget()  # the cache no longer matches its record: start clean, never wrong
         raise
+    finally:
+        if kv.images is not None:  # the pictures this prefill encoded (cached ones cost none)
+            timings.images_n, timings.image_ms = kv.images.images_n, kv.images.image_ms
     return True
 
 

@@ -300,6 +300,11 @@ class LlamaRuntime:
             raise EngineError(f"llama_decode failed with status {status}")
         return rows
 
+    @property
+    def batch_threads(self) -> int:
+        """Threads a prompt batch runs on (an image projector encodes on as many)."""
+        return self._batch_threads
+
     def set_threads(self, threads: int) -> None:
         """Threads for single-token decodes from now on (llama_set_n_threads). Prefill batches
         keep every core: the governor times single-token decodes, where another program's load

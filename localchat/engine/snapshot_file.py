@@ -42,13 +42,19 @@ _TEMPS = f".*{SUFFIX}.*.tmp"  # atomic_writer's temp files for snapshots
 _LENGTH = struct.Struct("<Q")
 
 
-def engine_fingerprint(model_path: Path, n_ctx: int, kv_type: str, template: str) -> dict[str, Any]:
+def engine_fingerprint(model_path: Path, n_ctx: int, kv_type: str, template: str,
+                       projector: Path | None = None) -> dict[str, Any]:
     """What a saved KV state depends on: the model file, context size, KV type, template and
-    llama.cpp version. A snapshot taken under another fingerprint must not be restored."""
+    llama.cpp version, and the image projector when one is loaded (its pictures' cells). A
+    snapshot taken under another fingerprint must not be restored."""
     import llama_cpp  # only its version: a loaded engine asks, housekeeping never does
 
     stat = model_path.stat()
+    extra = {}
+    if projector is not None:
+        extra = {"projector_file": projector.name, "projector_size": projector.stat().st_size}
     return {
+        **extra,
         "model_file": model_path.name,
         "model_size": stat.st_size,
         "model_mtime_ns": stat.st_mtime_ns,

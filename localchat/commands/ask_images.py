@@ -1,0 +1,78 @@
+"""``ask --image PATH``: pictures attached to the question, read and checked before any model
+loads (a file that is not an image, a truncated one, one over the size bound, a model that does
+not read images: each one line and a non-zero exit, nothing stored)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from localchat.errors import UserError
+from localchat.events import Notice
+
+
+class ImagesRefused(UserError):
+    """Pictures this ask cannot send (the model reads none, or they cannot go where asked)."""
+
+    exit_code = 2
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--image", action="append", default=[], metavar="PATH",
+                   help="attach a picture (JPEG, PNG, BMP or GIF) to the question, for a model "
+                   "that reads images (repeatable)")
+
+
+def read_images(paths: list[str]) -> tuple[tuple[bytes, ...], list[Notice]]:
+    """The pictures' bytes, checked (``engine.image_input``), and a notice per animated GIF."""
+    from localchat.engine.image_input import MAX_IMAGE_BYTES, check_image
+    from localchat.user_files import read_user_file
+
+    images, notices = [], []
+    for name in paths:
+        data = read_user_file(Path(name), "attach a smaller picture", MAX_IMAGE_BYTES)
+        info = check_image(data, name)
+        if info.frames > 1:
+            notices.append(Notice(f"{name} is an animated GIF ({info.frames} frames): only its "
+                                  "first frame is read", kind="input"))
+        images.append(data)
+    return tuple(images), notices
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    if not args.image:
+        return
+    if args.session is not None:
+        raise ImagesRefused("--image cannot be used with --session yet: sessions do not store "
+                            "pictures")
+    if args.route == "remote":
+        raise ImagesRefused("--image is read by the local model only: pictures are not sent to "
+                            "the remote (--route remote)")
+
+
+def check_model(model: str | None, default_model: str) -> None:
+    """ImagesRefused unless ``model`` reads images here: its registry entry has a projector,
+    the projector is downloaded and this llama.cpp build can read images."""
+    from localchat.engine.vision import image_support
+    from localchat.models.registry import (
+        load_registry,
+        local_path,
+        projector_spec_or_none,
+        resolve_model,
+    )
+
+    spec = resolve_model(model or default_model)
+    if not spec.reads_images:
+        readers = sorted(s.name for s in load_registry().values() if s.reads_images)
+        these = f"these do: {', '.join(readers)}" if readers else "no model in the registry does"
+        raise ImagesRefused(f"{spec.name} does not read images; {these}")
+    projector = projector_spec_or_none(spec)
+    if projector is not None and projector.path is not None and not projector.path.is_file():
+        raise ImagesRefused(f"{spec.name}'s image projector {projector.path} is missing; import "
+                            f"the model again with --mmproj")
+    if projector is None or not local_path(projector).is_file():
+        raise ImagesRefused(f"{spec.name}'s image projector is not downloaded; run "
+                            f"`localchat pull {spec.name}`")
+    support = image_support()
+    if not support.available:
+        raise ImagesRefused(f"images are {support}")
