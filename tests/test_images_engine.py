@@ -183,17 +183,41 @@ def test_a_stop_during_prefill_keeps_no_part_of_a_picture(engine):
     assert done.timings.cache_n > 0
 
 
-def test_parallel_slots_refuse_pictures_in_one_line(test_model_path, projector):
+def test_parallel_slots_read_pictures_beside_a_streaming_slot(test_model_path, projector,
+                                                              vision_oracle):
+    """An image's evaluation is a step of its own at the slots' gate: the picture reads as on
+    one slot (the oracle), the other slot streams on, and the next question about the same
+    picture encodes nothing again."""
+    import threading
+
     from localchat.engine.options import EngineOptions
     from localchat.engine.slots.parallel import ParallelEngine
 
-    engine = ParallelEngine(test_model_path, EngineOptions(n_ctx=512, gpu_layers=0, parallel=2,
+    engine = ParallelEngine(test_model_path, EngineOptions(n_ctx=1024, gpu_layers=0, parallel=2,
                                                            mmproj=projector), name="slots")
     engine.load()
     try:
-        events = list(engine.submit([{"role": "user", "content": "hi", "images": [RED]}], GREEDY))
-        assert isinstance(events[-1], Failed)
-        assert "images are not read with parallel slots yet" in events[-1].message
+        pictured = [{"role": "user", "content": "What is in this picture?", "images": [RED]}]
+        plain = [{"role": "user", "content": "Count from one to ten."}]
+        results: dict = {}
+
+        def one(name, messages) -> None:
+            results[name] = ask(engine, messages)
+
+        threads = [threading.Thread(target=one, args=("picture", pictured)),
+                   threading.Thread(target=one, args=("plain", plain))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        tokens, done = results["picture"]
+        assert done.timings.images_n == 1
+        assert_matches_fresh(tokens, vision_oracle, pictured)
+        assert results["plain"][1].finish_reason in ("stop", "length")
+        follow = [*pictured, {"role": "assistant", "content": done.reply},
+                  {"role": "user", "content": "And its colour?"}]
+        _, again = ask(engine, follow)
+        assert again.timings.images_n == 0 and again.timings.prompt_n < 30
     finally:
         engine.close()
 

@@ -285,8 +285,7 @@ class Engine:
 
     def _images(self, messages: list[dict], kv: ConversationCache | None = None) -> tuple[list[dict], Any]:
         """``Vision.for_turn``: the pictures bound to ``kv`` for its prefill (None: counting)."""
-        return self._vision.for_turn(messages, self._require_runtime().tokenize, self.name, kv,
-                                     parallel=kv is not None and kv.runtime is not self._runtime)
+        return self._vision.for_turn(messages, self._require_runtime().tokenize, self.name, kv)
 
     def end_tokens(self) -> list[int]:
         """The tokens that end a reply: where a greedy reply stops and another goes on, the

@@ -52,9 +52,10 @@ class ImageEvaluator(Protocol):
     images_n: int  # pictures encoded so far this turn
     image_ms: float  # and the time that took
 
-    def evaluate(self, first_token: int, n_tokens: int, position: int) -> None:
+    def evaluate(self, first_token: int, n_tokens: int, position: int,
+                 runtime: LlamaRuntime) -> None:
         """Evaluate the image whose ``n_tokens`` placeholders start with ``first_token`` at
-        ``position``.. of the conversation."""
+        ``position``.. of ``runtime``'s sequence."""
 
 
 @dataclass
@@ -246,7 +247,7 @@ class ConversationCache:
     def evaluate_image(self, first_token: int, n_tokens: int, position: int) -> None:
         if self.images is None:
             raise EngineError("the prompt holds an image but this turn has no image projector")
-        self.images.evaluate(first_token, n_tokens, position)
+        self.images.evaluate(first_token, n_tokens, position, self.runtime)
 
     def generate(self, sampling: Sampling, confidence_tokens: int, should_stop: Callable[[], bool],
                  on_token: Callable[[str, int, TokenStats | None, TokenLogprob | None], None],

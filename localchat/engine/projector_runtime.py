@@ -90,13 +90,17 @@ class Projector:
         with self._lock:
             return self._tokenized(sha, data).tokens
 
-    def evaluate(self, key: int, n_tokens: int, position: int, images: TurnImages) -> None:
+    def evaluate(self, key: int, n_tokens: int, position: int, images: TurnImages,
+                 runtime: Any = None) -> None:
         """Encode the image whose placeholders carry ``key`` and decode its ``n_tokens``
-        embeddings at ``position``.. of the conversation's sequence."""
+        embeddings at ``position``.. of ``runtime``'s sequence (a parallel slot's view runs
+        it as a step of its own: ``LlamaRuntime.alone``; default: the text model's)."""
+        target = runtime if runtime is not None else self._runtime
         with self._lock:
-            self._evaluate(key, n_tokens, position, images)
+            target.alone(lambda: self._evaluate(key, n_tokens, position, images, target))
 
-    def _evaluate(self, key: int, n_tokens: int, position: int, images: TurnImages) -> None:
+    def _evaluate(self, key: int, n_tokens: int, position: int, images: TurnImages,
+                  runtime: Any) -> None:
         sha = self._keys.get(key)
         if sha is None or sha not in images.by_sha:
             sha = next((s for s in images.by_sha if key_of(s) == key), None)
@@ -105,7 +109,6 @@ class Projector:
         made = self._tokenized(sha, images.by_sha[sha])
         if self._m.mtmd_input_chunk_get_n_tokens(made.image) != n_tokens:
             raise EngineError("an image's cells do not match its tokens")
-        runtime = self._runtime
         new_past = ctypes.c_int32(0)
         status = self._m.mtmd_helper_eval_chunk_single(
             self._ctx, runtime.ctx, made.image, position, runtime.seq, runtime.n_batch, False,
@@ -207,9 +210,9 @@ class ImageEval:
     def tokens(self, sha: str) -> list[int]:
         return self.projector.tokens(sha, self.images.by_sha[sha])
 
-    def evaluate(self, first_token: int, n_tokens: int, position: int) -> None:
+    def evaluate(self, first_token: int, n_tokens: int, position: int, runtime: Any) -> None:
         started = time.perf_counter()
-        self.projector.evaluate(image_key(first_token), n_tokens, position, self.images)
+        self.projector.evaluate(image_key(first_token), n_tokens, position, self.images, runtime)
         self.image_ms += (time.perf_counter() - started) * 1000.0
         self.images_n += 1
 
@@ -225,8 +228,8 @@ class Vision:
     def path(self) -> Path | None:
         return self.projector.path if self.projector is not None else None
 
-    def for_turn(self, messages: list[dict], tokenize: Tokenize, model: str, kv: Any = None, *,
-                 parallel: bool = False) -> tuple[list[dict], Tokenize]:
+    def for_turn(self, messages: list[dict], tokenize: Tokenize, model: str,
+                 kv: Any = None) -> tuple[list[dict], Tokenize]:
         """A turn's ``messages`` with their pictures as tags (``image_records.with_image_tags``)
         and the tokenizer that reads those tags; with a ``kv``, what its prefill evaluates the
         pictures with is set (``kv.images``). UserError for pictures this engine cannot read."""
@@ -238,8 +241,6 @@ class Vision:
             if self.projector is None:
                 raise UserError(f"{model} does not read images "
                                 f"({self.problem or 'it has no image projector'})")
-            if parallel:  # an image's evaluation calls llama_decode itself, outside the slots' gate
-                raise EngineError("images are not read with parallel slots yet; use --parallel 1")
             evaluator = ImageEval(self.projector, images)
             tokenize = tokenize_with_images(tokenize, evaluator.tokens, images)
         if kv is not None:

@@ -313,6 +313,11 @@ class LlamaRuntime:
         against ~135 on two, after a decode in the busy app had switched to one)."""
         self._lib.llama_set_n_threads(self.ctx, threads, self._batch_threads)
 
+    def alone(self, action: Callable[[], None]) -> None:
+        """Run ``action``, llama.cpp work that decodes on this sequence by itself (an image's
+        evaluation): here at once; a parallel slot's view runs it as a step of its own."""
+        action()
+
     def arm_abort_check(self, check: Callable[[], bool] | None) -> None:
         """What the armed abort callback asks from now on (None: this runtime's own flag,
         ``request_abort``; a batch of one slot's prefill asks that slot's)."""

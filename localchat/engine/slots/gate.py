@@ -33,10 +33,12 @@ from localchat.engine.runtime import BatchPart, DecodeAborted, KVFull, LlamaRunt
 
 @dataclass
 class Request:
-    """A slot's decode, waiting at the gate."""
+    """A slot's decode, waiting at the gate; or work of its own (``action``: an image's
+    evaluation, which calls llama_decode itself) that runs alone in a step."""
 
     part: BatchPart
     stop: Callable[[], bool] | None  # armed while the part is alone in its batch (prefill)
+    action: Callable[[], None] | None = None
     row: int = -1  # the batch index of its first token, once decoded
     error: BaseException | None = None
     done: bool = False
@@ -99,7 +101,16 @@ class DecodeGate:
     def decode(self, part: BatchPart, stop: Callable[[], bool] | None = None) -> int:
         """Evaluate ``part`` with the other members' parts; the batch index of its first token.
         Raises what the decode raised for it (DecodeAborted when ``stop`` ended it)."""
-        request = Request(part, stop)
+        return self._wait(Request(part, stop))
+
+    def run_alone(self, seq: int, action: Callable[[], None]) -> None:
+        """Run ``action`` (llama.cpp work on slot ``seq``'s sequence that decodes by itself) as
+        a step of its own: when every member waits, so none is reading logits it would
+        overwrite. Raises what it raised."""
+        self._wait(Request(BatchPart(seq, [], 0, 0), None, action))
+
+    def _wait(self, request: Request) -> int:
+        part = request.part
         with self._cond:
             self._members.add(part.seq)
             self._waiting.append(request)
@@ -134,6 +145,10 @@ class DecodeGate:
 
     def _take(self) -> list[Request]:
         """(Condition held.) The waiting parts that fit one batch, first come first."""
+        action = next((r for r in self._waiting if r.action is not None), None)
+        if action is not None:  # a step of its own
+            self._waiting.remove(action)
+            return [action]
         batch: list[Request] = []
         total = 0
         for request in list(self._waiting):
@@ -146,6 +161,9 @@ class DecodeGate:
         return batch
 
     def _run(self, batch: list[Request]) -> None:
+        if batch[0].action is not None:
+            self._act(batch[0])
+            return
         pending = list(batch)
         try:
             while pending:
@@ -156,6 +174,16 @@ class DecodeGate:
         finally:
             for request in batch:
                 request.done = True
+
+    def _act(self, request: Request) -> None:
+        assert request.action is not None
+        try:
+            with self.lock:
+                request.action()
+        except BaseException as exc:  # handed to the slot that asked
+            request.error = exc
+        finally:
+            request.done = True
 
     def _decode(self, pending: list[Request]) -> Request | None:
         """One llama_decode of ``pending``; the request that failed alone for want of cells

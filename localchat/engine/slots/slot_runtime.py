@@ -9,6 +9,7 @@ else (the vocabulary, the piece and end-of-generation tables) is the shared runt
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -54,6 +55,10 @@ class SlotRuntime(LlamaRuntime):
         stop = self._abort_requested.is_set if abortable else None
         self._first_row = self._gate.decode(BatchPart(self.seq, tokens, start_pos, outputs), stop)
         self._n_rows = len(tokens)
+
+    def alone(self, action: Callable[[], None]) -> None:
+        """``action`` as a step of its own at the gate (an image's evaluation)."""
+        self._gate.run_alone(self.seq, action)
 
     def row(self, index: int) -> int:
         """The batch index of this slot's ``index``-th token in the last batch (-1: its last)."""
