@@ -214,3 +214,38 @@ def test_the_gates_lock_is_granted_in_the_order_asked_and_a_holder_cannot_jump_t
         order.append("holder again")
     waiter.join(5)
     assert order == ["holder", "waiter", "holder again"]
+
+
+def test_work_that_decodes_by_itself_runs_as_a_step_of_its_own():
+    runtime = FakeRuntime()
+    gate = DecodeGate(runtime)  # type: ignore[arg-type]
+    for seq in (0, 1):
+        gate.join(seq)
+    steps: list[str] = []
+    runtime_decode = runtime.decode_parts
+
+    def decode(parts, abortable=False):
+        steps.append("batch")
+        return runtime_decode(parts, abortable)
+
+    runtime.decode_parts = decode  # type: ignore[method-assign]
+
+    def slot0() -> None:
+        gate.decode(tokens(0, 1))
+        gate.leave(0)
+
+    def slot1() -> None:
+        gate.run_alone(1, lambda: steps.append("image"))
+        gate.decode(tokens(1, 1))
+        gate.leave(1)
+
+    threads = [threading.Thread(target=slot0), threading.Thread(target=slot1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    assert "image" in steps and steps.count("batch") >= 1
+    assert all(len(batch) <= 2 for batch in runtime.batches)  # the image was in no batch
+
+    with pytest.raises(ValueError):  # what the work raised reaches the slot that asked
+        gate.run_alone(0, lambda: (_ for _ in ()).throw(ValueError("bad image")))
