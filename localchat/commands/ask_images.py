@@ -51,28 +51,10 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def check_model(model: str | None, default_model: str) -> None:
-    """ImagesRefused unless ``model`` reads images here: its registry entry has a projector,
-    the projector is downloaded and this llama.cpp build can read images."""
-    from localchat.engine.vision import image_support
-    from localchat.models.registry import (
-        load_registry,
-        local_path,
-        projector_spec_or_none,
-        resolve_model,
-    )
+    """ImagesRefused unless ``model`` reads images here (``engine.vision.images_problem``)."""
+    from localchat.engine.vision import images_problem
+    from localchat.models.registry import resolve_model
 
-    spec = resolve_model(model or default_model)
-    if not spec.reads_images:
-        readers = sorted(s.name for s in load_registry().values() if s.reads_images)
-        these = f"these do: {', '.join(readers)}" if readers else "no model in the registry does"
-        raise ImagesRefused(f"{spec.name} does not read images; {these}")
-    projector = projector_spec_or_none(spec)
-    if projector is not None and projector.path is not None and not projector.path.is_file():
-        raise ImagesRefused(f"{spec.name}'s image projector {projector.path} is missing; import "
-                            f"the model again with --mmproj")
-    if projector is None or not local_path(projector).is_file():
-        raise ImagesRefused(f"{spec.name}'s image projector is not downloaded; run "
-                            f"`localchat pull {spec.name}`")
-    support = image_support()
-    if not support.available:
-        raise ImagesRefused(f"images are {support}")
+    problem = images_problem(resolve_model(model or default_model))
+    if problem:
+        raise ImagesRefused(problem)

@@ -40,7 +40,7 @@ def engine_options(spec: ModelSpec, settings: Settings, **overrides: Any) -> Eng
     return replace(options, **_given(from_spec, overrides))
 
 
-def _projector_path(spec: ModelSpec) -> Path | None:
+def projector_path(spec: ModelSpec) -> Path | None:
     """The registry entry's projector file, when it has one and it is on disk (a model whose
     projector is missing still chats; an image sent to it says what to pull)."""
     projector = projector_spec_or_none(spec)
@@ -85,7 +85,7 @@ def open_engine(model: str | None, settings: Settings | None = None, **overrides
     path = require_local(spec)
     options = engine_options(spec, settings, **overrides)
     if options.mmproj is None:
-        options = replace(options, mmproj=_projector_path(spec))
+        options = replace(options, mmproj=projector_path(spec))
     # A size llama.cpp would silently raise (below its 256-token step) is refused here; one above
     # what the model was trained for is refused by the engine's preflight, wherever it came from.
     from localchat.engine.runtime import check_n_ctx_floor

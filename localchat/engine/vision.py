@@ -12,6 +12,10 @@ import functools
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from localchat.models.registry import ModelSpec
 
 REBUILD_HINT = "rebuild with scripts/test (or scripts/build-llama)"
 
@@ -54,3 +58,23 @@ def image_support() -> ImageSupport:
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def images_problem(spec: ModelSpec) -> str | None:
+    """Why ``spec`` cannot read the pictures of a message, in one line; None when it can."""
+    from localchat.models.registry import load_registry, local_path, projector_spec_or_none
+
+    if not spec.reads_images:
+        readers = sorted(s.name for s in load_registry().values() if s.reads_images)
+        these = f"these do: {', '.join(readers)}" if readers else "no model in the registry does"
+        return f"{spec.name} does not read images; {these}"
+    projector = projector_spec_or_none(spec)
+    if projector is not None and projector.path is not None and not projector.path.is_file():
+        return (f"{spec.name}'s image projector {projector.path} is missing; import the model "
+                "again with --mmproj")
+    if projector is None or not local_path(projector).is_file():
+        return f"{spec.name}'s image projector is not downloaded; run `localchat pull {spec.name}`"
+    support = image_support()
+    if not support.available:
+        return f"images are {support}"
+    return None

@@ -29,6 +29,7 @@ from localchat.serve.http import Connection
 from localchat.serve.http_errors import ShuttingDown
 from localchat.serve.model_host import ModelHost, ServedModel
 from localchat.serve.pieces import Ending, Piece, read_reply
+from localchat.serve.request_images import check_model_reads
 from localchat.serve.respond import Responder
 from localchat.serve.scheduler import Job, Scheduler
 from localchat.serve.tool_fields import RawCalls
@@ -92,7 +93,9 @@ class Exchange:
         (NotFound, Busy, ShuttingDown), and watch for its client leaving while it waits or
         streams. (On the event loop.)"""
         restored = replace(chat, messages=self.raw_calls.restore(chat.messages))
-        job = Job(restored, self.host.resolve_chat(chat.model), asyncio.get_running_loop())
+        model = self.host.resolve_chat(chat.model)
+        check_model_reads(model, restored.messages)
+        job = Job(restored, model, asyncio.get_running_loop())
         self.scheduler.submit(job)
         connection.watch()
         return job

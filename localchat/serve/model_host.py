@@ -33,7 +33,7 @@ from pathlib import Path
 from localchat.engine.embedder import ChatModelEmbedder, TextEmbedder
 from localchat.engine.embedding_model import EmbeddingModel
 from localchat.engine.engine import Engine
-from localchat.engine.factory import engine_options, sampling_options
+from localchat.engine.factory import engine_options, projector_path, sampling_options
 from localchat.engine.options import Sampling
 from localchat.engine.slots.parallel import ParallelEngine
 from localchat.engine.state_pool import StatePool
@@ -220,8 +220,9 @@ class ModelHost:
     def _open(self, model: ServedModel) -> Engine:
         from localchat.engine.runtime import check_n_ctx_floor
 
-        options = replace(engine_options(model.spec, self.config, n_ctx=self.n_ctx),
-                          parallel=self.parallel)
+        options = engine_options(model.spec, self.config, n_ctx=self.n_ctx)
+        options = replace(options, parallel=self.parallel,
+                          mmproj=options.mmproj or projector_path(model.spec))
         check_n_ctx_floor(options.n_ctx, zero_is_default=True)
         engine = (ParallelEngine(model.path, options, name=model.name) if self.parallel > 1
                   else Engine(model.path, options, name=model.name))

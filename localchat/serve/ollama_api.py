@@ -12,7 +12,8 @@ work unchanged. A model's ``digest`` is its file's sha256 (``digests``).
   sampled in that shape). Streamed as NDJSON: ``message{role, content, thinking}`` lines (the
   calls in one of their own before the last), then one with ``done: true``, ``done_reason`` and
   the counts and durations (ns) Ollama reports; ``prompt_eval_count`` is what was evaluated, as
-  in Ollama (the cached part is not counted again). ``images`` are refused with a 400.
+  in Ollama (the cached part is not counted again). ``images`` (base64) go with their message
+  (``request_images``).
 - Errors: ``{"error": "message"}`` with the HTTP status.
 
 Only the shapes live here (a request's fields -> ``ChatRequest``, a reply's pieces and ending ->
@@ -31,9 +32,10 @@ from localchat import __version__
 from localchat.serve.chat_request import ChatRequest, read_sampling
 from localchat.serve.digests import digest_of
 from localchat.serve.fields import field_of, integer, stops, thinking_switch
-from localchat.serve.http_errors import BadRequest, ServeError, bad
+from localchat.serve.http_errors import ServeError, bad
 from localchat.serve.model_host import ModelHost, ServedModel
 from localchat.serve.pieces import Ending, Piece
+from localchat.serve.request_images import image_from_base64
 from localchat.serve.request_messages import message_list
 from localchat.serve.tool_fields import answer_format, tools_of
 
@@ -61,11 +63,14 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     )
 
 
-def _content(message: dict[str, Any], where: str) -> str:
-    if message.get("images"):
-        raise BadRequest(f"{where}images: images are not supported by localchat serve",
-                         where + "images")
-    return field_of(message, "content", str, where) or ""
+def _content(message: dict[str, Any], where: str) -> str | tuple[str, list[bytes]]:
+    """A message's text, or (text, pictures) when it has ``images`` (base64)."""
+    text = field_of(message, "content", str, where) or ""
+    images = field_of(message, "images", list, where)
+    if not images:
+        return text
+    return text, [image_from_base64(value, f"{where}images[{k}]")
+                  for k, value in enumerate(images)]
 
 
 def error_body(error: ServeError) -> dict[str, Any]:

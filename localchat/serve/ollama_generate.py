@@ -5,7 +5,8 @@
   a gap filled with the model's fill-in-the-middle tokens), ``context`` (the token ids a previous
   reply returned: the prompt goes on after them), ``stream`` (true unless false, as Ollama),
   ``format``, ``options`` as ``/api/chat`` reads them, ``keep_alive`` (accepted). Refused with a
-  400: ``template`` (the model's own is used), ``images``, ``think``, ``logprobs``.
+  400: ``template`` (the model's own is used), ``images`` (read on /api/chat), ``think``,
+  ``logprobs``.
 - No prompt at all (no suffix, no context) is Ollama's way to load a model: answered at once
   with ``done_reason: "load"`` (the model loads with the first request that needs it).
 - Streamed as NDJSON: ``{"model", "created_at", "response", "done": false}`` lines, then one
@@ -30,7 +31,7 @@ from localchat.serve.tool_fields import answer_format
 def parse_generate(body: dict[str, Any]) -> ChatRequest:
     """An ``/api/generate`` body as a ChatRequest with a prompt (BadRequest naming the field)."""
     for name, why in (("template", "the model's own chat template is used"),
-                      ("images", "images are not supported"),
+                      ("images", "pictures are read on /api/chat (a message's images), not"),
                       ("think", "thinking is not supported on /api/generate (use /api/chat)"),
                       ("logprobs", "logprobs are not supported")):
         if body.get(name):

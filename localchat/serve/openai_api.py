@@ -40,6 +40,7 @@ from localchat.serve.http_errors import BadRequest, ServeError, bad
 from localchat.serve.logprob_fields import logprobs_body, logprobs_of
 from localchat.serve.model_host import ServedModel
 from localchat.serve.pieces import Ending, Piece
+from localchat.serve.request_images import image_from_url_part
 from localchat.serve.request_messages import message_list
 from localchat.serve.shape_fields import answer_shape
 from localchat.serve.tool_fields import tool_choice_of, tools_of
@@ -71,26 +72,30 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     )
 
 
-def _content(message: dict[str, Any], where: str) -> str:
+def _content(message: dict[str, Any], where: str) -> str | tuple[str, list[bytes]]:
+    """A message's text, or (text, pictures) when it has ``image_url`` parts."""
     content = message.get("content")
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise bad(where + "content", "must be a string or an array of text parts")
-    texts = []
+        raise bad(where + "content", "must be a string or an array of text and image_url parts")
+    texts, images = [], []
     for j, part in enumerate(content):
         at = f"{where}content[{j}]"
         if not isinstance(part, dict):
             raise bad(at, "must be an object such as {\"type\": \"text\", \"text\": ...}")
         kind = part.get("type")
+        if kind == "image_url":
+            images.append(image_from_url_part(part, at))
+            continue
         if kind != "text":
             raise BadRequest(f"{at}: content of type {kind!r} is not supported by localchat "
-                             "serve (text only)", at + ".type")
+                             "serve (text and image_url)", at + ".type")
         text = field_of(part, "text", str, at + ".")
         texts.append(text or "")
-    return "".join(texts)
+    return ("".join(texts), images) if images else "".join(texts)
 
 
 # -- answers -----------------------------------------------------------------------------------

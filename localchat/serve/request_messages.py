@@ -15,10 +15,13 @@ from localchat.serve.tool_fields import calls_of, tool_result
 ROLES = ("system", "user", "assistant", "tool")
 
 
-def message_list(obj: dict[str, Any],
-                 content_of: Callable[[dict[str, Any], str], str]) -> list[dict[str, Any]]:
+ContentOf = Callable[[dict[str, Any], str], "str | tuple[str, list[bytes]]"]
+
+
+def message_list(obj: dict[str, Any], content_of: ContentOf) -> list[dict[str, Any]]:
     """``messages``: a non-empty array of ``{"role", "content"}`` with known roles; each
-    message's text is ``content_of(message, "messages[i].")`` (the API's own content shapes);
+    message's text is ``content_of(message, "messages[i].")`` (the API's own content shapes),
+    with its pictures (a user message's ``images``: encoded bytes, as the engine takes them);
     an assistant message may carry ``tool_calls`` and a ``tool`` message answers one."""
     value = field_of(obj, "messages", list)
     if not value:
@@ -37,10 +40,17 @@ def message_list(obj: dict[str, Any],
             raise bad(where + "role", f"must be one of {', '.join(ROLES)} (or developer), "
                                       f"not {shown(role)}")
         content = content_of(message, where)
+        images: list[bytes] = []
+        if isinstance(content, tuple):
+            content, images = content
+            if role != "user":
+                raise bad(where + "content", f"pictures go in user messages, not in {role} ones")
         if role == "tool":
             messages.append(tool_result(message, where, content, unanswered))
             continue
         entry: dict[str, Any] = {"role": role, "content": content}
+        if images:
+            entry["images"] = images
         if message.get("tool_calls") is not None:
             if role != "assistant":
                 raise bad(where + "tool_calls", "may only be on an assistant message")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from localchat.engine.engine import CLOSED, Engine
+from localchat.engine.image_records import with_image_tags
 from localchat.engine.kv import ConversationCache
 from localchat.engine.layout import RawPrompt
 from localchat.engine.options import EngineOptions, Sampling
@@ -106,7 +107,9 @@ class ParallelEngine(Engine):
         handle = TurnHandle(on_stop=self._stop_handle)
         snapshot = [dict(m) for m in messages]
         chosen = sampling or Sampling()
-        self._dispatch(_Waiting(handle, snapshot, lambda kv: self._foreground_turn(
+        # The records hold a picture as its tag (``image_records``): the slot is chosen by those.
+        wanted = with_image_tags(snapshot)[0]
+        self._dispatch(_Waiting(handle, wanted, lambda kv: self._foreground_turn(
             handle, snapshot, chosen, pool, kv=kv)))
         return handle
 
