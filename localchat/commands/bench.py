@@ -29,6 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also replay each turn on a fresh context (a stateless server)")
     p.add_argument("--no-abort", action="store_true", help="skip the stop-latency measurements")
     mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--images", action="store_true",
+                      help="a picture (the model's own colour-words projector, written here) "
+                      "asked about, then followed up, then reopened from a snapshot: pictures "
+                      "encoded, tokens prefilled, reuse, restored TTFT against warm; --rounds N")
     mode.add_argument("--restore", action="store_true",
                       help="measure reopening a ~2,000-token session in a new process (KV snapshot) "
                       "against the same turn in a process that never closed it")
@@ -138,8 +142,12 @@ def run(args: argparse.Namespace) -> int:
     if args.pty and args.tui is None:
         raise UserError("--pty goes with --tui")
     max_tokens = args.max_tokens or 48
-    if args.restore or args.tui is not None or args.typing is not None:
+    if args.restore or args.images or args.tui is not None or args.typing is not None:
         text = None if args.tui is None else report.print_pty if args.pty else report.print_tui
+        if args.images:
+            from localchat.bench.images import print_images
+
+            text = print_images
         report.show(_with_model_path(args, max_tokens), args.json, text=text)
         return 0
     from localchat.bench.conversation import measure_conversation
@@ -278,12 +286,18 @@ def _print_speculative(result: dict) -> None:
 
 
 def _with_model_path(args: argparse.Namespace, max_tokens: int) -> dict:
-    """--restore, --typing and --tui, which load the model file themselves."""
+    """--restore, --images, --typing and --tui, which load the model file themselves."""
     from localchat.models.registry import require_local, resolve_model
     from localchat.settings import load_config
 
     config = load_config()
-    path = require_local(resolve_model(args.model or config.default_model))
+    spec = resolve_model(args.model or config.default_model)
+    path = require_local(spec)
+    if args.images:
+        from localchat.bench.images import measure_images
+
+        return measure_images(path, spec.name, n_ctx=args.n_ctx, rounds=args.rounds or 3,
+                              max_tokens=min(max_tokens, 16))
     if args.restore:
         from localchat.bench.restore import measure_restore
 
