@@ -9,12 +9,16 @@ import base64
 import json
 
 import pytest
+from fake_engine import FakeEngine
 from fault_server import FaultServer, Status, reply
 from image_fixture import bmp, gif, jpeg, png
-from remote_fixtures import LocalFactory, confident, settings_for
+from remote_fixtures import LocalFactory, confident, events_of, settings_for
 
+from localchat.chat.escalation import Escalation
+from localchat.context.chat_context import ChatContext
+from localchat.engine.options import Sampling
 from localchat.events import Failed, Notice, RouteChanged
-from localchat.remote.escalate import IMAGES_STAY_LOCAL, Escalator
+from localchat.remote.escalate import IMAGES_NOT_SENT, IMAGES_STAY_LOCAL, Escalator
 from localchat.remote.image_wire import data_url, mime_type, with_images
 from localchat.settings import parse_settings
 
@@ -111,7 +115,7 @@ def test_with_images_false_a_forced_remote_turn_with_pictures_fails_in_one_line(
                                                              local, route="remote"))
     assert server.connections == 0 and local.turns == []
     assert len(events) == 1 and isinstance(events[0], Failed)
-    assert events[0].message == IMAGES_STAY_LOCAL
+    assert events[0].message == IMAGES_NOT_SENT
 
 
 def test_with_images_false_a_later_turn_escalates_without_the_earlier_pictures_bytes(tmp_path):
@@ -158,3 +162,34 @@ def test_images_is_a_remote_setting_off_by_default_and_checked():
     assert parse_settings({"remote": {"images": True}}).remote.images is True
     with pytest.raises(Exception, match="remote.images must be true or false"):
         parse_settings({"remote": {"images": "yes"}})
+
+
+# -- through the conversation ------------------------------------------------------------------
+
+def test_the_conversation_sends_an_earlier_messages_picture_to_a_remote_that_reads_them(tmp_path):
+    engine = FakeEngine(reply="A red picture.")
+    engine.load()
+    chat = ChatContext(engine)
+    with FaultServer([reply("Still red.")]) as server:
+        router = Escalation(escalator(server, tmp_path, images=True), engine, "remote")
+        events_of(chat.send("What colour is this?", images=(RED,)))  # answered locally
+        final = events_of(chat.send("And now, is it still that colour?", router=router))[-1]
+        [request] = server.requests
+    assert final.reply == "Still red." and final.timings.route == "remote"
+    first, answer, last = request.body["messages"]
+    assert first["content"][0] == {"type": "text", "text": "What colour is this?"}
+    assert [sent_bytes(u) for u in image_urls(first["content"])] == [("image/png", RED)]
+    assert answer == {"role": "assistant", "content": "A red picture."}
+    assert last == {"role": "user", "content": "And now, is it still that colour?"}
+    assert chat.history[0].images == (RED,)  # the history keeps them for the next turn
+
+
+def test_a_message_too_long_for_the_local_context_fails_when_its_pictures_cannot_go(tmp_path):
+    local = LocalFactory(confident(" red", 5))
+    engine = FakeEngine()
+    with FaultServer([reply("remote")]) as server:
+        router = Escalation(escalator(server, tmp_path), engine)
+        events = events_of(router.start([with_pictures("a long one", RED)], local, overlong=True,
+                                        sampling=Sampling()))
+    assert server.connections == 0 and local.turns == []
+    assert [type(e) for e in events] == [Failed] and events[0].message == IMAGES_NOT_SENT

@@ -58,6 +58,9 @@ GRAMMAR_STAYS_LOCAL = ("this answer follows a grammar, which only the local mode
                        "it cannot be sent to the remote")
 IMAGES_STAY_LOCAL = ("the remote model does not read pictures ([remote] images = false in "
                      "config.toml): a message with pictures stays with the local model")
+# A turn that had to go to the remote (forced, or too long for the local context): it fails.
+IMAGES_NOT_SENT = ("the remote model does not read pictures ([remote] images = false in "
+                   "config.toml): a message with pictures cannot be sent to it")
 
 
 AskUser = Callable[[str], bool]
@@ -164,7 +167,7 @@ class EscalatedTurn(TurnEnd):
             return self._local("local: a grammar only the local model follows", watch=False)
         if self._pictures_stay_local():
             if self._route == "remote":
-                return self._refused(IMAGES_STAY_LOCAL)
+                return self._refused(IMAGES_NOT_SENT)
             return self._local_with_notice(Notice(IMAGES_STAY_LOCAL, kind="images"),
                                            "local: pictures the remote does not read")
         if self._route == "remote":
