@@ -193,3 +193,17 @@ def test_a_message_too_long_for_the_local_context_fails_when_its_pictures_cannot
                                         sampling=Sampling()))
     assert server.connections == 0 and local.turns == []
     assert [type(e) for e in events] == [Failed] and events[0].message == IMAGES_NOT_SENT
+
+
+@pytest.mark.parametrize("reads_images, turns_sent", [(True, 1), (False, 3)])
+def test_pictures_count_against_the_remotes_budget_only_where_they_are_sent(
+        tmp_path, reads_images, turns_sent):
+    history = [with_pictures("Remember these.", RED, BLUE),  # two pictures: ~1,536 tokens
+               {"role": "assistant", "content": "Red and blue."},
+               {"role": "user", "content": "Which came first?"}]
+    with FaultServer([reply("Red.")]) as server:
+        esc = escalator(server, tmp_path, images=reads_images, max_context_tokens=1000,
+                        max_tokens=16)
+        events_of(esc.start_turn(history, LocalFactory([]), route="remote"))
+        sent = server.requests[0].body["messages"]
+    assert len(sent) == turns_sent and sent[-1]["content"] == "Which came first?"

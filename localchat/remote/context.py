@@ -2,8 +2,9 @@
 
 The remote's tokenizer is unknown here, so sizes are *estimated* from characters: about four
 characters per token for English text and code with BPE vocabularies, plus a few tokens of
-template overhead per message, and a fixed cost per picture. The estimate is deliberately on the generous side (it rounds up),
-so a trimmed conversation fits; it is not exact and is not meant for billing.
+template overhead per message and a fixed cost per picture. The estimate is deliberately on the
+generous side (it rounds up), so a trimmed conversation fits; it is not exact and is not meant for
+billing.
 
 A remote is stateless: each request carries the whole prompt, so there is no KV cache to shift and
 the choice (:func:`select_for_remote`) is simply the newest whole turns that fit; the caller's

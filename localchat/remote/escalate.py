@@ -49,7 +49,7 @@ from localchat.remote.breaker import CircuitBreaker
 from localchat.remote.client import RemoteClient
 from localchat.remote.confidence import LATE_AFTER_TOKENS, ConfidenceMonitor, scaled
 from localchat.remote.context import trim_to_budget
-from localchat.remote.image_wire import turn_has_images
+from localchat.remote.image_wire import turn_has_images, with_images
 from localchat.settings.remote import RemoteSettings
 
 Route = Literal["local", "remote", "auto"]
@@ -354,8 +354,12 @@ class EscalatedTurn(TurnEnd):
         return handle
 
     def _remote_messages(self) -> list[dict]:
-        reserve = self._esc.settings.max_tokens or self._sampling.max_tokens
-        return trim_to_budget(self._messages, self._esc.settings.max_context_tokens, reserve)
+        settings = self._esc.settings
+        reserve = settings.max_tokens or self._sampling.max_tokens
+        # Pictures a remote does not read are notes already here, so they cost it no budget.
+        messages = self._messages if settings.images else with_images(self._messages,
+                                                                       reads_images=False)
+        return trim_to_budget(messages, settings.max_context_tokens, reserve)
 
     def _labelled(self, event: Event, route: str, reason: str, *, fell_back: bool = False) -> Event:
         """``event`` with the route stamped into its timings, when it is a Done."""
