@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from fault_server import FaultServer, reply
-from image_fixture import jpeg, png
+from image_fixture import bmp, gif, jpeg, png
 from projector_fixture import write_mlp_projector
-from remote_fixtures import llama_server  # noqa: F401 - a fixture
+from remote_fixtures import llama_vision_server  # noqa: F401 - a fixture (llama_server: conftest)
 
 from localchat.cli import main
 from localchat.engine.vision import image_support
@@ -74,6 +74,29 @@ def test_route_remote_sends_the_pictures_to_a_remote_that_reads_them(test_model_
         "data:image/jpeg;base64," + base64.b64encode(grey.read_bytes()).decode()]
 
 
+@pytest.mark.model
+def test_a_real_server_that_reads_pictures_reads_each_one_sent(
+        test_model_path, red, tmp_path, isolated_home, llama_vision_server, capsys):  # noqa: F811
+    others = []
+    for name, data in [("grey.jpg", jpeg(16, 16)), ("red.gif", gif(8, 8)), ("red.bmp", bmp(8, 8))]:
+        others.append(tmp_path / name)
+        others[-1].write_bytes(data)
+    configure(isolated_home, llama_vision_server.base_url, images=True)
+
+    def pictures_read(*pictures: Path) -> int:
+        before = llama_vision_server.pictures_encoded()
+        code, out, err = run_cli(capsys, "ask", "-m", str(test_model_path), "--route", "remote",
+                                 "--temperature", "0", "--max-tokens", "4", "--json",
+                                 *[a for p in pictures for a in ("--image", str(p))], "Colour?")
+        assert code == 0, err
+        done = json.loads(out.splitlines()[-1])
+        assert done["event"] == "done" and done["route"] == "remote"
+        return llama_vision_server.pictures_encoded() - before
+
+    # The server decodes each data URL (PNG, JPEG, GIF, BMP) and its projector encodes it.
+    assert (pictures_read(), pictures_read(red), pictures_read(*others)) == (0, 1, 3)
+
+
 @pytest.mark.parametrize("images", [None, False])
 def test_route_remote_with_pictures_is_refused_in_one_line_when_the_remote_reads_none(
         red, isolated_home, capsys, monkeypatch, images):
@@ -108,7 +131,7 @@ def test_in_mode_auto_a_question_with_a_picture_stays_local_with_a_notice(smol_w
 @needs_mtmd
 @pytest.mark.model
 def test_a_real_server_failing_on_the_pictures_falls_back_to_the_local_reply(
-        smol_with_eyes, red, isolated_home, llama_server, capsys):  # noqa: F811 - the fixture
+        smol_with_eyes, red, isolated_home, llama_server, capsys):
     # llama_cpp.server with a text-only model cannot render image parts: it fails the request.
     configure(isolated_home, llama_server, images=True)
     code, out, err = run_cli(capsys, "ask", "--model", smol_with_eyes, "--image", str(red),

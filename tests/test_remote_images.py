@@ -12,7 +12,13 @@ import pytest
 from fake_engine import FakeEngine
 from fault_server import FaultServer, Status, reply
 from image_fixture import bmp, gif, jpeg, png
-from remote_fixtures import LocalFactory, confident, events_of, settings_for
+from remote_fixtures import (  # noqa: F401 - llama_vision_server is a fixture
+    LocalFactory,
+    confident,
+    events_of,
+    llama_vision_server,
+    settings_for,
+)
 
 from localchat.chat.escalation import Escalation
 from localchat.context.chat_context import ChatContext
@@ -207,3 +213,19 @@ def test_pictures_count_against_the_remotes_budget_only_where_they_are_sent(
         events_of(esc.start_turn(history, LocalFactory([]), route="remote"))
         sent = server.requests[0].body["messages"]
     assert len(sent) == turns_sent and sent[-1]["content"] == "Which came first?"
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("reads_images, encoded", [(True, 1), (False, 0)])
+def test_a_real_server_reads_the_earlier_messages_picture_only_when_it_is_sent(
+        tmp_path, llama_vision_server, reads_images, encoded):  # noqa: F811 - the fixture
+    history = [with_pictures("Remember this one.", BLUE),
+               {"role": "assistant", "content": "A blue picture."},
+               {"role": "user", "content": "Which colour was it?"}]
+    esc = Escalator.from_settings(settings_for(llama_vision_server.base_url, images=reads_images,
+                                               timeout_s=60, max_tokens=4),
+                                  breaker_file=tmp_path / "breaker.json")
+    before = llama_vision_server.pictures_encoded()
+    events = events_of(esc.start_turn(history, LocalFactory([]), route="remote"))
+    assert events[-1].timings.route == "remote" and events[-1].finish_reason != "aborted"
+    assert llama_vision_server.pictures_encoded() - before == encoded
