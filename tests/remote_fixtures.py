@@ -14,6 +14,8 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -132,19 +134,47 @@ def wait_until(condition, timeout_s: float = 10.0, what: str = "condition") -> N
 def llama_server(test_model_path: Path, tmp_path_factory) -> Iterator[str]:
     """A real OpenAI-compatible server (llama_cpp.server) on loopback; yields its base URL
     (``http://127.0.0.1:PORT/v1``). One per test session: starting it costs a model load."""
+    with _llama_cpp_server(test_model_path, tmp_path_factory) as (base_url, _):
+        yield base_url
+
+
+@dataclass(frozen=True)
+class VisionServer:
+    base_url: str
+    log: Path  # the server's output: llama.cpp says there how it encoded each picture
+
+    def pictures_encoded(self) -> int:
+        return self.log.read_text(errors="replace").count("image slice encoded")
+
+
+@pytest.fixture(scope="session")
+def llama_vision_server(test_model_path: Path, tmp_path_factory) -> Iterator[VisionServer]:
+    """``llama_server`` reading pictures: the test model with the synthetic ``mlp`` projector
+    (tests/projector_fixture.py) through llama-cpp-python's LLaVA-1.5 chat handler, which takes
+    OpenAI ``image_url`` parts."""
+    from projector_fixture import write_mlp_projector
+
+    projector = write_mlp_projector(tmp_path_factory.mktemp("projector") / "mmproj.gguf")
+    with _llama_cpp_server(test_model_path, tmp_path_factory, "--clip_model_path",
+                           str(projector), "--chat_format", "llava-1-5") as (base_url, log):
+        yield VisionServer(base_url, log)
+
+
+@contextmanager
+def _llama_cpp_server(model: Path, tmp_path_factory, *extra: str) -> Iterator[tuple[str, Path]]:
     port = free_port()
     log_path = tmp_path_factory.mktemp("llama-server") / "server.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(test_model_path),
+            [sys.executable, "-m", "llama_cpp.server", "--model", str(model),
              "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
-             "--n_threads", str(min(2, os.cpu_count() or 1))],
+             "--n_threads", str(min(2, os.cpu_count() or 1)), *extra],
             stdout=log, stderr=subprocess.STDOUT,
         )
     base_url = f"http://127.0.0.1:{port}/v1"
     try:
         _wait_for_models(base_url, process, log_path)
-        yield base_url
+        yield base_url, log_path
     finally:
         process.terminate()
         try:

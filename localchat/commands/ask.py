@@ -100,13 +100,14 @@ def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
             out.event(notice)
         config = load_config()
         if images:
+            ask_images.check_route(args.route, config.remote)
+        if images and args.route != "remote":  # a forced remote turn never falls back to local
             ask_images.check_model(args.model, config.default_model)
         tools = ChatTools.open(config, args.allow_tool)  # servers start while the model loads
         for problem in tools.problems:
             out.event(Notice(problem, kind="tools"))
         escalator = Escalator.from_settings(config.remote)
-        route: Route = args.route or ("auto" if escalator.client is not None and not images
-                                      else "local")
+        route: Route = args.route or ("auto" if escalator.client is not None else "local")
         overrides = {"n_ctx": args.n_ctx or None, "speculative": args.speculative,
                      "draft_model": args.draft_model}
         if shape is not None and not shape.is_json and route == "remote":

@@ -1,6 +1,8 @@
 """``ask --image PATH``: pictures attached to the question, read and checked before any model
 loads (a file that is not an image, a truncated one, one over the size bound, a model that does
-not read images: each one line and a non-zero exit, nothing stored)."""
+not read images: each one line and a non-zero exit, nothing stored). With ``--route remote`` the
+pictures go to the remote, when it reads them (``[remote] images = true``), and the local model
+need not read any."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from pathlib import Path
 
 from localchat.errors import UserError
 from localchat.events import Notice
+from localchat.settings.remote import RemoteSettings
 
 
 class ImagesRefused(UserError):
@@ -40,14 +43,17 @@ def read_images(paths: list[str]) -> tuple[tuple[bytes, ...], list[Notice]]:
 
 
 def check_flags(args: argparse.Namespace) -> None:
-    if not args.image:
-        return
-    if args.session is not None:
+    if args.image and args.session is not None:
         raise ImagesRefused("--image cannot be used with --session yet: sessions do not store "
                             "pictures")
-    if args.route == "remote":
-        raise ImagesRefused("--image is read by the local model only: pictures are not sent to "
-                            "the remote (--route remote)")
+
+
+def check_route(route: str | None, remote: RemoteSettings) -> None:
+    """ImagesRefused for ``--route remote`` when the remote is on but reads no pictures (with
+    the remote off, the forced turn fails as any other does: the remote is off)."""
+    if route == "remote" and remote.enabled and not remote.images:
+        raise ImagesRefused("the remote model does not read pictures ([remote] images = false in "
+                            "config.toml): --image cannot be sent with --route remote")
 
 
 def check_model(model: str | None, default_model: str) -> None:

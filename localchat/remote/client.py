@@ -63,6 +63,7 @@ from localchat.events import (
 )
 from localchat.remote import failures
 from localchat.remote.breaker import CircuitBreaker
+from localchat.remote.image_wire import with_images
 from localchat.remote.sse import (
     RemoteStreamError,
     StreamTooLarge,
@@ -117,9 +118,12 @@ class RemoteClient:
 
     def stream(self, messages: list[dict], sampling: Sampling | None = None, *,
                route_reason: str = "") -> RemoteTurn:
-        """Start a turn with ``messages`` (already trimmed to the remote's budget)."""
-        return RemoteTurn(self, self._request_body(wire_messages(messages), sampling or Sampling()),
-                          route_reason)
+        """Start a turn with ``messages`` (already trimmed to the remote's budget; a message's
+        ``images`` are sent as ``[remote] images`` says)."""
+        # Pictures become image_url parts only for a remote configured to read them; for any
+        # other, not one image byte goes out (image_wire).
+        sent = wire_messages(with_images(messages, reads_images=self.settings.images))
+        return RemoteTurn(self, self._request_body(sent, sampling or Sampling()), route_reason)
 
     @property
     def where(self) -> str:

@@ -2,8 +2,9 @@
 
 The remote's tokenizer is unknown here, so sizes are *estimated* from characters: about four
 characters per token for English text and code with BPE vocabularies, plus a few tokens of
-template overhead per message. The estimate is deliberately on the generous side (it rounds up),
-so a trimmed conversation fits; it is not exact and is not meant for billing.
+template overhead per message and a fixed cost per picture. The estimate is deliberately on the
+generous side (it rounds up), so a trimmed conversation fits; it is not exact and is not meant for
+billing.
 
 A remote is stateless: each request carries the whole prompt, so there is no KV cache to shift and
 the choice (:func:`select_for_remote`) is simply the newest whole turns that fit; the caller's
@@ -22,6 +23,9 @@ from localchat.reply.reasoning import strip_reasoning
 
 CHARS_PER_TOKEN = 4.0
 MESSAGE_OVERHEAD_TOKENS = 4  # role markers and separators of a typical chat template
+# A picture's cost is the remote model's own (Gemma 3: 256 tokens; Qwen2.5-VL and OpenAI's high
+# detail: several hundred to over a thousand, by size): this errs high, as the text estimate does.
+IMAGE_TOKENS = 768
 
 
 def estimate_tokens(text: str) -> int:
@@ -30,7 +34,8 @@ def estimate_tokens(text: str) -> int:
 
 
 def estimate_message_tokens(messages: list[dict]) -> int:
-    return sum(estimate_tokens(str(m.get("content") or "")) + MESSAGE_OVERHEAD_TOKENS for m in messages)
+    return sum(estimate_tokens(str(m.get("content") or "")) + MESSAGE_OVERHEAD_TOKENS
+               + IMAGE_TOKENS * len(m.get("images") or ()) for m in messages)
 
 
 def trim_to_budget(messages: list[dict], max_context_tokens: int, reserve_tokens: int) -> list[dict]:

@@ -18,10 +18,15 @@ events:
   the first tokens. One that comes after more than ``LATE_AFTER_TOKENS`` local tokens (a loop, a
   full context) says ``late, after N local tokens:`` first in its route_reason.
 - Notice kinds: ``breaker`` (remote marked down: automatic escalation skipped), ``offer``
-  (mode ``ask`` with no way to ask: the remote could do better), ``retry`` (from the client).
+  (mode ``ask`` with no way to ask: the remote could do better), ``retry`` (from the client),
+  ``images`` (pictures the remote does not read: the turn stays local).
 
 A turn whose answer must follow a GBNF grammar stays local (no remote takes one; a JSON shape
-travels as ``response_format``), and a forced remote one fails in one line.
+travels as ``response_format``), and a forced remote one fails in one line. So does a turn whose
+user message has pictures when the remote does not read them (``[remote] images = false``, the
+default): it stays local with a ``Notice`` of kind ``images`` saying why (a forced remote one
+fails in one line), and no image byte is sent (``image_wire``). With ``images = true`` it is
+routed as any other turn, its pictures (and earlier messages') sent as ``image_url`` parts.
 
 Rules kept here: with mode ``off`` or no ``base_url`` there is no client at all; a failed
 *automatic* escalation falls back to the local reply with a notice, never to another remote and
@@ -44,12 +49,18 @@ from localchat.remote.breaker import CircuitBreaker
 from localchat.remote.client import RemoteClient
 from localchat.remote.confidence import LATE_AFTER_TOKENS, ConfidenceMonitor, scaled
 from localchat.remote.context import trim_to_budget
+from localchat.remote.image_wire import turn_has_images, with_images
 from localchat.settings.remote import RemoteSettings
 
 Route = Literal["local", "remote", "auto"]
 BREAKER_FILE = "remote_breaker.json"
 GRAMMAR_STAYS_LOCAL = ("this answer follows a grammar, which only the local model can be held to; "
                        "it cannot be sent to the remote")
+IMAGES_STAY_LOCAL = ("the remote model does not read pictures ([remote] images = false in "
+                     "config.toml): a message with pictures stays with the local model")
+# A turn that had to go to the remote (forced, or too long for the local context): it fails.
+IMAGES_NOT_SENT = ("the remote model does not read pictures ([remote] images = false in "
+                   "config.toml): a message with pictures cannot be sent to it")
 
 
 AskUser = Callable[[str], bool]
@@ -154,9 +165,24 @@ class EscalatedTurn(TurnEnd):
             if self._route == "remote":
                 return self._refused(GRAMMAR_STAYS_LOCAL)
             return self._local("local: a grammar only the local model follows", watch=False)
+        if self._pictures_stay_local():
+            if self._route == "remote":
+                return self._refused(IMAGES_NOT_SENT)
+            return self._local_with_notice(Notice(IMAGES_STAY_LOCAL, kind="images"),
+                                           "local: pictures the remote does not read")
         if self._route == "remote":
             return self._forced_remote()
         return self._auto()
+
+    def _pictures_stay_local(self) -> bool:
+        """The turn has pictures and there is a remote, which does not read them."""
+        return (self._esc.client is not None and not self._esc.settings.images
+                and turn_has_images(self._messages))
+
+    def _local_with_notice(self, notice: Notice, reason: str) -> Iterator[Event]:
+        yield notice
+        # No confidence watch: it would hand the turn to a remote that cannot take it.
+        yield from self._local(reason, watch=False)
 
     def _local_only_shape(self) -> bool:
         """The answer must follow a grammar no remote can be asked for (a GBNF one)."""
@@ -328,8 +354,12 @@ class EscalatedTurn(TurnEnd):
         return handle
 
     def _remote_messages(self) -> list[dict]:
-        reserve = self._esc.settings.max_tokens or self._sampling.max_tokens
-        return trim_to_budget(self._messages, self._esc.settings.max_context_tokens, reserve)
+        settings = self._esc.settings
+        reserve = settings.max_tokens or self._sampling.max_tokens
+        # Pictures a remote does not read are notes already here, so they cost it no budget.
+        messages = self._messages if settings.images else with_images(self._messages,
+                                                                       reads_images=False)
+        return trim_to_budget(messages, settings.max_context_tokens, reserve)
 
     def _labelled(self, event: Event, route: str, reason: str, *, fell_back: bool = False) -> Event:
         """``event`` with the route stamped into its timings, when it is a Done."""

@@ -12,6 +12,7 @@ Example::
     model = "qwen2.5-72b-instruct"
     api_key_env = "LOCALCHAT_REMOTE_API_KEY"   # the variable's *name*; its value is never stored
     timeout_s = 30
+    images = false                     # true: the remote reads pictures (image_url parts)
 
 The API key is read from the environment when a request is built (:meth:`RemoteSettings.api_key`)
 and is never kept on this object, so it cannot end up in a repr, a log line or a file.
@@ -76,6 +77,9 @@ class RemoteSettings:
     # The key itself never lives in the config file, only the name of the variable holding it.
     api_key_env: str = "LOCALCHAT_REMOTE_API_KEY"
     timeout_s: float = 30.0  # connect timeout, and the longest silence allowed mid-stream
+    # The remote model reads pictures: a message with images may go to it (as OpenAI image_url
+    # parts with data: URLs). False: such a turn stays local, and no image bytes are ever sent.
+    images: bool = False
     # Budget for the conversation sent to the remote, estimated from characters (see context.py).
     max_context_tokens: int = 8192
     max_tokens: int | None = None  # None: use the local sampling's max_tokens
