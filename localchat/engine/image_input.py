@@ -57,6 +57,15 @@ def check_image(data: bytes, name: str) -> ImageInfo:
     return info
 
 
+MIME_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "BMP": "image/bmp"}
+
+
+def image_mime(data: bytes) -> str | None:
+    """The MIME type of a picture localchat reads, from its first bytes; None for anything else."""
+    kind = _sniff(data)
+    return MIME_TYPES[kind] if kind is not None else None
+
+
 def _sniff(data: bytes) -> str | None:
     if data.startswith(b"\x89PNG\r\n\x1a\n"):
         return "PNG"

@@ -17,23 +17,16 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-# Magic numbers of the formats localchat reads (engine.image_input checks them at attach time).
-_MIME_BY_MAGIC = (
-    (b"\x89PNG\r\n\x1a\n", "image/png"),
-    (b"\xff\xd8\xff", "image/jpeg"),
-    (b"GIF87a", "image/gif"),
-    (b"GIF89a", "image/gif"),
-    (b"BM", "image/bmp"),
-)
+from localchat.engine.image_input import image_mime
 
 
 def mime_type(data: bytes) -> str:
     """The picture's MIME type from its first bytes; ValueError for a format localchat never
     attaches (a programmer error: pictures are checked when they are attached)."""
-    for magic, mime in _MIME_BY_MAGIC:
-        if data.startswith(magic):
-            return mime
-    raise ValueError(f"not a JPEG, PNG, GIF or BMP picture (starts {data[:8]!r})")
+    mime = image_mime(data)
+    if mime is None:
+        raise ValueError(f"not a JPEG, PNG, GIF or BMP picture (starts {data[:8]!r})")
+    return mime
 
 
 def data_url(data: bytes) -> str:
