@@ -7,14 +7,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from localchat.errors import UserError
+from localchat.chat.images import ImagesRefused
 from localchat.events import Notice
 
-
-class ImagesRefused(UserError):
-    """Pictures this ask cannot send (the model reads none, or they cannot go where asked)."""
-
-    exit_code = 2
+__all__ = ["ImagesRefused", "add_flags", "check_flags", "check_model", "read_images"]
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -51,28 +47,7 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def check_model(model: str | None, default_model: str) -> None:
-    """ImagesRefused unless ``model`` reads images here: its registry entry has a projector,
-    the projector is downloaded and this llama.cpp build can read images."""
-    from localchat.engine.vision import image_support
-    from localchat.models.registry import (
-        load_registry,
-        local_path,
-        projector_spec_or_none,
-        resolve_model,
-    )
+    """ImagesRefused unless ``model`` reads images here (``chat.images.check_model``)."""
+    from localchat.chat.images import check_model as reads_images
 
-    spec = resolve_model(model or default_model)
-    if not spec.reads_images:
-        readers = sorted(s.name for s in load_registry().values() if s.reads_images)
-        these = f"these do: {', '.join(readers)}" if readers else "no model in the registry does"
-        raise ImagesRefused(f"{spec.name} does not read images; {these}")
-    projector = projector_spec_or_none(spec)
-    if projector is not None and projector.path is not None and not projector.path.is_file():
-        raise ImagesRefused(f"{spec.name}'s image projector {projector.path} is missing; import "
-                            f"the model again with --mmproj")
-    if projector is None or not local_path(projector).is_file():
-        raise ImagesRefused(f"{spec.name}'s image projector is not downloaded; run "
-                            f"`localchat pull {spec.name}`")
-    support = image_support()
-    if not support.available:
-        raise ImagesRefused(f"images are {support}")
+    reads_images(model or default_model)
