@@ -18,15 +18,18 @@ from fake_engine import (
     wait_until,
 )
 from image_fixture import png
+from projector_fixture import write_mlp_projector
 from textual import events
 
 from localchat.engine.image_records import digest
+from localchat.engine.vision import image_support
 from localchat.tui import attached_files
 from localchat.tui.attached_files import AttachmentChips
 from localchat.tui.chat_log import UserMessage
 from localchat.tui.prompt import CommandHints
 
 RED = png(40, 30, (255, 0, 0))
+SLOW = 120.0  # seconds: the real model on a shared 2-core machine
 
 
 @pytest.fixture
@@ -166,3 +169,50 @@ async def test_a_reopened_session_shows_which_pictures_its_messages_had(store, r
         await reply_finished(pilot)
         engine = again.models.engine
     assert engine.submitted[-1][0]["images"] == [RED]
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not image_support().available, reason="no libmtmd in this build")
+async def test_the_real_engine_answers_about_a_picture_and_a_reopened_session_does_not_encode_it_again(
+        test_model_path, tmp_path, red, capsys):
+    from localchat.cli import main
+    from localchat.engine.options import Sampling
+    from localchat.store import Store
+    from localchat.tui.app import LocalChatApp
+
+    projector = write_mlp_projector(tmp_path / "mmproj-smol.gguf")
+    assert main(["import", str(test_model_path), "--name", "smol", "--mmproj", str(projector)]) == 0
+    capsys.readouterr()
+
+    def app_on(store: Store, **options) -> LocalChatApp:
+        return LocalChatApp(store=store, model="smol", list_models=list,
+                            sampling_factory=lambda: Sampling(temperature=0.0, max_tokens=12, seed=0),
+                            **options)
+
+    def last_timings(store: Store):
+        return store.turns(store.last_session().id)[-1].timings
+
+    with Store.open() as store:
+        app = app_on(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.models.engine is not None, "the model", timeout=SLOW)
+            await command(pilot, "/image red.png")
+            # The projector's header says 4 tokens (28-pixel pictures, 14-pixel patches).
+            await wait_until(pilot, lambda: "red.png 40×30 · 4 tokens" in chips(app), "the chip")
+            await send(pilot, "What colour is this picture?")
+            await wait_until(pilot, lambda: app.turns.current is None and app.chat_log.last_reply()
+                             and app.chat_log.last_reply().finished, "the answer", timeout=SLOW)
+            assert app.chat_log.last_reply().text.strip()
+            assert prompts(app)[-1].startswith("[image: red.png 40x30]\n")
+        first = last_timings(store)
+        assert first.images_n == 1
+
+        again = app_on(store, continue_last=True)
+        async with again.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: again.models.engine is not None, "the model", timeout=SLOW)
+            await send(pilot, "Are you sure?")
+            await wait_until(pilot, lambda: again.turns.current is None and len(prompts(again)) == 2
+                             and again.chat_log.last_reply().finished, "the second answer", timeout=SLOW)
+        second = last_timings(store)
+    # The saved cache came back with the picture's cells: nothing encoded, only the new text read.
+    assert second.images_n == 0 and second.cache_n > first.prompt_n - 2
