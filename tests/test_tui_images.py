@@ -216,3 +216,24 @@ async def test_the_real_engine_answers_about_a_picture_and_a_reopened_session_do
         second = last_timings(store)
     # The saved cache came back with the picture's cells: nothing encoded, only the new text read.
     assert second.images_n == 0 and second.cache_n > first.prompt_n - 2
+
+
+async def test_retry_and_an_edit_send_the_prompt_again_with_its_pictures(store, red, reads_images):
+    engine = FakeEngine(reply="Red.")
+    app = make_app(store, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await command(pilot, "/image red.png")
+        await wait_until(pilot, lambda: app.files.images, "the picture")
+        await send(pilot, "colour?")
+        await reply_finished(pilot)
+        await command(pilot, "/retry")
+        await reply_finished(pilot)
+        assert engine.submitted[-1][-1]["images"] == [RED]
+        await pilot.press("alt+up", "up")  # the prompt
+        await pilot.press("e")
+        app.prompt.text = "which colour?"
+        await pilot.press("enter")
+        await reply_finished(pilot)
+        assert prompts(app)[-1].startswith("[image: red.png 40x30]\nwhich colour?")
+    assert engine.submitted[-1][-1] == {"role": "user", "content": "which colour?", "images": [RED]}

@@ -29,6 +29,7 @@ from localchat.errors import UserError
 from localchat.events import Done, Failed, Notice, Timings, Turn
 from localchat.reply.reasoning import strip_reasoning
 from localchat.store import SessionRecord, Store, StoreError, TurnRecord, branches, export
+from localchat.store.images import ImageFile
 from localchat.store.locks import SessionLock
 
 if TYPE_CHECKING:
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from localchat.chat.tool_rounds import RoundMessage
     from localchat.engine.options import Sampling
     from localchat.remote.escalate import Escalator, Route
-    from localchat.store.images import ImageFile
 
 ROUTES = ("auto", "local", "remote")
 _CODE_BLOCK = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
@@ -301,6 +301,12 @@ class Conversation:
 
     def _stored_history(self) -> list[Message]:
         return [self._message(t) for t in self.turns()]
+
+    def stored_images(self, turn: TurnRecord) -> tuple[ImageFile, ...]:
+        """A stored prompt's pictures, to send again (a retry, an edit); one whose stored copy
+        is gone is left out."""
+        found = ((ref, self.store.image_bytes(ref)) for ref in turn.images)
+        return tuple(ImageFile(ref, data) for ref, data in found if data is not None)
 
     def _message(self, turn: TurnRecord) -> Message:
         """A stored turn as the model's history holds it (with its calls, or as a tool result,

@@ -63,10 +63,7 @@ class Composer:
             host.notify(str(exc), severity="error")
             return
         if self._message_actions.editing is not None:
-            if images:
-                host.notify("Pictures cannot be added to an edited prompt: it was resent "
-                            "without them.", severity="warning")
-            await self._message_actions.send_edited(text)
+            await self._message_actions.send_edited(text, images)
         else:
             await self._turns.send(text, recall=typed, images=images)
 

@@ -137,10 +137,11 @@ class Commands:
         if not self._turns.ready():
             return
         conversation = require(host)
-        seq = conversation.last_prompt().seq
+        last = conversation.last_prompt()
+        seq, images = last.seq, conversation.stored_images(last)
         prompt = conversation.take_back_last_prompt()  # the old reply stays a branch
         await show_conversation(host)
-        await self._turns.send(prompt)
+        await self._turns.send(prompt, images=images)
         self._message_actions.mark_new_version(seq)
 
     async def _copy(self, argument: str) -> None:
