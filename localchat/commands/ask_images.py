@@ -1,14 +1,19 @@
 """``ask --image PATH``: pictures attached to the question, read and checked before any model
 loads (a file that is not an image, a truncated one, one over the size bound, a model that does
-not read images: each one line and a non-zero exit, nothing stored)."""
+not read images: each one line and a non-zero exit, nothing stored). With ``--session`` the
+pictures are stored with the question (``store.images``)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localchat.chat.images import ImagesRefused
 from localchat.events import Notice
+
+if TYPE_CHECKING:
+    from localchat.store.images import ImageFile
 
 __all__ = ["ImagesRefused", "add_flags", "check_flags", "check_model", "read_images"]
 
@@ -19,28 +24,26 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    "that reads images (repeatable)")
 
 
-def read_images(paths: list[str]) -> tuple[tuple[bytes, ...], list[Notice]]:
-    """The pictures' bytes, checked (``engine.image_input``), and a notice per animated GIF."""
-    from localchat.engine.image_input import MAX_IMAGE_BYTES, check_image
+def read_images(paths: list[str]) -> tuple[tuple[ImageFile, ...], list[Notice]]:
+    """The pictures, checked (``engine.image_input``), and a notice per animated GIF."""
+    from localchat.engine.image_input import MAX_IMAGE_BYTES
+    from localchat.store.images import image_file
     from localchat.user_files import read_user_file
 
     images, notices = [], []
     for name in paths:
         data = read_user_file(Path(name), "attach a smaller picture", MAX_IMAGE_BYTES)
-        info = check_image(data, name)
-        if info.frames > 1:
-            notices.append(Notice(f"{name} is an animated GIF ({info.frames} frames): only its "
+        image = image_file(name, data)
+        if image.frames > 1:
+            notices.append(Notice(f"{name} is an animated GIF ({image.frames} frames): only its "
                                   "first frame is read", kind="input"))
-        images.append(data)
+        images.append(image)
     return tuple(images), notices
 
 
 def check_flags(args: argparse.Namespace) -> None:
     if not args.image:
         return
-    if args.session is not None:
-        raise ImagesRefused("--image cannot be used with --session yet: sessions do not store "
-                            "pictures")
     if args.route == "remote":
         raise ImagesRefused("--image is read by the local model only: pictures are not sent to "
                             "the remote (--route remote)")

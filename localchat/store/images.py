@@ -39,10 +39,11 @@ class ImageFile:
 
 
 def image_file(name: str, data: bytes) -> ImageFile:
-    """``data`` (a file named ``name``) as a picture to send, checked by
-    ``engine.image_input.check_image``: ``BadImage`` (one line) for one localchat will not read."""
+    """``data`` (the file ``name``, as the user named it) as a picture to send, checked by
+    ``engine.image_input.check_image``: ``BadImage`` (one line) for one localchat will not read.
+    The picture keeps the file's name, without its folder."""
     info: ImageInfo = check_image(data, name)
-    ref = ImageRef(digest(data), name, info.format, info.width, info.height)
+    ref = ImageRef(digest(data), Path(name).name, info.format, info.width, info.height)
     return ImageFile(ref, data, info.frames)
 
 
@@ -52,7 +53,7 @@ def read_image(path: Path) -> ImageFile:
         data = read_user_file(path, "attach a smaller picture", MAX_IMAGE_BYTES)
     except UnreadableFile as exc:
         raise UserError(f"No file {path}." if exc.missing else str(exc)) from None
-    return image_file(path.name, data)
+    return image_file(str(path), data)
 
 
 def images_dir(database: Path) -> Path:
