@@ -80,8 +80,14 @@ async def test_a_pasted_picture_path_attaches_it_and_other_pastes_are_text(store
         assert app.prompt.text == ""
         app.post_message(events.Paste("just some words"))
         await wait_until(pilot, lambda: app.prompt.text == "just some words", "the text")
+        app.prompt.text = ""
         app.post_message(events.Paste(f"file://{red}"))
         await wait_until(pilot, lambda: len(app.files.images) == 2, "the second picture")
+        app.prompt.text = "/image "
+        app.prompt.move_cursor(app.prompt.document.end)
+        app.post_message(events.Paste(str(red)))  # the command's argument, not an attachment
+        await wait_until(pilot, lambda: app.prompt.text == f"/image {red}", "the argument")
+        assert len(app.files.images) == 2
 
 
 async def test_backspace_in_the_empty_input_and_image_clear_remove_pictures(store, red, reads_images):

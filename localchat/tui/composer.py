@@ -70,6 +70,8 @@ class Composer:
     def take_paste(self, text: str) -> bool:
         """A paste (or a file dropped on the terminal) that names picture files attaches them
         instead of going into the input (as Ollama's CLI does); False: it is text."""
+        if is_command(self._host.prompt.text):  # "/image " then a pasted path: its argument
+            return False
         paths = pasted_image_paths(text, Path.cwd())
         if not paths:
             return False
