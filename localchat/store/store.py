@@ -31,6 +31,7 @@ from localchat.store.connect import StoreError, connect_read_only
 from localchat.store.connect import connect as _connect
 from localchat.store.connect import describe as _describe
 from localchat.store.images import ImageFile
+from localchat.store.images import images_dir as _images_dir
 from localchat.store.images import load as _load_image
 from localchat.store.images import names_in as _image_names
 from localchat.store.images import remove_unused as _remove_unused_images
@@ -372,9 +373,7 @@ class Store:
 
     def image_path(self, ref: ImageRef) -> Path:
         """Where a stored picture's copy is kept."""
-        from localchat.store.images import images_dir
-
-        return images_dir(self.path) / ref.file_name
+        return _images_dir(self.path) / ref.file_name
 
     def remove_unused_images(self, grace_s: float | None = None) -> int:
         """Delete the stored pictures no turn and no branch names (see ``store.images``);
