@@ -126,32 +126,45 @@ def with_attachments(message: str, attachments: list[Attachment]) -> str:
     return "\n\n".join([*parts, message]) if parts else message
 
 
-def mentioned_files(message: str, cwd: Path | None = None) -> list[str]:
+# A picture's name: the app attaches ``@photo.png`` as an image, not as text.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
+
+
+def is_image_name(path_text: str) -> bool:
+    return path_text.lower().endswith(IMAGE_SUFFIXES)
+
+
+def mentioned_files(message: str, cwd: Path | None = None, *, images: bool | None = None) -> list[str]:
     """``@path`` words of ``message`` that name existing files (``@`` alone or an address is not
-    one); a relative path is taken from ``cwd`` (default: the working directory)."""
+    one); a relative path is taken from ``cwd`` (default: the working directory). ``images``:
+    only pictures' names (True), none of them (False), or any file (None)."""
     found = []
     for word in message.split():
         candidate = word[1:].rstrip(".,;:!?)")
-        if word.startswith("@") and candidate and _in(cwd, candidate).is_file():
+        if word.startswith("@") and candidate and _in(cwd, candidate).is_file() \
+                and (images is None or is_image_name(candidate) == images):
             found.append(candidate)
     return found
 
 
 def outgoing_message(text: str, attached: Sequence[Attachment], cwd: Path, *,
                      count_tokens: CountTokens | None = None, room: int | None = None,
-                     files: Sequence[str] = (), read: ReadAttachment = read_attachment) -> str:
+                     files: Sequence[str] = (), read: ReadAttachment = read_attachment,
+                     images_apart: bool = False) -> str:
     """The message as it will be sent: ``text`` with the files ``attached`` already (``/file``),
     those named in ``files`` (``ask -f``) and those it mentions as ``@path`` (relative to
     ``cwd``), each file once, as fenced blocks before the text.
 
     ``count_tokens`` and ``room`` are as for ``read_attachment``, ``room`` for all the files
     together (``context.budget.message_room``); ``read`` reads each file (a draft's:
-    ``FileReads.read``). Raises ``UserError`` for a file that cannot go.
+    ``FileReads.read``). ``images_apart``: an ``@photo.png`` is a picture the caller attaches,
+    not a text file. Raises ``UserError`` for a file that cannot go.
     """
     attachments = list(attached)
     if room is not None:
         room -= sum(a.tokens for a in attachments)
-    for path_text in [*files, *mentioned_files(text, cwd)]:
+    mentioned = mentioned_files(text, cwd, images=False if images_apart else None)
+    for path_text in [*files, *mentioned]:
         path = _in(cwd, path_text)
         if any(_same_file(a.path, path) for a in attachments):
             continue

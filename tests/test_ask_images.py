@@ -102,9 +102,21 @@ def test_a_missing_picture_is_one_line(tmp_path, capsys):
     assert code != 0 and len(err.strip().splitlines()) == 1 and "does not exist" in err
 
 
-def test_pictures_are_not_stored_in_sessions_yet(red, capsys):
-    code, _, err = run_cli(capsys, "ask", "--session", "s", "--image", str(red), "hi")
-    assert code == 2 and "--image cannot be used with --session yet" in err
+@needs_mtmd
+def test_a_session_keeps_the_pictures_of_its_questions(smol_with_eyes, red, capsys):
+    from localchat.store import Store
+
+    code, _, err = run_cli(capsys, "ask", "--model", smol_with_eyes, "--session", "s", "--image",
+                           str(red), "--temperature", "0", "--max-tokens", "4", "Colour?")
+    assert code == 0, err
+    red.unlink()  # the session has its own copy
+    code, _, err = run_cli(capsys, "ask", "--model", smol_with_eyes, "--session", "s",
+                           "--temperature", "0", "--max-tokens", "4", "Sure?")
+    assert code == 0, err
+    with Store.open() as store:
+        turns = store.turns(store.find_session("s").id)
+        assert [t.images[0].name for t in turns if t.images] == ["red.png"]
+        assert turns[-1].timings.images_n == 0  # the saved cache had the picture's cells
 
 
 def test_a_model_whose_projector_file_is_gone_says_so_before_it_loads(smol_with_eyes, red,

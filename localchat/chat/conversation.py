@@ -15,7 +15,7 @@ touches the screen, so it is safe to call from the generation thread.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, cast
 
@@ -29,6 +29,7 @@ from localchat.errors import UserError
 from localchat.events import Done, Failed, Notice, Timings, Turn
 from localchat.reply.reasoning import strip_reasoning
 from localchat.store import SessionRecord, Store, StoreError, TurnRecord, branches, export
+from localchat.store.images import ImageFile
 from localchat.store.locks import SessionLock
 
 if TYPE_CHECKING:
@@ -138,17 +139,18 @@ class Conversation:
                     and self.record.turn_count != len(chat.history):
                 stored = self.turns()
                 known = len(chat.history)
-                if [_message(t) for t in stored[:known]] == chat.history:
+                if [self._message(t) for t in stored[:known]] == chat.history:
                     arrived = stored[known:]  # appended by another process (an ``ask -s``)
                 self.attach(self._engine, chat.sampling)
             yield arrived
         finally:
             lock.release()
 
-    def send(self, text: str, route: str = "auto") -> Turn:
+    def send(self, text: str, route: str = "auto", images: Sequence[ImageFile] = ()) -> Turn:
         """Start the model's turn and commit the prompt as sent (the context policy may have cut
-        an over-long one; a refused one is not stored). ``route``: "auto", "local" or "remote".
-        Requires ``attach``."""
+        an over-long one; a refused one is not stored), with its pictures (``images``: stored
+        before the prompt that names them). ``route``: "auto", "local" or "remote". Requires
+        ``attach``."""
         if route not in ROUTES:
             raise ValueError(f"unknown route {route!r}")
         chat = self._require_chat()
@@ -161,12 +163,14 @@ class Conversation:
         router = (Escalation(escalator, chat.engine, cast("Route", route))
                   if escalator is not None and routed else None)
         tools = self.services.tools if self.services is not None else None
+        pictures = tuple(image.data for image in images)
         if tools is not None:
-            handle = tool_rounds.start(chat, text, tools, tool_choice=self.tool_choice, router=router)
+            handle = tool_rounds.start(chat, text, tools, tool_choice=self.tool_choice, router=router,
+                                       images=pictures)
         else:
-            handle = chat.send(text, router=router)
+            handle = chat.send(text, router=router, images=pictures)
         if len(chat.history) > before:
-            self.store.add_user_turn(self.session_id, chat.history[before].content)
+            self.store.add_user_turn(self.session_id, chat.history[before].content, images)
         self._rounds = handle.rounds if isinstance(handle, tool_rounds.ToolTurn) else []
         if isinstance(handle, tool_rounds.ToolTurn):
             handle.on_finish(self._keep_rounds_of_failed_turn)
@@ -221,7 +225,8 @@ class Conversation:
         return turn
 
     def record_exchange(self, prompt: str, done: Done, model: str,
-                        rounds: list[RoundMessage] | tuple[()] = ()) -> TurnRecord:
+                        rounds: list[RoundMessage] | tuple[()] = (),
+                        images: Sequence[ImageFile] = ()) -> TurnRecord:
         """Commit ``prompt`` (as sent), its tool ``rounds`` (``ToolTurn.rounds``), its reply and
         the running summary in one transaction (all or none), then save the KV cache, which then
         holds exactly what the store does, and wait for the file. Raises ``UserError`` when the
@@ -229,7 +234,7 @@ class Conversation:
         chat = self._require_chat()
         try:
             with self.store.batch():
-                self.store.add_user_turn(self.session_id, prompt)
+                self.store.add_user_turn(self.session_id, prompt, images)
                 store_rounds(self.store, self.session_id, list(rounds), model)
                 turn = self.store.add_reply(self.session_id, done.reply,
                                             **_reply_fields(done, model))
@@ -295,7 +300,28 @@ class Conversation:
         return True
 
     def _stored_history(self) -> list[Message]:
-        return [_message(t) for t in self.turns()]
+        return [self._message(t) for t in self.turns()]
+
+    def stored_images(self, turn: TurnRecord) -> tuple[ImageFile, ...]:
+        """A stored prompt's pictures, to send again (a retry, an edit); one whose stored copy
+        is gone is left out."""
+        found = ((ref, self.store.image_bytes(ref)) for ref in turn.images)
+        return tuple(ImageFile(ref, data) for ref, data in found if data is not None)
+
+    def _message(self, turn: TurnRecord) -> Message:
+        """A stored turn as the model's history holds it (with its calls, or as a tool result,
+        or with its pictures' bytes: a picture whose stored copy is gone is left out, said once)."""
+        images = []
+        for ref in turn.images:
+            data = self.store.image_bytes(ref)
+            if data is None:
+                self._notices.append(Notice(f"the picture {ref.name} of message {turn.seq} is no "
+                                            "longer stored; the model no longer sees it",
+                                            kind="input"))
+            else:
+                images.append(data)
+        return Message(turn.role, turn.content, stopped=turn.stopped, tool_calls=turn.tool_calls,
+                       tool_call_id=turn.tool_call_id, name=turn.tool_name, images=tuple(images))
 
     def _resync(self) -> None:
         """The model's history becomes the turns now on screen (the store's)."""
@@ -353,12 +379,6 @@ class Conversation:
         if self.chat is None:
             raise UserError("The model is not loaded yet.")
         return self.chat
-
-
-def _message(turn: TurnRecord) -> Message:
-    """A stored turn as the model's history holds it (with its calls, or as a tool result)."""
-    return Message(turn.role, turn.content, stopped=turn.stopped, tool_calls=turn.tool_calls,
-                   tool_call_id=turn.tool_call_id, name=turn.tool_name)
 
 
 def store_rounds(store: Store, session_id: int, rounds: list[RoundMessage], model: str) -> None:

@@ -138,14 +138,14 @@ def _answer(args: argparse.Namespace, out: PlainText | JsonEvents,
             before = len(chat.history)
             router = Escalation(escalator, engine, route) if route != "local" else None
             handle = tool_rounds.start(chat, prompt, tools, tool_choice=args.tool_choice,
-                                     router=router, images=images)
+                                     router=router, images=tuple(i.data for i in images))
             # The message as the context policy sent it (it may have cut an over-long one);
             # stored together with its reply. None: refused, nothing was sent.
             sent = chat.history[before].content if len(chat.history) > before else None
             final = interruptions.stream(handle)
             if conversation is not None and sent is not None and isinstance(final, Done):
                 rounds = handle.rounds if isinstance(handle, tool_rounds.ToolTurn) else []
-                conversation.record_exchange(sent, final, engine.name, rounds)
+                conversation.record_exchange(sent, final, engine.name, rounds, images)
                 for notice in conversation.take_notices():
                     out.event(notice)
     except UserError as exc:
@@ -239,7 +239,6 @@ def check_flags(args: argparse.Namespace) -> None:
         check_n_ctx_floor(args.n_ctx, "--n-ctx")
     if args.session is not None:
         check_session_name(args.session)
-    ask_images.check_flags(args)
 
 
 def read_prompt(prompt: str | None) -> tuple[str, Notice | None]:

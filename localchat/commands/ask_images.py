@@ -1,23 +1,23 @@
 """``ask --image PATH``: pictures attached to the question, read and checked before any model
 loads (a file that is not an image, a truncated one, one over the size bound, a model that does
-not read images: each one line and a non-zero exit, nothing stored). With ``--route remote`` the
-pictures go to the remote, when it reads them (``[remote] images = true``), and the local model
-need not read any."""
+not read images: each one line and a non-zero exit, nothing stored). With ``--session`` the
+pictures are stored with the question (``store.images``). With ``--route remote`` they go to the
+remote, when it reads them (``[remote] images = true``), and the local model need not read any."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from localchat.errors import UserError
+from localchat.chat.images import ImagesRefused
 from localchat.events import Notice
 from localchat.settings.remote import RemoteSettings
 
+if TYPE_CHECKING:
+    from localchat.store.images import ImageFile
 
-class ImagesRefused(UserError):
-    """Pictures this ask cannot send (the model reads none, or they cannot go where asked)."""
-
-    exit_code = 2
+__all__ = ["ImagesRefused", "add_flags", "check_model", "check_route", "read_images"]
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -26,26 +26,21 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    "that reads images (repeatable)")
 
 
-def read_images(paths: list[str]) -> tuple[tuple[bytes, ...], list[Notice]]:
-    """The pictures' bytes, checked (``engine.image_input``), and a notice per animated GIF."""
-    from localchat.engine.image_input import MAX_IMAGE_BYTES, check_image
+def read_images(paths: list[str]) -> tuple[tuple[ImageFile, ...], list[Notice]]:
+    """The pictures, checked (``engine.image_input``), and a notice per animated GIF."""
+    from localchat.engine.image_input import MAX_IMAGE_BYTES
+    from localchat.store.images import image_file
     from localchat.user_files import read_user_file
 
     images, notices = [], []
     for name in paths:
         data = read_user_file(Path(name), "attach a smaller picture", MAX_IMAGE_BYTES)
-        info = check_image(data, name)
-        if info.frames > 1:
-            notices.append(Notice(f"{name} is an animated GIF ({info.frames} frames): only its "
+        image = image_file(name, data)
+        if image.frames > 1:
+            notices.append(Notice(f"{name} is an animated GIF ({image.frames} frames): only its "
                                   "first frame is read", kind="input"))
-        images.append(data)
+        images.append(image)
     return tuple(images), notices
-
-
-def check_flags(args: argparse.Namespace) -> None:
-    if args.image and args.session is not None:
-        raise ImagesRefused("--image cannot be used with --session yet: sessions do not store "
-                            "pictures")
 
 
 def check_route(route: str | None, remote: RemoteSettings) -> None:
@@ -57,10 +52,7 @@ def check_route(route: str | None, remote: RemoteSettings) -> None:
 
 
 def check_model(model: str | None, default_model: str) -> None:
-    """ImagesRefused unless ``model`` reads images here (``engine.vision.images_problem``)."""
-    from localchat.engine.vision import images_problem
-    from localchat.models.registry import resolve_model
+    """ImagesRefused unless ``model`` reads images here (``chat.images.check_model``)."""
+    from localchat.chat.images import check_model as reads_images
 
-    problem = images_problem(resolve_model(model or default_model))
-    if problem:
-        raise ImagesRefused(problem)
+    reads_images(model or default_model)

@@ -1,6 +1,7 @@
 """``localchat sessions``: list the stored conversations (``--json`` for scripts).
 
-``--prune`` deletes the sessions' saved KV caches (they are rebuilt by prefilling when reopened).
+``--prune`` deletes the sessions' saved KV caches (they are rebuilt by prefilling when reopened)
+and stored pictures no session uses (left by a turn that was never committed).
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ def _prune() -> int:
 
     count, freed = SnapshotStore(paths.snapshots_dir()).prune()
     print(f"removed {count} saved context{'s' if count != 1 else ''} ({freed / 1e6:.1f} MB)")
+    with Store.open() as store:  # pictures left by a turn that was never committed
+        pictures = store.remove_unused_images()
+    if pictures:
+        print(f"removed {pictures} picture{'s' if pictures != 1 else ''} no session uses")
     return 0
 
 

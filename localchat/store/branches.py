@@ -17,10 +17,10 @@ from localchat.store.store import Store
 
 _ROW = ("seq", "role", "content", "model", "timings", "route", "route_reason", "finish_reason",
         "stopped", "created_at", "local_model", "fell_back", "tool_calls", "tool_call_id",
-        "tool_name", "tool_result")
-# Columns that branches stored before schema versions 5 and 6 do not have.
+        "tool_name", "tool_result", "images")
+# Columns that branches stored before schema versions 5, 6 and 7 do not have.
 _ADDED = {"local_model": "", "fell_back": 0, "tool_calls": None, "tool_call_id": "",
-          "tool_name": "", "tool_result": None}
+          "tool_name": "", "tool_result": None, "images": None}
 
 
 @dataclass(frozen=True)

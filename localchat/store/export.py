@@ -2,6 +2,10 @@
 
 Both show each system prompt where it took effect: a prompt set after the third turn applies from
 the fourth, and an export that put it at the top would misstate what the model was told.
+
+A message's pictures are referred to, not embedded: Markdown gives a line per picture with its
+name, size and SHA-256; JSON gives those and ``path``, the stored copy under the localchat home
+(``store.images``; null when it is gone), which stays as long as a session uses the picture.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from typing import Any
 
 from localchat.reply.calls import ToolCall
 from localchat.reply.reasoning import split_reply
-from localchat.store.records import TurnRecord
+from localchat.store.records import ImageRef, TurnRecord
 from localchat.store.store import Store
 from localchat.terminal import visible
 
@@ -39,7 +43,8 @@ def to_markdown(store: Store, session_id: int) -> str:
 
 def _turn_markdown(turn: TurnRecord) -> str:
     if turn.role == "user":
-        return "## You\n\n" + turn.content + "\n"
+        pictures = "".join(f"{image_line(ref)} `sha256:{ref.sha256}`\n\n" for ref in turn.images)
+        return "## You\n\n" + pictures + turn.content + "\n"
     if turn.role == "tool":
         return _result_markdown(turn)
     note = " (stopped)" if turn.stopped else ""
@@ -62,7 +67,7 @@ def _result_markdown(turn: TurnRecord) -> str:
 def to_json(store: Store, session_id: int) -> str:
     """The session as one JSON object: its fields, its messages and where system prompts changed."""
     record = store.session(session_id)
-    messages = [_message_json(t) for t in store.turns(session_id)]
+    messages = [_message_json(t, store) for t in store.turns(session_id)]
     document = {
         "id": record.id, "name": record.name, "title": record.title, "label": record.label,
         "system": record.system, "summary": record.summary, "created_at": record.created_at,
@@ -73,7 +78,7 @@ def to_json(store: Store, session_id: int) -> str:
     return json.dumps(document, ensure_ascii=False, indent=2) + "\n"
 
 
-def _message_json(t: TurnRecord) -> dict[str, Any]:
+def _message_json(t: TurnRecord, store: Store) -> dict[str, Any]:
     message: dict[str, Any] = {
         "seq": t.seq, "role": t.role, "content": t.content, "model": t.model or None,
         "stopped": t.stopped, "finish_reason": t.finish_reason or None, "route": t.route or None,
@@ -81,10 +86,22 @@ def _message_json(t: TurnRecord) -> dict[str, Any]:
     if t.tool_calls:  # OpenAI's shape; ``content`` is the reply as written, ``answer`` as shown
         message["tool_calls"] = [call.to_openai() for call in t.tool_calls]
         message["answer"] = t.answer
+    if t.images:
+        message["images"] = [_image_json(ref, store) for ref in t.images]
     if t.role == "tool":
         message.update(tool_call_id=t.tool_call_id, name=t.tool_name, label=t.tool_label,
                        is_error=t.is_error, notice=t.notice or None, elapsed_ms=t.elapsed_ms)
     return message
+
+
+def _image_json(ref: ImageRef, store: Store) -> dict[str, Any]:
+    path = store.image_path(ref)
+    return {**ref.to_dict(), "path": str(path) if path.is_file() else None}
+
+
+def image_line(ref: ImageRef) -> str:
+    """``[image: cat.png 640x480]``, the name shown inert."""
+    return f"[image: {visible(ref.label, newlines=False)}]"
 
 
 def call_line(call: ToolCall) -> str:

@@ -41,6 +41,46 @@ class SessionRecord:
         return self.name or self.title or UNTITLED
 
 
+_EXTENSIONS = {"PNG": "png", "JPEG": "jpg", "GIF": "gif", "BMP": "bmp"}
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """A picture a user's message carried: its key (the SHA-256 of the file's bytes, as the
+    engine's records key it), the file's name when it was attached, and what its header said.
+    The bytes are kept once per key beside the database (``store.images``)."""
+
+    sha256: str
+    name: str
+    format: str  # "PNG", "JPEG", "GIF", "BMP"
+    width: int
+    height: int
+
+    @property
+    def file_name(self) -> str:
+        """The stored copy's name: ``<sha256>.png``."""
+        return f"{self.sha256}.{_EXTENSIONS.get(self.format, 'img')}"
+
+    @property
+    def label(self) -> str:
+        """``cat.png 640x480``: how the conversation and exports name it."""
+        return f"{self.name} {self.width}x{self.height}"
+
+    def to_dict(self) -> dict[str, str | int]:
+        return dataclasses.asdict(self)
+
+
+def images_to_json(images: tuple[ImageRef, ...] | list[ImageRef]) -> str | None:
+    return json.dumps([i.to_dict() for i in images], ensure_ascii=False) if images else None
+
+
+def images_from_json(text: str | None) -> tuple[ImageRef, ...]:
+    if not text:
+        return ()
+    fields = ("sha256", "name", "format", "width", "height")
+    return tuple(ImageRef(**{k: entry[k] for k in fields}) for entry in json.loads(text))
+
+
 @dataclass(frozen=True)
 class TurnRecord:
     """One message in a session: the user's prompt or the assistant's reply."""
@@ -67,6 +107,7 @@ class TurnRecord:
     is_error: bool = False
     notice: str = ""
     elapsed_ms: float = 0.0
+    images: tuple[ImageRef, ...] = ()  # a user's turn: its pictures, in order
 
     @property
     def answer(self) -> str:

@@ -189,8 +189,15 @@ def _v6_tool_rounds(db: sqlite3.Connection) -> None:
     )
 
 
+def _v7_images(db: sqlite3.Connection) -> None:
+    """Pictures of user turns (issue 47): ``images``, a JSON list of ``{"sha256", "name",
+    "format", "width", "height"}``; the bytes are files named by their SHA-256 beside the
+    database (``store.images``), written before the turn that names them."""
+    db.execute("ALTER TABLE turns ADD COLUMN images TEXT")
+
+
 UPGRADES: list[UpgradeStep] = [_v1_sessions_and_turns, _v2_system_prompt_history, _v3_message_search,
-                               _v4_branches, _v5_route_outcome, _v6_tool_rounds]
+                               _v4_branches, _v5_route_outcome, _v6_tool_rounds, _v7_images]
 
 
 def latest_version() -> int:

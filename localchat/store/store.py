@@ -17,7 +17,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,12 +30,21 @@ from localchat.reply.calls import ToolCall, ToolResult
 from localchat.store.connect import StoreError, connect_read_only
 from localchat.store.connect import connect as _connect
 from localchat.store.connect import describe as _describe
+from localchat.store.images import ImageFile
+from localchat.store.images import images_dir as _images_dir
+from localchat.store.images import load as _load_image
+from localchat.store.images import names_in as _image_names
+from localchat.store.images import remove_unused as _remove_unused_images
+from localchat.store.images import save as _save_image
 from localchat.store.records import (
+    ImageRef,
     SearchHit,
     SessionRecord,
     TurnRecord,
     calls_from_json,
     calls_to_json,
+    images_from_json,
+    images_to_json,
     timings_from_json,
     timings_to_json,
     title_from_prompt,
@@ -62,7 +71,8 @@ _SESSION_COLUMNS = (
 )
 _TURN_COLUMNS = (
     "id, session_id, seq, role, content, model, timings, route, route_reason, finish_reason, "
-    "stopped, created_at, local_model, fell_back, tool_calls, tool_call_id, tool_name, tool_result"
+    "stopped, created_at, local_model, fell_back, tool_calls, tool_call_id, tool_name, tool_result, "
+    "images"
 )
 
 
@@ -91,13 +101,14 @@ def _session(row: tuple) -> SessionRecord:
 
 def _turn(row: tuple) -> TurnRecord:
     (turn_id, session_id, seq, role, content, model, timings, route, reason, finish, stopped, created,
-     local_model, fell_back, tool_calls, tool_call_id, tool_name, tool_result) = row
+     local_model, fell_back, tool_calls, tool_call_id, tool_name, tool_result, images) = row
     outcome = json.loads(tool_result) if tool_result else {}
     return TurnRecord(turn_id, session_id, seq, role, content, model, timings_from_json(timings),
                       route, reason, finish, bool(stopped), created, local_model, bool(fell_back),
                       calls_from_json(tool_calls), tool_call_id, tool_name,
                       str(outcome.get("label", "")), bool(outcome.get("is_error", False)),
-                      str(outcome.get("notice", "")), float(outcome.get("elapsed_ms", 0.0)))
+                      str(outcome.get("notice", "")), float(outcome.get("elapsed_ms", 0.0)),
+                      images_from_json(images))
 
 
 def _inserted_id(cursor: sqlite3.Cursor) -> int:
@@ -297,10 +308,11 @@ class Store:
         return self.session(session_id)
 
     def delete_session(self, session_id: int) -> None:
-        """Delete a session and all its turns."""
+        """Delete a session and all its turns (and the pictures no other session has)."""
         with self._write() as db:
             if db.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
                 raise SessionNotFound(f"No session with id {session_id}.")
+        self.remove_unused_images()
 
     def set_system(self, session_id: int, system: str) -> None:
         """Set the system prompt from the next turn on (recorded where it changed, for exports)."""
@@ -336,26 +348,52 @@ class Store:
 
     # --- turns ----------------------------------------------------------------------------
 
-    def add_user_turn(self, session_id: int, content: str) -> TurnRecord:
-        """Record the user's prompt (before the reply starts, so a crash cannot lose it).
+    def add_user_turn(self, session_id: int, content: str,
+                      images: Sequence[ImageFile] = ()) -> TurnRecord:
+        """Record the user's prompt (before the reply starts, so a crash cannot lose it), with
+        its pictures: their files are stored first (``store.images``), then the turn names them.
 
         The first prompt of an untitled session becomes its title.
         """
+        for image in images:
+            _save_image(self.path, image)
+        refs = tuple(image.ref for image in images)
         with self._write() as db:
-            turn_id, seq, now = self._insert_turn(db, session_id, "user", content)
+            turn_id, seq, now = self._insert_turn(db, session_id, "user", content,
+                                                  images=images_to_json(refs))
             db.execute(
                 "UPDATE sessions SET title = ? WHERE id = ? AND title = ''",
                 (title_from_prompt(content), session_id),
             )
-        return TurnRecord(turn_id, session_id, seq, "user", content, created_at=now)
+        return TurnRecord(turn_id, session_id, seq, "user", content, created_at=now, images=refs)
+
+    def image_bytes(self, ref: ImageRef) -> bytes | None:
+        """A stored picture's bytes (None: its file is gone)."""
+        return _load_image(self.path, ref)
+
+    def image_path(self, ref: ImageRef) -> Path:
+        """Where a stored picture's copy is kept."""
+        return _images_dir(self.path) / ref.file_name
+
+    def remove_unused_images(self, grace_s: float | None = None) -> int:
+        """Delete the stored pictures no turn and no branch names (see ``store.images``);
+        return how many. A sweep that fails leaves the files for the next one."""
+        if self.read_only:
+            return 0
+        try:
+            turns = [r[0] for r in self._read("SELECT images FROM turns WHERE images IS NOT NULL")]
+            branches = [r[0] for r in self._read("SELECT turns FROM branches WHERE turns LIKE '%sha256%'")]
+        except UserError:
+            return 0
+        return _remove_unused_images(self.path, _image_names(turns, branches), grace_s)
 
     def add_exchange(self, session_id: int, prompt: str, reply: str, *, summary: str | None = None,
-                     **reply_fields: Any) -> TurnRecord:
+                     images: Sequence[ImageFile] = (), **reply_fields: Any) -> TurnRecord:
         """Record a prompt, its reply and (if given) the session's new summary in one
         transaction: all or nothing (a full disk must not leave a prompt whose reply the user
         saw but the store lost). ``reply_fields`` are ``add_reply``'s keywords."""
         with self._write():
-            self.add_user_turn(session_id, prompt)
+            self.add_user_turn(session_id, prompt, images)
             turn = self.add_reply(session_id, reply, **reply_fields)
             if summary is not None:
                 self.set_summary(session_id, summary)
@@ -457,6 +495,7 @@ class Store:
                 "SELECT id, 0, system, ? FROM sessions WHERE id = ? AND system != ''",
                 (time.time(), session_id),
             )
+        self.remove_unused_images()
 
     def recent_prompts(self, limit: int = 200) -> list[str]:
         """The user's latest distinct prompts across all sessions, oldest first (input history)."""

@@ -142,7 +142,8 @@ class LocalChatApp(App[int]):
                 with Vertical(id="composer"):
                     yield CommandHints(id="hints", markup=False)
                     yield AttachmentChips(id="attachments", markup=False)
-                    yield PromptInput(self.store.recent_prompts(), self.composer.completions, id="prompt")
+                    yield PromptInput(self.store.recent_prompts(), self.composer.completions,
+                                      take_paste=self.composer.take_paste, id="prompt")
         with Vertical(id="bottom"):
             yield StatusBar(id="status")
             yield Footer()
@@ -219,6 +220,9 @@ class LocalChatApp(App[int]):
 
     def on_text_area_changed(self, event: PromptInput.Changed) -> None:
         self.composer.changed(event.text_area.text)
+
+    def on_prompt_input_empty_backspace(self, message: PromptInput.EmptyBackspace) -> None:
+        self.composer.remove_last_image()
 
     def on_prompt_input_page_key(self, message: PromptInput.PageKey) -> None:
         log_view = self.chat_log

@@ -20,6 +20,8 @@ from textual.widgets import Static
 
 from localchat.reply.reasoning import split_reply
 from localchat.store import TurnRecord
+from localchat.store.export import image_line
+from localchat.store.records import ImageRef
 from localchat.tui.laid_out_once import LaidOutOnce
 from localchat.tui.pictures import Picture
 from localchat.tui.reply_view import ReplyView, reply_caption
@@ -58,9 +60,11 @@ class UserMessage(Static):
     /retry forked the conversation here, its title says which version is on screen."""
 
     def __init__(self, text: str, versions: tuple[int, int] | None = None,
-                 seq: int | None = None) -> None:
-        super().__init__(text, markup=False)
+                 seq: int | None = None, images: tuple[ImageRef, ...] = ()) -> None:
+        # Its pictures, one line each above the text: ``[image: cat.png 640x480]``.
+        super().__init__("\n".join([*(image_line(ref) for ref in images), text]), markup=False)
         self.text = text
+        self.images = images
         self.seq = seq  # its turn in the store; None for a prompt added live, not yet re-read
         if versions is not None:
             self.show_versions(*versions)
@@ -71,7 +75,8 @@ class UserMessage(Static):
         """Mark a forked prompt: version ``current`` (0-based) of ``count``; ←/→ switch."""
         if count > 1:
             self.versions_label = f"‹ {current + 1}/{count} ›"
-            self.update(Text(self.text) + Text(f"\n{self.versions_label}  ←/→ on it (Alt+↑ selects)", style="dim"))
+            pictures = "".join(image_line(ref) + "\n" for ref in self.images)
+            self.update(Text(pictures + self.text) + Text(f"\n{self.versions_label}  ←/→ on it (Alt+↑ selects)", style="dim"))
 
 
 class QueuedPrompt(Static):
@@ -284,7 +289,7 @@ class ChatLog(LaidOutOnce, VerticalScroll):
                         forks: dict[int, tuple[int, int]]) -> list[UserMessage | ReplyView]:
         """Stored turns as widgets: a prompt each, and a reply each with the tool rounds that
         led to it (``stored_rounds``)."""
-        return [UserMessage(item.content, forks.get(item.seq), item.seq)
+        return [UserMessage(item.content, forks.get(item.seq), item.seq, item.images)
                 if isinstance(item, TurnRecord) else self._stored_reply(item)
                 for item in group_rounds(turns)]
 
@@ -321,11 +326,12 @@ class ChatLog(LaidOutOnce, VerticalScroll):
         prompt = children[index - 1] if index and isinstance(children[index - 1], UserMessage) else reply
         await self.mount_all(self._stored_widgets(turns, {}), before=prompt)
 
-    async def add_prompt(self, text: str) -> ReplyView:
-        """Show a sent prompt and an empty reply below it, and follow the new text."""
+    async def add_prompt(self, text: str, images: tuple[ImageRef, ...] = ()) -> ReplyView:
+        """Show a sent prompt (its pictures named above it) and an empty reply below it, and
+        follow the new text."""
         reply = ReplyView(finished=False, show_thinking=self.show_thinking)
         await self.fold_history()
-        await self.mount_before_queued(UserMessage(text), reply)
+        await self.mount_before_queued(UserMessage(text, images=images), reply)
         self.anchor()
         return reply
 

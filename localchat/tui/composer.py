@@ -1,7 +1,8 @@
 """The composer: what Enter does with the input, and the completions offered while typing.
 
-Completions: command names after ``/``, model names after ``/model ``, paths after ``@`` (Tab
-completes them), shown as hints under the input while typing. Enter (``submit``) runs a command,
+Completions: command names after ``/``, model names after ``/model ``, picture paths after
+``/image ``, paths after ``@`` (Tab completes them), shown as hints under the input while typing.
+A paste naming picture files attaches them (``take_paste``). Enter (``submit``) runs a command,
 or sends the message with its files (``attached_files``), or resends the prompt being edited
 (``message_actions``). Each change of the input is handed to the draft prefill (``draft``).
 """
@@ -9,11 +10,14 @@ or sends the message with its files (``attached_files``), or resends the prompt 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localchat.attachments import complete_path
 from localchat.errors import UserError
 from localchat.tui import slash_commands
+from localchat.tui.attached_files import attached_notice
+from localchat.tui.image_paths import pasted_image_paths
 from localchat.tui.prompt import CommandHints, Completion, is_command, message_text
 
 if TYPE_CHECKING:
@@ -54,14 +58,41 @@ class Composer:
             return
         typed = message_text(text)
         try:
-            text = await self._files.message_with_files(typed)
+            text, images = await self._files.message_with_files(typed)
         except UserError as exc:  # the message stays in the input
             host.notify(str(exc), severity="error")
             return
         if self._message_actions.editing is not None:
-            await self._message_actions.send_edited(text)
+            await self._message_actions.send_edited(text, images)
         else:
-            await self._turns.send(text, recall=typed)
+            await self._turns.send(text, recall=typed, images=images)
+
+    def take_paste(self, text: str) -> bool:
+        """A paste (or a file dropped on the terminal) that names picture files attaches them
+        instead of going into the input (as Ollama's CLI does); False: it is text."""
+        if is_command(self._host.prompt.text):  # "/image " then a pasted path: its argument
+            return False
+        paths = pasted_image_paths(text, Path.cwd())
+        if not paths:
+            return False
+        self._host.run_worker(self.attach_images(paths), group="attach", exit_on_error=False)
+        return True
+
+    async def attach_images(self, paths: list[Path]) -> None:
+        """Attach pictures (``/image``, a paste); a bad one, or a model that reads none, is a
+        one-line notice and nothing is attached."""
+        try:
+            images = await self._files.attach_images(paths)
+        except UserError as exc:
+            self._host.notify(str(exc), severity="error")
+            return
+        self._host.notify(attached_notice(images))
+
+    def remove_last_image(self) -> None:
+        """Backspace in the empty input: the last picture attached is removed."""
+        image = self._files.remove_last_image()
+        if image is not None:
+            self._host.notify(f"Removed {image.ref.name}.")
 
     # --- completions ------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from localchat.tui.chat_log import ChatLog, ReplyView, UserMessage
 from localchat.tui.session_view import refresh_sidebar, require, show_conversation, show_numbers
 
 if TYPE_CHECKING:
+    from localchat.store.images import ImageFile
     from localchat.tui.host import Host
     from localchat.tui.turn import Turns
     from localchat.tui.typeahead import TypeAhead
@@ -94,17 +95,20 @@ class MessageActions:
         self._host.prompt.clear()
         refresh_sidebar(self._host)  # the title back to the session's label
 
-    async def send_edited(self, text: str) -> None:
-        """Resend an edited prompt: the turns from it on become a branch, the model's cache
-        keeps exactly the cells before it, and only the edited message is prefilled."""
+    async def send_edited(self, text: str, images: tuple[ImageFile, ...] = ()) -> None:
+        """Resend an edited prompt (with the pictures it had, then ``images``, those attached
+        since): the turns from it on become a branch, the model's cache keeps exactly the cells
+        before it, and only the edited message is prefilled."""
         index, self.editing = self.editing, None
         assert index is not None  # only called while editing
         conversation = require(self._host)
         seq = self._prompt_seq(self._host.chat_log.prompts()[index])
+        edited = next((t for t in conversation.turns() if t.seq == seq), None)
+        had = conversation.stored_images(edited) if edited is not None else ()
         conversation.fork_at(seq)
         await show_conversation(self._host)
         refresh_sidebar(self._host)
-        await self._turns.send(text)
+        await self._turns.send(text, images=(*had, *images))
         self.mark_new_version(seq)
 
     def mark_new_version(self, seq: int) -> None:

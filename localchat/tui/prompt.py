@@ -2,7 +2,9 @@
 
 Most terminals send the same bytes for Enter and Shift+Enter, so a newline needs a key of its
 own: Ctrl+J (a line feed, distinct from Enter's carriage return everywhere). Shift+Enter and
-Alt+Enter also work where the terminal reports them. Pasted text keeps its newlines.
+Alt+Enter also work where the terminal reports them. Pasted text keeps its newlines; a paste
+the app takes as something else (the path of a dropped picture: ``take_paste``) is not inserted.
+Backspace in an empty input says so (``EmptyBackspace``: it removes the last attached picture).
 
 Input that starts with ``/`` is a command (``slash_commands``); ``//`` sends a message that
 starts with ``/``.
@@ -69,16 +71,21 @@ class PromptInput(TextArea):
 
         direction: int
 
+    class EmptyBackspace(Message):
+        """Backspace in an empty input."""
+
     def __init__(
         self,
         history: list[str],
         completer: Callable[[str], list[Completion]],
         *,
+        take_paste: Callable[[str], bool] = lambda text: False,
         id: str | None = None,
     ) -> None:
         super().__init__(id=id, soft_wrap=True, tab_behavior="focus", compact=True)
         self.prompt_history = history
         self.completer = completer
+        self.take_paste = take_paste  # True: the app took the pasted text, it is not inserted
         self._browsing: int | None = None  # index into history while recalling
         self._draft = ""  # what was typed before recalling started
         self._pending_caret: events.Key | None = None  # see _stray_escape
@@ -92,11 +99,19 @@ class PromptInput(TextArea):
             self.prompt_history.append(text)
         self._browsing = None
 
+    async def _on_paste(self, event: events.Paste) -> None:
+        # Not taken: TextArea's own handler (next in the MRO) inserts it.
+        if self.take_paste(event.text):
+            event.stop()
+            event.prevent_default()
+
     async def _on_key(self, event: events.Key) -> None:
         if await self._stray_escape(event):
             event.stop()
             event.prevent_default()
             return
+        if event.key == "backspace" and not self.text:
+            self.post_message(self.EmptyBackspace())
         handled = (
             self._submit() if event.key == "enter"
             else self._newline() if event.key in NEWLINE_KEYS

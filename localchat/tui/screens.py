@@ -21,7 +21,8 @@ KEYS = (
     ("Enter", "send the message"),
     ("Ctrl+J", "new line in the message (also Shift+Enter or Alt+Enter where the terminal reports them)"),
     ("↑ / ↓", "earlier / later prompts (on the first / last line of the input)"),
-    ("Tab", "complete a /command or model name"),
+    ("Tab", "complete a /command, a model name, an @path or /image's picture path"),
+    ("Backspace (empty input)", "remove the last attached picture (/image clear removes them all)"),
     ("PageUp / PageDown", "scroll the conversation (also while typing)"),
     ("Alt+↑ or Ctrl+↑", "select a message: ↑/↓ move, c copies, 1-9 copy code block N, e edits a prompt "
                         "(Enter resends, forking the conversation), ←/→ other versions, Esc back"),

@@ -25,7 +25,9 @@ from localchat.atomic import write_text_atomic
 from localchat.errors import UserError
 from localchat.store import SessionRecord
 from localchat.store.export import quote
+from localchat.tui.attached_files import attached_notice
 from localchat.tui.host import shows_user_errors
+from localchat.tui.image_paths import image_path_completions
 from localchat.tui.prompt import Completion, is_command
 from localchat.tui.screens import ConfirmScreen, HelpScreen, PageScreen, SearchScreen
 from localchat.tui.session_view import refresh_sidebar, require, show_conversation, show_numbers
@@ -135,10 +137,11 @@ class Commands:
         if not self._turns.ready():
             return
         conversation = require(host)
-        seq = conversation.last_prompt().seq
+        last = conversation.last_prompt()
+        seq, images = last.seq, conversation.stored_images(last)
         prompt = conversation.take_back_last_prompt()  # the old reply stays a branch
         await show_conversation(host)
-        await self._turns.send(prompt)
+        await self._turns.send(prompt, images=images)
         self._message_actions.mark_new_version(seq)
 
     async def _copy(self, argument: str) -> None:
@@ -230,6 +233,15 @@ class Commands:
                           severity="warning" if note else "information")
         self._draft.schedule(self._host.prompt.text)  # the model can read the file meanwhile
 
+    async def _image(self, path_text: str) -> None:
+        """``/image PATH`` attaches a picture, ``/image clear`` removes them all."""
+        if path_text == "clear":
+            self._files.clear_images()
+            self._host.notify("Pictures removed.")
+            return
+        images = await self._files.attach_images([Path(path_text).expanduser()])
+        self._host.notify(attached_notice(images))
+
     async def _big(self, text: str) -> None:
         await self._turns.send(text, route="remote")
 
@@ -293,6 +305,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("sessions", "Show or hide the sessions sidebar", Commands._sidebar),
     Command("file", "Attach a text file to the next message (also @path in a message; `clear` "
             "removes them)", Commands._file, "PATH|clear", argument_required=True),
+    Command("image", "Attach a picture (JPEG, PNG, BMP, GIF) to the next message, for a model "
+            "that reads images (also @photo.png in a message, or paste/drop its path; Backspace "
+            "in the empty input removes the last, `clear` removes them all)", Commands._image,
+            "PATH|clear", argument_required=True, complete=lambda typed, _: image_path_completions(typed)),
     Command("search", "Find messages in every session; Enter opens the session", Commands._search,
             "TEXT", argument_required=True),
     Command("rename", "Rename this session", Commands._rename, "NAME", argument_required=True),

@@ -45,6 +45,7 @@ from localchat.tui.tool_events import ToolActivity
 if TYPE_CHECKING:
     from localchat.events import Turn
     from localchat.formats import AnswerFormat
+    from localchat.store.images import ImageFile
     from localchat.tui.draft import DraftHandOver
     from localchat.tui.host import Host
     from localchat.tui.model_state import ModelState
@@ -173,19 +174,22 @@ class Turns:
         return False
 
     async def send(self, text: str, route: str = "auto", *, queued: bool = False,
-                   recall: str | None = None) -> None:
-        """Send ``text`` now, or queue it (type-ahead) while a reply streams or the model loads.
-        With no model and none loading it stays in the input, with a notice saying why.
-        ``recall``: what Up brings back (the typed text, without attached files)."""
+                   recall: str | None = None, images: tuple[ImageFile, ...] = ()) -> None:
+        """Send ``text`` (with its pictures, ``images``) now, or queue it (type-ahead) while a
+        reply streams or the model loads. With no model and none loading it stays in the input,
+        with a notice saying why. ``recall``: what Up brings back (the typed text, without
+        attached files)."""
         host = self._host
         recall = text if recall is None else recall
+        if images:  # the remote reads no pictures: a message with some is answered here
+            route = "local"
         conversation = host.conversation
         if conversation is None:
             return
         if not queued and self.must_queue():
             host.prompt.remember(recall)
             host.prompt.clear()
-            await self._queue.add(text, route)
+            await self._queue.add(text, route, images)
             return
         if not self.ready():
             return
@@ -208,10 +212,10 @@ class Turns:
         host.set_state("prefilling")
         # The model starts first: mounting the prompt and its empty reply takes tens of ms of UI
         # time, which prefill overlaps (no event is shown before this handler returns).
-        host.run_worker(functools.partial(self._generate, turn, text, engine.name, route), thread=True,
-                        group="turn", exit_on_error=False)
+        host.run_worker(functools.partial(self._generate, turn, text, engine.name, route, images),
+                        thread=True, group="turn", exit_on_error=False)
         await asyncio.sleep(0)  # lets the worker's task hand the turn to its thread now
-        turn.reply = await host.chat_log.add_prompt(text)
+        turn.reply = await host.chat_log.add_prompt(text, tuple(i.ref for i in images))
         turn.reply.body.slack_rows = self.pacer.budget.slack_rows
         turn.reply.json_block = turn.shape is not None and turn.shape.is_json
 
@@ -227,7 +231,7 @@ class Turns:
         if not self._queue.items or self.current is not None or self._models.engine is None:
             return
         item = await self._queue.take_oldest()
-        await self.send(item.text, item.route, queued=True)
+        await self.send(item.text, item.route, queued=True, images=item.images)
 
     def _answered_by(self, route: str) -> None:
         """The reply now comes from ``route`` (a send's, or a hand-over's): the frames' budget,
@@ -237,13 +241,14 @@ class Turns:
         host.status.info.route = "remote" if route == "remote" else "local"
         host.status.refresh()
 
-    def _generate(self, turn: ActiveTurn, text: str, model: str, route: str = "auto") -> None:
+    def _generate(self, turn: ActiveTurn, text: str, model: str, route: str = "auto",
+                  images: tuple[ImageFile, ...] = ()) -> None:
         host = self._host
         try:
             with turn.conversation.turn_lock() as arrived:
                 if arrived:  # before any event of this turn: shown above its prompt
                     host.post_message(TurnsArrived(turn.id, arrived))
-                turn.handle = turn.conversation.send(text, route)
+                turn.handle = turn.conversation.send(text, route, images)
                 for notice in turn.conversation.take_notices():
                     turn.mailbox.put(notice)
                 if turn.stop_requested:

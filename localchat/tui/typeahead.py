@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from localchat.store.export import image_line
 from localchat.tui.chat_log import QueuedPrompt
 
 if TYPE_CHECKING:
+    from localchat.store.images import ImageFile
     from localchat.tui.host import Host
 
 
@@ -22,6 +24,7 @@ class Queued:
     text: str
     route: str
     view: QueuedPrompt
+    images: tuple[ImageFile, ...] = ()  # its pictures (a message taken back leaves them out)
 
 
 class TypeAhead:
@@ -32,9 +35,10 @@ class TypeAhead:
         self._host = host
         self.items: list[Queued] = []
 
-    async def add(self, text: str, route: str) -> None:
-        view = await self._host.chat_log.add_queued(text, len(self.items) + 1)
-        self.items.append(Queued(text, route, view))
+    async def add(self, text: str, route: str, images: tuple[ImageFile, ...] = ()) -> None:
+        shown = "\n".join([*(image_line(i.ref) for i in images), text])
+        view = await self._host.chat_log.add_queued(shown, len(self.items) + 1)
+        self.items.append(Queued(text, route, view, images))
         self._host.refresh_bindings()  # Esc now removes a queued message
 
     async def take_oldest(self) -> Queued:
