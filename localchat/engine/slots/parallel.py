@@ -170,6 +170,10 @@ class ParallelEngine(Engine):
             chosen = choose_slot([slot.state() for slot in idle], item.wanted)
             slot = self._slots[chosen.seq]
             slot.reserved = True
+            # It takes part from now on: requests that arrive together prefill in one step
+            # (the first no longer runs its prompt alone while the others' threads start).
+            if self._gate is not None:
+                self._gate.join(slot.seq)
             slot.thread = threading.Thread(target=self._run_slot, args=(slot, item),
                                            name=f"localchat-slot-{slot.seq}", daemon=True)
             slot.thread.start()
@@ -179,7 +183,6 @@ class ParallelEngine(Engine):
         assert gate is not None
         with self._slots_lock:
             slot.handle, slot.reserved = item.handle, False
-        gate.join(slot.seq)  # the next step waits for this turn's first part (see gate)
         try:
             self._run_job(item.handle, lambda: item.body(slot.kv), False, kv=slot.kv)
         finally:
