@@ -166,9 +166,15 @@ class ParallelEngine(Engine):
             idle = [slot for slot in self._slots if not slot.busy]
             if not idle:
                 return
-            item = self._waiting.popleft()
-            chosen = choose_slot([slot.state() for slot in idle], item.wanted)
+            # A slot whose turn has just ended (its thread is letting go) still counts: the
+            # client's next request, sent as soon as the reply ended, belongs in its cells.
+            ending = [slot for slot in self._slots if slot.handle is not None
+                      and slot.handle.finished]
+            chosen = choose_slot([slot.state() for slot in idle + ending], self._waiting[0].wanted)
             slot = self._slots[chosen.seq]
+            if slot.busy:
+                return  # started there once its thread has let go (``_run_slot``)
+            item = self._waiting.popleft()
             slot.reserved = True
             # It takes part from now on: requests that arrive together prefill in one step
             # (the first no longer runs its prompt alone while the others' threads start).
