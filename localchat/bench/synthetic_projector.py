@@ -9,16 +9,19 @@ projector's output width: 576 by default, SmolLM2-135M's embedding length.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 
-def write_mlp_projector(path: Path, *, width: int = 576, hidden: int = 32, image_size: int = 28,
-                        patch_size: int = 14, blocks: int = 1) -> Path:
+def _mlp_writer(path: Path, name: str, *, width: int, hidden: int, image_size: int,
+                patch_size: int, blocks: int) -> Any:
+    """A clip GGUF writer with an ``mlp`` projector's header (its tensors and normalization are
+    the caller's)."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "clip")
-    writer.add_string("general.name", "synthetic mlp projector")
+    writer.add_string("general.name", name)
     writer.add_string("clip.projector_type", "mlp")
     writer.add_bool("clip.has_vision_encoder", True)
     writer.add_bool("clip.has_text_encoder", False)
@@ -31,6 +34,14 @@ def write_mlp_projector(path: Path, *, width: int = 576, hidden: int = 32, image
     writer.add_uint32("clip.vision.attention.head_count", 2)
     writer.add_uint32("clip.vision.projection_dim", width)
     writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    return writer
+
+
+def write_mlp_projector(path: Path, *, width: int = 576, hidden: int = 32, image_size: int = 28,
+                        patch_size: int = 14, blocks: int = 1) -> Path:
+
+    writer = _mlp_writer(path, "synthetic mlp projector", width=width, hidden=hidden,
+                         image_size=image_size, patch_size=patch_size, blocks=blocks)
     writer.add_array("clip.vision.image_mean", [0.48145466, 0.4578275, 0.40821073])
     writer.add_array("clip.vision.image_std", [0.26862954, 0.26130258, 0.27577711])
     rng = np.random.default_rng(0)
@@ -89,23 +100,10 @@ def write_colour_projector(path: Path, words: np.ndarray, *, hidden: int = 32,
     channel at 1.0 to 16 and at 0.0 to -16, where ggml's GELU is exactly x and 0; ``mm.2``
     scales unit k by ``words[k] / 16`` (a power of two: exact). Use square pictures of
     ``image_size`` pixels: llava pads others to a square with black."""
-    import gguf
 
     width = words.shape[1]
-    writer = gguf.GGUFWriter(str(path), "clip")
-    writer.add_string("general.name", "synthetic colour-words projector")
-    writer.add_string("clip.projector_type", "mlp")
-    writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_bool("clip.has_text_encoder", False)
-    writer.add_bool("clip.use_gelu", True)
-    writer.add_uint32("clip.vision.image_size", image_size)
-    writer.add_uint32("clip.vision.patch_size", patch_size)
-    writer.add_uint32("clip.vision.embedding_length", hidden)
-    writer.add_uint32("clip.vision.feed_forward_length", hidden * 2)
-    writer.add_uint32("clip.vision.block_count", 1)
-    writer.add_uint32("clip.vision.attention.head_count", 2)
-    writer.add_uint32("clip.vision.projection_dim", width)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    writer = _mlp_writer(path, "synthetic colour-words projector", width=width, hidden=hidden,
+                         image_size=image_size, patch_size=patch_size, blocks=1)
     writer.add_array("clip.vision.image_mean", [0.0, 0.0, 0.0])
     writer.add_array("clip.vision.image_std", [1.0, 1.0, 1.0])
 
