@@ -45,7 +45,7 @@ class Embedded:
 async def embed(scheduler: Scheduler, host: ModelHost, request: EmbedRequest) -> Embedded:
     """Run ``request`` in its turn (Busy, ShuttingDown, NotFound, BadRequest as they arise)."""
     model = host.resolve(request.model)
-    task = Task(lambda host: _run(host, model, request), model)
+    task = Task(lambda host: _run(host, model, request))
     scheduler.submit(task)
     result: Embedded = await task.result()
     return result

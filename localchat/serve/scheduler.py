@@ -200,17 +200,10 @@ class Scheduler:
         """(Condition held.) Whether ``job`` may start beside the running ones."""
         if not self._running:
             return True
-        if self._switches_model(job):
-            return False
         if isinstance(job, Task):  # never beside a chat: see the module doc
             return False
-        return sum(isinstance(j, Job) for j in self._running) < self.parallel
-
-    def _switches_model(self, job: Job | Task) -> bool:
-        model = job.model
-        if model is None or model.spec.is_embedding:
-            return False  # an embedding model loads beside the chat model
-        return model != self.host.loaded
+        return (job.model == self.host.loaded  # another model waits for the switch
+                and sum(isinstance(j, Job) for j in self._running) < self.parallel)
 
     def _serve(self) -> None:
         while (job := self._next()) is not None:

@@ -21,7 +21,7 @@ from localchat.events import Failed
 from localchat.serve.http_errors import ApiError, ReplyFailed, ShuttingDown
 
 if TYPE_CHECKING:
-    from localchat.serve.model_host import ModelHost, ServedModel
+    from localchat.serve.model_host import ModelHost
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +29,8 @@ log = logging.getLogger(__name__)
 class Task:
     """``work(host)`` queued like a chat job; see the module docstring."""
 
-    def __init__(self, work: Callable[[ModelHost], Any], model: ServedModel | None = None) -> None:
-        """``model``: the one the work asks the host for (a chat model other than the loaded
-        one waits for the running chats, as a chat for it would)."""
+    def __init__(self, work: Callable[[ModelHost], Any]) -> None:
         self._work = work
-        self.model = model
         self._future: Future[Any] = Future()
         self.cancelled = False
 

@@ -93,11 +93,6 @@ class ParallelEngine(Engine):
     def gate_stats(self) -> GateStats:
         return self._gate.stats if self._gate is not None else GateStats()
 
-    def slot_records(self) -> list[list]:
-        """Each slot's records (a copy), by sequence id."""
-        with self._slots_lock:
-            return [slot.kv.copy_records() for slot in self._slots]
-
     # -- turns ---------------------------------------------------------------------------------
 
     def submit(self, messages: list[dict[str, str]], sampling: Sampling | None = None, *,
