@@ -203,3 +203,20 @@ def test_slots_on_recurrent_hybrid_windowed_and_large_vocabulary_models(syntheti
                 assert_matches_fresh(tokens, oracle, messages, short)
     finally:
         engine.close()
+
+
+def test_every_batch_is_computed_on_the_engine_thread(slots, monkeypatch):
+    """ggml's OpenMP keeps a team of threads per computing thread; with several alive it sleeps
+    between graph nodes (a token took 18 ms instead of 7): the slots' threads only wait."""
+    runtime = slots._require_runtime()
+    computed_on: set[str] = set()
+    decode_parts = runtime.decode_parts
+
+    def recorded(*args, **kwargs):
+        computed_on.add(threading.current_thread().name)
+        return decode_parts(*args, **kwargs)
+
+    monkeypatch.setattr(runtime, "decode_parts", recorded)
+    results = run_together(slots, [[{"role": "user", "content": q}] for q in QUESTIONS[:3]])
+    assert all(done.reply for _, done in results)
+    assert computed_on == {"localchat-engine"}

@@ -2,7 +2,8 @@
 
 Each slot taking part in the batch (a *member*: it has decoded since its turn began) asks for
 its next decode here and waits. When every member is waiting, one of them (the last to arrive)
-evaluates all of their parts in one batch: one token for each streaming slot, a chunk of each
+has all of their parts evaluated in one batch, on the one thread that computes (``run_on``: the
+engine's; a team of OpenMP threads per computing thread would make ggml sleep between nodes): one token for each streaming slot, a chunk of each
 prompt being prefilled (chunked prefill: a long prompt holds the streams up for one chunk at a
 time, never for its whole prefill). A slot whose turn ends leaves (``leave``), so the others
 never wait for it. Parts that do not fit ``n_batch`` wait for the next step, first in line.
@@ -27,8 +28,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from localchat.engine.runtime import BatchPart, DecodeAborted, KVFull, LlamaRuntime
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -83,9 +87,17 @@ class FairLock:
                 self._cond.notify_all()
 
 
+def _here(work: Callable[[], T]) -> T:
+    return work()
+
+
 class DecodeGate:
-    def __init__(self, runtime: LlamaRuntime) -> None:
+    def __init__(self, runtime: LlamaRuntime,
+                 run_on: Callable[[Callable[[], None]], None] = _here) -> None:
+        """``run_on(work)``: runs ``work`` (a batch, an image's evaluation) on the thread that
+        makes every llama.cpp computation of the process, and returns when it has run."""
         self.runtime = runtime
+        self._run_on = run_on
         self.lock = FairLock()
         self.stats = GateStats()
         self._cond = threading.Condition()
@@ -122,7 +134,11 @@ class DecodeGate:
                 batch = self._take()
                 self._cond.release()
                 try:
-                    self._run(batch)
+                    self._run_on(lambda: self._run(batch))
+                except BaseException as exc:  # the computing thread took no more work
+                    for waiting in batch:
+                        if not waiting.done:
+                            waiting.error, waiting.done = exc, True
                 finally:
                     self._cond.acquire()
                     self._leading = False

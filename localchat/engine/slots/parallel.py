@@ -217,13 +217,24 @@ class ParallelEngine(Engine):
     def _load(self, on_progress: Callable[[float], None] | None) -> Loaded:
         info = super()._load(on_progress)
         runtime = self._require_runtime()
-        self._gate = DecodeGate(runtime)
+        self._gate = DecodeGate(runtime, self._on_engine_thread)
         with self._slots_lock:
             self._slots = [Slot(seq, ConversationCache(SlotRuntime(runtime, seq, self._gate),
                                                        self.options.checkpoints))
                            for seq in range(runtime.n_seq)]
         self._kv = self._slots[0].kv  # what the one-conversation methods read (see _run_slot)
         return info
+
+    def _on_engine_thread(self, work: Callable[[], None]) -> None:
+        """Every llama.cpp computation on the engine thread (embeddings run there too). ggml's
+        OpenMP keeps a team of threads for each thread that computes; with two teams alive on a
+        2-core CPU it stops spinning between graph nodes and sleeps: measured, 18 ms a token
+        instead of 7.3 once an embeddings request had run on the engine thread while slots
+        decoded on their own."""
+        if threading.current_thread() is self._thread:
+            work()
+        else:
+            self.call(work)
 
     @property
     def _chunk_cap(self) -> int:
