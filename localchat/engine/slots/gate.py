@@ -24,6 +24,7 @@ turn ends with the error) and the others run again.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -134,7 +135,7 @@ class DecodeGate:
                 batch = self._take()
                 self._cond.release()
                 try:
-                    self._run_on(lambda: self._run(batch))
+                    self._run_on(functools.partial(self._run, batch))
                 except BaseException as exc:  # the computing thread took no more work
                     for waiting in batch:
                         if not waiting.done:
