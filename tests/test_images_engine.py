@@ -5,11 +5,14 @@ SHA-256, so the exact-prefix reuse works across turns as for text. Real engine, 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from image_fixture import gif, jpeg, png
 from oracle import GREEDY, NEAR_TIE, assert_matches_fresh, loaded_engine, reply_tokens
 from projector_fixture import write_mlp_projector
 
+from localchat.context.chat_context import ChatContext
 from localchat.engine.image_records import image_safe_cut, placeholders
 from localchat.engine.snapshot_file import SnapshotStore
 from localchat.engine.vision import image_support
@@ -144,18 +147,53 @@ def test_a_cut_inside_a_picture_moves_back_to_its_start():
     assert [image_safe_cut(tokens, n) for n in range(8)] == [0, 1, 2, 2, 2, 2, 6, 7]
 
 
-def test_drafting_is_off_over_pictures_and_the_reply_is_the_same(test_model_path, projector,
-                                                                  vision_oracle):
-    with loaded_engine(test_model_path, 1024, "drafting", speculative="ngram",
-                       mmproj=projector) as drafting:
+@pytest.mark.parametrize("mode", ["ngram", "draft"])
+def test_drafting_goes_on_around_pictures_and_the_reply_is_the_same(test_model_path, projector,
+                                                                     vision_oracle, mode):
+    """Prompt lookup never copies a picture's placeholders; the draft model (here the test
+    model drafting for itself, without a projector) reads the text around the pictures."""
+    draft = {"draft_model": str(test_model_path)} if mode == "draft" else {}
+    with loaded_engine(test_model_path, 1024, "drafting", speculative=mode,
+                       mmproj=projector, **draft) as drafting:
         first = [{"role": "user", "content": "Repeat: one two three one two three.",
                   "images": [RED]}]
-        _, done1 = ask(drafting, first)
+        tokens, done1 = ask(drafting, first)
+        assert_matches_fresh(tokens, vision_oracle, first)
         second = [*first, {"role": "assistant", "content": done1.reply},
-                  {"role": "user", "content": "Again: one two three one two three."}]
+                  {"role": "user", "content": "Again: one two three one two three.",
+                   "images": [BLUE]}]
         tokens, done2 = ask(drafting, second)
-        assert done2.timings.draft_n == 0 and done2.timings.images_n == 0
+        assert done2.timings.images_n == 1  # the new picture only
+        assert done1.timings.draft_n + done2.timings.draft_n > 0
+        assert done2.timings.draft_n_accepted > 0
         assert_matches_fresh(tokens, vision_oracle, second)
+
+
+def settled_draft(chat, steps: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while chat.draft.steps < steps:
+        assert time.monotonic() < deadline, "the draft's step did not finish"
+        time.sleep(0.02)
+
+
+def test_a_draft_with_a_picture_is_encoded_while_typed_and_the_reply_is_exact(engine,
+                                                                               vision_oracle):
+    """Prefill while typing with a picture attached: the picture alone first (no words yet),
+    then the words; sending encodes nothing and evaluates the reply header only."""
+    chat = ChatContext(engine, system="You are a helpful assistant.", sampling=GREEDY)
+    chat.draft.update("", (RED,))
+    settled_draft(chat, 1)
+    assert chat.draft.step_timings[0].images_n == 1
+    text = "What colour is this picture? Answer in one word."
+    chat.draft.update(text, (RED,))
+    settled_draft(chat, 2)
+    assert chat.draft.cached_text == text and chat.draft.step_timings[1].images_n == 0
+    chat.draft.update(text, (BLUE,))  # another picture: the draft starts over with it
+    settled_draft(chat, 3)
+    assert chat.draft.step_timings[2].images_n == 1
+    tokens, done = reply_tokens(chat.send(text, images=(BLUE,)))
+    assert done.timings.images_n == 0 and done.timings.prompt_n <= 5
+    assert_matches_fresh(tokens, vision_oracle, chat.last_sent)
 
 
 def test_preparing_a_message_with_a_picture_leaves_its_cells_for_the_turn(engine):

@@ -14,6 +14,7 @@ from drafting import EDIT, GREEDY, answer
 from oracle import assert_matches_fresh, loaded_engine, reply_tokens
 
 from localchat.engine import speculate
+from localchat.engine.image_records import placeholders
 from localchat.engine.ngram import TokenLog, lookup
 from localchat.engine.options import Sampling
 from localchat.engine.sampling.sampler import Sampler
@@ -69,6 +70,16 @@ def test_the_policy_drafts_only_where_a_check_is_expected_to_pay():
     rate = Acceptance.prior(0.5)
     rate.record(4, 4)
     assert rate.rate > 0.5
+
+
+def test_a_lookup_draft_stops_before_a_pictures_placeholders():
+    picture = placeholders("ab" * 32, 3)  # negative 64-bit ids (image_records)
+    log = TokenLog([5, 1, 2, 3, *picture, 4, 1, 2])
+    log.append(3)
+    match = lookup(log.tokens, 6)
+    assert match is None or all(token >= 0 for token in match.draft)
+    log = TokenLog([1, 2, 3, 7, *picture, 1, 2, 3])
+    assert lookup(log.tokens, 6).draft == [7]
 
 
 def test_the_lookup_ceiling_is_the_best_draft_schedule_by_hindsight():

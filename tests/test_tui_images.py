@@ -71,6 +71,22 @@ async def test_image_command_attaches_a_picture_that_goes_with_the_next_message(
     assert question.images[0].sha256 == digest(RED)
 
 
+async def test_an_attached_picture_is_prefilled_while_the_message_is_typed(store, red, reads_images):
+    engine = FakeEngine(reply="Red.")
+    app = make_app(store, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await command(pilot, f"/image {red}")
+        # No words yet: the picture alone is prepared, so it is encoded while they are typed.
+        await wait_until(pilot, lambda: any(m[-1].get("images") == [RED] for m in engine.prepared),
+                         "the picture prepared")
+        assert engine.prepared[-1][-1]["content"] == ""
+        await pilot.press(*"What colour")
+        await wait_until(pilot, lambda: engine.prepared[-1][-1]["content"] == "What colour",
+                         "the words prepared")
+        assert engine.prepared[-1][-1]["images"] == [RED]
+
+
 async def test_a_pasted_picture_path_attaches_it_and_other_pastes_are_text(store, red, reads_images):
     app = make_app(store)
     async with app.run_test(size=SIZE) as pilot:
@@ -210,8 +226,10 @@ async def test_the_real_engine_answers_about_a_picture_and_a_reopened_session_do
                              and app.chat_log.last_reply().finished, "the answer", timeout=SLOW)
             assert app.chat_log.last_reply().text.strip()
             assert prompts(app)[-1].startswith("[image: red.png 40x30]\n")
+            # Encoded once: while the message was typed (the draft), or by the turn.
+            drafted = sum(t.images_n for t in app.conversation.chat.draft.step_timings)
         first = last_timings(store)
-        assert first.images_n == 1
+        assert first.images_n + drafted == 1
 
         again = app_on(store, continue_last=True)
         async with again.run_test(size=SIZE) as pilot:

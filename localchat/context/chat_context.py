@@ -184,10 +184,12 @@ class ChatContext:
         """The tools a background prefill renders: those the next turn would offer."""
         return self.next_tools() if self.next_tools is not None else self.offered_tools
 
-    def draft_messages(self, draft: str) -> list[dict[str, str]] | None:
-        """What prefilling ``draft`` as the next user message means for the model: the messages
-        to prepare, or None when it must not be done now (see draft.py: a turn or a summary is
-        running, or the next turn may trim the context)."""
+    def draft_messages(self, draft: str, images: tuple[bytes, ...] = ()
+                       ) -> list[dict[str, Any]] | None:
+        """What prefilling ``draft`` (with ``images``) as the next user message means for the
+        model: the messages to prepare, or None when it must not be done now (see draft.py: a
+        turn or a summary is running, or the next turn may trim the context: its words are
+        counted, not its pictures, as the keeper sizes a turn)."""
         with self.state_lock:
             if self.busy or self.last_approx_n:
                 return None
@@ -200,7 +202,7 @@ class ChatContext:
                           + engine.template_overhead())
                 if not draft_may_be_prefilled(keeper.settings, needed):
                     return None
-            return self.model_messages() + [{"role": "user", "content": draft}]
+            return self.model_messages() + [Message("user", draft, images=images).as_dict()]
 
     @property
     def busy(self) -> bool:

@@ -9,6 +9,11 @@ every finished step leaves that prefix (and its end-of-turn marker) in the cache
 step or the real turn reuses it up to the first token that differs. So an edit in the middle
 re-prefills from the first changed token on, and nothing before it.
 
+Pictures attached to the message go with every step (a user message starts with its pictures):
+the first step encodes them while the words are still being typed (with no words yet, it
+prepares the pictures alone), and each later step reuses their cells, so sending evaluates only
+the words typed since. Other pictures start the draft over.
+
 Never competes with a reply: nothing is prepared while a turn runs or a summary is being written
 or installed, and sending stops a running step at once (the engine's submit does). A stopped
 prepare keeps the cells it evaluated (the draft's first tokens as a partial record), so the turn
@@ -48,7 +53,8 @@ class DraftHost(Protocol):
     @property
     def engine(self) -> TurnEngine: ...
 
-    def draft_messages(self, draft: str) -> list[dict[str, str]] | None: ...
+    def draft_messages(self, draft: str, images: tuple[bytes, ...] = ()
+                       ) -> list[dict[str, Any]] | None: ...
 
     def tools_for_prefill(self) -> tuple[dict[str, Any], ...]: ...
 
@@ -60,7 +66,9 @@ class DraftPrefill:
         self.session = session
         self._lock = threading.Lock()
         self._wanted = ""  # the draft as last typed
+        self._wanted_images: tuple[bytes, ...] = ()  # and the pictures attached to it
         self._cached = ""  # the draft prefix the last finished step left in the cache
+        self._cached_images: tuple[bytes, ...] = ()  # with these pictures
         self._running: tuple[TurnHandle, str] | None = None  # a step and the prefix it prepares
         self.steps = 0  # finished steps (tests and bench read it)
         self.step_timings: list = []  # each finished step's Timings: cache_n reused, prompt_n prefilled
@@ -69,11 +77,12 @@ class DraftPrefill:
     def __repr__(self) -> str:
         return f"DraftPrefill(wanted={len(self._wanted)} chars, cached={len(self._cached)} chars)"
 
-    def update(self, text: str) -> None:
-        """The draft is now ``text``: prefill towards it. A step already running is left to
-        finish (see ``finish``); the next one starts from what it and ``text`` have in common."""
+    def update(self, text: str, images: tuple[bytes, ...] = ()) -> None:
+        """The draft is now ``text`` with ``images`` (its pictures' file bytes): prefill towards
+        it. A step already running is left to finish (see ``finish``); the next one starts from
+        what it and ``text`` have in common."""
         with self._lock:
-            self._wanted = text
+            self._wanted, self._wanted_images = text, images
             if self._running is not None:
                 return
         self._next_step()
@@ -83,7 +92,7 @@ class DraftPrefill:
         sent: the turn's submit then stops a running step at once, and it keeps what it
         evaluated); what is cached stays."""
         with self._lock:
-            self._wanted = ""
+            self._wanted, self._wanted_images = "", ()
 
     @property
     def cached_text(self) -> str:
@@ -94,26 +103,30 @@ class DraftPrefill:
         with self._lock:
             if self._running is not None:
                 return
-            target = next_prefix(self._wanted, self._cached, self.step_chars)
-            messages = self.session.draft_messages(target) if target else None
+            images = self._wanted_images
+            same_images = images == self._cached_images
+            target = next_prefix(self._wanted, self._cached if same_images else "", self.step_chars)
+            if not target and (same_images or not images):
+                return
+            messages = self.session.draft_messages(target, images)
             if messages is None:
                 return
             handle = self.session.engine.prepare(messages, self.session.tools_for_prefill())
             self._running = (handle, target)
-        handle.on_finish(lambda event: self._finished(target, event))
+        handle.on_finish(lambda event: self._finished(target, images, event))
 
-    def _finished(self, target: str, event: Done | Failed) -> None:
+    def _finished(self, target: str, images: tuple[bytes, ...], event: Done | Failed) -> None:
         with self._lock:
             self._running = None
             if isinstance(event, Done) and event.finish_reason == "stop":
-                self._cached = target
+                self._cached, self._cached_images = target, images
                 self.steps += 1
                 self.step_timings.append(event.timings)
                 self.step_chars = _step_chars(event.timings.prompt_n, event.timings.prompt_ms, self.step_chars)
             elif isinstance(event, Done) and event.timings.prompt_n:
                 # Stopped mid-prefill (a turn came first): the engine kept what it evaluated, but
                 # not a whole step's prefix; the next step starts over and reuses those cells.
-                self._cached = ""
+                self._cached, self._cached_images = "", ()
         # This runs on the engine thread (the step's on_finish); sizing the next step tokenizes
         # the draft, which must not delay a turn queued behind it.
         threading.Thread(target=self._next_step_logged, name="draft-step", daemon=True).start()

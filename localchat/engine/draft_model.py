@@ -187,7 +187,7 @@ class DraftModel:
         """Up to ``limit`` tokens the draft model expects after ``log`` (greedy, each at least
         P_MIN likely), and the ms it took. Empty when a stop came or the context is full."""
         started = time.perf_counter()
-        tokens = log.tokens
+        tokens = _text_only(log.tokens)
         n = len(tokens)
         limit = min(limit, self.runtime.n_ctx - n - 1)
         draft: list[int] = []
@@ -250,3 +250,10 @@ class DraftModel:
 
     def close(self) -> None:
         self.runtime.close()
+
+
+def _text_only(tokens: np.ndarray) -> np.ndarray:
+    """``tokens`` without a picture's placeholder cells (negative ids): the draft model has no
+    projector, so it reads the conversation's text around the pictures (the target checks its
+    guesses all the same)."""
+    return tokens[tokens >= 0] if (tokens < 0).any() else tokens

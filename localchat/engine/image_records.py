@@ -95,10 +95,6 @@ def count_image_tokens(tokens: list[int]) -> int:
     return sum(1 for t in tokens if t < 0)
 
 
-def has_placeholders(tokens: list[int]) -> bool:
-    return any(t < 0 for t in tokens)
-
-
 @dataclass(frozen=True)
 class TurnImages:
     """The images of a turn's messages, by SHA-256 (the bytes, for the projector to read)."""

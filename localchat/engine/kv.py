@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from localchat.engine.image_records import has_placeholders, image_run, next_image
+from localchat.engine.image_records import image_run, next_image
 from localchat.engine.layout import CachedMessage, RawPrompt, Shift, without_partial
 from localchat.engine.options import Sampling
 from localchat.engine.runtime import DecodeAborted, LlamaRuntime
@@ -263,8 +263,6 @@ class ConversationCache:
         runtime = self.runtime
         reply_record = self.records[-1]
         position = self.n_tokens
-        if drafts is not None and has_placeholders(self.tokens()):
-            drafts = None  # drafts read the record, where a picture is placeholders, not tokens
         # One decoder makes both what is streamed and what is stored: it holds back the bytes of
         # a character not yet complete, so a reply cut inside one (max_tokens, a stop) keeps
         # exactly the text that was shown, never a U+FFFD for the missing half.

@@ -32,7 +32,8 @@ class TokenLog:
     token as it is appended. Kept in one numpy array grown in place."""
 
     def __init__(self, tokens: list[int]) -> None:
-        self._array = np.zeros(max(64, 2 * len(tokens)), dtype=np.int32)
+        # 64-bit: a picture's placeholder ids are negative 64-bit numbers (``image_records``).
+        self._array = np.zeros(max(64, 2 * len(tokens)), dtype=np.int64)
         self._array[:len(tokens)] = tokens
         self.n = len(tokens)
         self.history_n = len(tokens)  # the conversation before the reply; the reply follows
@@ -65,7 +66,7 @@ def lookup(tokens: np.ndarray, limit: int, is_end: Callable[[int], bool] | None 
     """The continuation (at most ``limit`` tokens) of the most recent earlier occurrence of the
     longest suffix of ``tokens`` that occurred before, or None when no suffix of ``MIN_MATCH``
     tokens did. The draft stops before an end-of-generation token (``is_end``): sampling one ends
-    the reply, and its cell is never needed."""
+    the reply, and its cell is never needed; and before a picture's placeholders."""
     n = len(tokens)
     if n < MIN_MATCH + 1 or limit <= 0:
         return None
@@ -82,9 +83,10 @@ def lookup(tokens: np.ndarray, limit: int, is_end: Callable[[int], bool] | None 
         return None
     start = int(candidates[-1]) + 1  # flatnonzero is ascending: the last is the most recent
     draft = tokens[start:min(start + limit, n)].tolist()
-    if is_end is not None:
-        for i, token in enumerate(draft):
-            if is_end(token):
-                draft = draft[:i]
-                break
+    for i, token in enumerate(draft):
+        # A picture's placeholder cells (negative ids, ``image_records``) are never drafted:
+        # the model writes no picture, and the ids are no tokens of its vocabulary.
+        if token < 0 or (is_end is not None and is_end(token)):
+            draft = draft[:i]
+            break
     return Match(draft, length, start) if draft else None

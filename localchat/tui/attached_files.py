@@ -31,7 +31,6 @@ from localchat.attachments import (
 )
 from localchat.chat.images import check_model as model_reads_images
 from localchat.context.budget import message_room
-from localchat.errors import UserError
 from localchat.store.images import ImageFile, read_image
 from localchat.tui.image_paths import chip
 
@@ -124,8 +123,6 @@ class AttachedFiles:
         message reads every file."""
         attached, (count_tokens, room), cwd = list(self.attachments), self.file_budget(), Path.cwd()
         read = self._draft_reads.read if draft else read_attachment
-        if draft and self.images:  # the message will start with its pictures: nothing to reuse
-            return _no_draft
         return lambda: outgoing_message(text, attached, cwd, count_tokens=count_tokens, room=room,
                                         read=read, images_apart=True)
 
@@ -150,7 +147,3 @@ def attached_notice(images: list[ImageFile]) -> str:
     names = ", ".join(image.ref.label for image in images)
     return (f"Attached {names}; {'it goes' if len(images) == 1 else 'they go'} with your next "
             "message (Backspace in the empty input removes the last).")
-
-
-def _no_draft() -> str:
-    raise UserError("pictures are attached: the draft is not prefilled")

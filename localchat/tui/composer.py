@@ -87,12 +87,14 @@ class Composer:
             self._host.notify(str(exc), severity="error")
             return
         self._host.notify(attached_notice(images))
+        self._draft.schedule(self._host.prompt.text)  # the pictures are encoded while typing
 
     def remove_last_image(self) -> None:
         """Backspace in the empty input: the last picture attached is removed."""
         image = self._files.remove_last_image()
         if image is not None:
             self._host.notify(f"Removed {image.ref.name}.")
+            self._draft.schedule(self._host.prompt.text)
 
     # --- completions ------------------------------------------------------------------------
 

@@ -65,7 +65,9 @@ class DraftHandOver:
             return
         text = host.prompt.text
         attachments = self._files.attachments
-        if (not text.strip() and not attachments) or is_command(text) or self._busy():
+        # Its pictures' bytes, as the message will carry them: encoded while the words are typed.
+        images = tuple(image.data for image in self._files.images)
+        if (not text.strip() and not attachments and not images) or is_command(text) or self._busy():
             chat.draft.cancel()
             return
         # As it will be sent (attached and @mentioned files first), so that Enter reuses it all.
@@ -79,7 +81,7 @@ class DraftHandOver:
             except UserError:  # a file that cannot go: Enter will say so; nothing to prefill
                 chat.draft.cancel()
                 return
-            chat.draft.update(draft)
+            chat.draft.update(draft, images)
 
         host.run_worker(update, thread=True, group="draft", exit_on_error=False)
 
