@@ -96,6 +96,26 @@ def test_ollamas_images_are_read_and_interleaved_conversations_keep_their_pictur
     assert again.prompt_eval_count < red.prompt_eval_count
 
 
+def test_ollama_generate_reads_images_as_a_chat_reads_them(eyes_host, eyes_oracle):
+    """``ollama.generate(prompt, images=...)``, as LLaVA's examples call it: the prompt goes
+    through the chat template as a user message with its pictures, answered as a fresh prefill
+    of that message answers it; raw prompts and token contexts have no pictures."""
+    with running(eyes_host) as app:
+        client = ollama.Client(host=app.base_url)
+        options = {"temperature": 0, "num_predict": 12, "repeat_penalty": 1.0}
+        reply = client.generate(model=EYES, prompt="What is in this picture?", images=[RED],
+                                system="Answer briefly.", options=options)
+        for extra in ({"raw": True}, {"suffix": ")"}, {"context": [1, 2]}):
+            status, _, answer = raw(app, post("/api/generate", {
+                "model": EYES, "prompt": "hi", "images": [base64.b64encode(RED).decode()],
+                **extra}))
+            assert status == 400 and "images" in json.loads(answer)["error"], extra
+    sampling = replace(GREEDY, max_tokens=12)
+    assert_text_matches_fresh(reply.response, eyes_oracle, [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "What is in this picture?", "images": [RED]}], sampling)
+
+
 @pytest.mark.parametrize(("part", "param", "words"), [
     ({"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
      "messages[0].content[1].image_url.url", "never fetches"),
@@ -128,6 +148,9 @@ def test_a_model_without_a_projector_refuses_pictures_before_it_queues(serve_hos
         assert status == 400 and f"{MODEL} does not read images" in error["message"]
         status, _, answer = raw(app, post("/api/chat", {"model": MODEL, "messages": [
             {"role": "user", "content": "hi", "images": [base64.b64encode(RED).decode()]}]}))
+        assert status == 400 and "does not read images" in json.loads(answer)["error"]
+        status, _, answer = raw(app, post("/api/generate", {
+            "model": MODEL, "prompt": "hi", "images": [base64.b64encode(RED).decode()]}))
         assert status == 400 and "does not read images" in json.loads(answer)["error"]
         assert app.scheduler.served == 0
 
