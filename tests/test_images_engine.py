@@ -5,6 +5,7 @@ SHA-256, so the exact-prefix reuse works across turns as for text. Real engine, 
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -13,10 +14,13 @@ from oracle import GREEDY, NEAR_TIE, assert_matches_fresh, loaded_engine, reply_
 from projector_fixture import write_mlp_projector
 
 from localchat.context.chat_context import ChatContext
+from localchat.engine.engine import Engine
 from localchat.engine.image_records import image_safe_cut, placeholders
+from localchat.engine.options import EngineOptions
+from localchat.engine.slots.parallel import ParallelEngine
 from localchat.engine.snapshot_file import SnapshotStore
 from localchat.engine.vision import image_support
-from localchat.events import Done, Failed
+from localchat.events import Done, Failed, PrefillProgress
 
 pytestmark = pytest.mark.skipif(not image_support().available, reason="no libmtmd in this build")
 
@@ -140,6 +144,32 @@ def test_too_many_image_tokens_for_the_context_are_refused_with_the_numbers(
         assert "576 of them for its images" in events[-1].message
         assert "context holds 256" in events[-1].message
         assert engine.tokens_in_context == 0
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_a_stop_while_a_picture_is_evaluated_ends_it_there_keeping_none_of_it(test_model_path,
+                                                                              tmp_path, parallel):
+    """Esc during a picture (or a client gone, in a parallel slot): its embeddings' decode
+    (libmtmd's llama_decode calls, ~1 s for these 1,024 tokens here) is aborted mid-batch, not
+    run to the picture's end."""
+    big = write_mlp_projector(tmp_path / "big.gguf", image_size=448)  # 1,024 tokens a picture
+    options = EngineOptions(n_ctx=2048, gpu_layers=0, speculative="off", mmproj=big,
+                            parallel=parallel)
+    engine = (ParallelEngine if parallel > 1 else Engine)(test_model_path, options, name="stopped")
+    engine.load()
+    with contextlib.closing(engine):
+        handle = engine.submit([{"role": "user", "content": "hi", "images": [RED]}], GREEDY)
+        events = []
+        for event in handle:
+            events.append(event)
+            if isinstance(event, PrefillProgress):  # the text before the picture is in
+                time.sleep(0.3)
+                handle.stop()
+        done = events[-1]
+        assert isinstance(done, Done) and done.finish_reason == "aborted"
+        assert done.timings.images_n == 0
+        kv = engine._kv if parallel > 1 else engine._require_kv()
+        assert kv.runtime.max_position() < 1024  # none of the picture's cells
 
 
 def test_a_cut_inside_a_picture_moves_back_to_its_start():

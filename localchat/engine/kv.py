@@ -225,18 +225,20 @@ class ConversationCache:
                 raise DecodeAborted
             image = image_run(tokens, done)
             if image:  # a picture's placeholders: evaluated whole, by the projector
-                self.evaluate_image(tokens[done], image, start + done)
                 end = done + image
             else:
                 end = min(done + chunk, next_image(tokens, done))
                 if checkpoint_at is not None and done < checkpoint_at < end:
                     end = checkpoint_at
-                try:
+            try:
+                if image:
+                    self.evaluate_image(tokens[done], image, start + done)
+                else:
                     self.runtime.decode(tokens[done:end], start + done, abortable=True)
-                except DecodeAborted:
-                    if self.uses_checkpoints:  # a recurrent state may be half-updated: roll back
-                        self.truncate(start + done, dirty=True)
-                    raise
+            except DecodeAborted:
+                if self.uses_checkpoints:  # a recurrent state may be half-updated: roll back
+                    self.truncate(start + done, dirty=True)
+                raise
             done = end
             if in_order:
                 self.exact_n = start + done

@@ -34,6 +34,7 @@ from localchat.engine.image_records import (
     tokenize_with_images,
     with_image_tags,
 )
+from localchat.engine.runtime import DecodeAborted
 from localchat.engine.vision import image_support
 from localchat.errors import EngineError, UserError
 
@@ -110,11 +111,16 @@ class Projector:
         if self._m.mtmd_input_chunk_get_n_tokens(made.image) != n_tokens:
             raise EngineError("an image's cells do not match its tokens")
         new_past = ctypes.c_int32(0)
-        status = self._m.mtmd_helper_eval_chunk_single(
-            self._ctx, runtime.ctx, made.image, position, runtime.seq, runtime.n_batch, False,
-            ctypes.byref(new_past))
+        # A stop ends the decode of its embeddings mid-batch (the projector's encode before it
+        # runs to its end: libmtmd's graph has no abort callback).
+        with runtime.armed_abort():
+            status = self._m.mtmd_helper_eval_chunk_single(
+                self._ctx, runtime.ctx, made.image, position, runtime.seq, runtime.n_batch,
+                False, ctypes.byref(new_past))
         if status != 0:
-            runtime.remove(position, -1)
+            runtime.remove(position, -1)  # no part of a picture stays
+            if status == 2 and runtime.abort_requested:
+                raise DecodeAborted
             raise EngineError(f"the image could not be evaluated (libmtmd status {status})")
 
     def _tokenized(self, sha: str, data: bytes) -> _Tokenized:

@@ -318,6 +318,17 @@ class LlamaRuntime:
         evaluation): here at once; a parallel slot's view runs it as a step of its own."""
         action()
 
+    @contextlib.contextmanager
+    def armed_abort(self) -> Iterator[None]:
+        """llama_decode calls made inside by another library (libmtmd's, for a picture's
+        embeddings) stop when this runtime's turn is stopped: llama.cpp then returns 2 and keeps
+        no cells of the batch it was in."""
+        self._lib.llama_set_abort_callback(self.ctx, self._abort_callback, None)
+        try:
+            yield
+        finally:
+            self._lib.llama_set_abort_callback(self.ctx, self._no_callback, None)
+
     def arm_abort_check(self, check: Callable[[], bool] | None) -> None:
         """What the armed abort callback asks from now on (None: this runtime's own flag,
         ``request_abort``; a batch of one slot's prefill asks that slot's)."""

@@ -8,8 +8,9 @@ else (the vocabulary, the piece and end-of-generation tables) is the shared runt
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -59,6 +60,17 @@ class SlotRuntime(LlamaRuntime):
     def alone(self, action: Callable[[], None]) -> None:
         """``action`` as a step of its own at the gate (an image's evaluation)."""
         self._gate.run_alone(self.seq, action)
+
+    @contextlib.contextmanager
+    def armed_abort(self) -> Iterator[None]:
+        """(In a step of its own: ``alone``.) The callback asks this slot's stop."""
+        base = self._gate.runtime
+        base.arm_abort_check(self._abort_requested.is_set)
+        try:
+            with super().armed_abort():
+                yield
+        finally:
+            base.arm_abort_check(None)
 
     def row(self, index: int) -> int:
         """The batch index of this slot's ``index``-th token in the last batch (-1: its last)."""
