@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
@@ -20,7 +19,6 @@ from textual.widgets import Static
 
 from localchat.reply.reasoning import split_reply
 from localchat.store import TurnRecord
-from localchat.store.export import image_line
 from localchat.store.records import ImageRef
 from localchat.tui.laid_out_once import LaidOutOnce
 from localchat.tui.pictures import Picture
@@ -28,6 +26,7 @@ from localchat.tui.reply_view import ReplyView, reply_caption
 from localchat.tui.scrolled_away import ScrolledAway
 from localchat.tui.stored_rounds import StoredReply, group_rounds
 from localchat.tui.thinking import thinking_title
+from localchat.tui.user_message import UserMessage
 
 FOLD_MARGIN_ROWS = 4  # rows kept above the view while folding: a small scroll-up finds them
 HISTORY_FOLD_DELAY_S = 1.0  # after a stored session is mounted: its replies' Markdown is drawn by then
@@ -53,30 +52,6 @@ class EarlierMessages(Static):
     def show_count(self, count: int) -> None:
         noun = "message" if count == 1 else "messages"
         self.update(f"▲ {count} earlier {noun}: scroll up to show them")
-
-
-class UserMessage(Static):
-    """A prompt as the user typed it (shown literally, not as Markdown). When an edit or a
-    /retry forked the conversation here, its title says which version is on screen."""
-
-    def __init__(self, text: str, versions: tuple[int, int] | None = None,
-                 seq: int | None = None, images: tuple[ImageRef, ...] = ()) -> None:
-        # Its pictures, one line each above the text: ``[image: cat.png 640x480]``.
-        super().__init__("\n".join([*(image_line(ref) for ref in images), text]), markup=False)
-        self.text = text
-        self.images = images
-        self.seq = seq  # its turn in the store; None for a prompt added live, not yet re-read
-        if versions is not None:
-            self.show_versions(*versions)
-
-    versions_label = ""
-
-    def show_versions(self, current: int, count: int) -> None:
-        """Mark a forked prompt: version ``current`` (0-based) of ``count``; ←/→ switch."""
-        if count > 1:
-            self.versions_label = f"‹ {current + 1}/{count} ›"
-            pictures = "".join(image_line(ref) + "\n" for ref in self.images)
-            self.update(Text(pictures + self.text) + Text(f"\n{self.versions_label}  ←/→ on it (Alt+↑ selects)", style="dim"))
 
 
 class QueuedPrompt(Static):
