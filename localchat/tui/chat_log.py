@@ -19,14 +19,14 @@ from textual.widgets import Static
 
 from localchat.reply.reasoning import split_reply
 from localchat.store import TurnRecord
-from localchat.store.records import ImageRef
+from localchat.store.images import ImageFile
 from localchat.tui.laid_out_once import LaidOutOnce
 from localchat.tui.pictures import Picture
 from localchat.tui.reply_view import ReplyView, reply_caption
 from localchat.tui.scrolled_away import ScrolledAway
 from localchat.tui.stored_rounds import StoredReply, group_rounds
 from localchat.tui.thinking import thinking_title
-from localchat.tui.user_message import UserMessage
+from localchat.tui.user_message import PictureBytes, UserMessage
 
 FOLD_MARGIN_ROWS = 4  # rows kept above the view while folding: a small scroll-up finds them
 HISTORY_FOLD_DELAY_S = 1.0  # after a stored session is mounted: its replies' Markdown is drawn by then
@@ -71,8 +71,9 @@ class ChatLog(LaidOutOnce, VerticalScroll):
 
     show_thinking = False  # reasoning blocks open (Ctrl+T) or folded (the default)
 
-    def __init__(self, *children, **options) -> None:
+    def __init__(self, *children, stored_pictures: PictureBytes | None = None, **options) -> None:
         super().__init__(*children, **options)
+        self._stored_pictures = stored_pictures  # a stored picture's bytes, for its preview
         self._away = ScrolledAway(self)
         self._folded_reply: ReplyView | None = None
         self._folded_width = 0
@@ -264,7 +265,8 @@ class ChatLog(LaidOutOnce, VerticalScroll):
                         forks: dict[int, tuple[int, int]]) -> list[UserMessage | ReplyView]:
         """Stored turns as widgets: a prompt each, and a reply each with the tool rounds that
         led to it (``stored_rounds``)."""
-        return [UserMessage(item.content, forks.get(item.seq), item.seq, item.images)
+        return [UserMessage(item.content, forks.get(item.seq), item.seq, item.images,
+                            pictures=self._stored_pictures)
                 if isinstance(item, TurnRecord) else self._stored_reply(item)
                 for item in group_rounds(turns)]
 
@@ -301,12 +303,16 @@ class ChatLog(LaidOutOnce, VerticalScroll):
         prompt = children[index - 1] if index and isinstance(children[index - 1], UserMessage) else reply
         await self.mount_all(self._stored_widgets(turns, {}), before=prompt)
 
-    async def add_prompt(self, text: str, images: tuple[ImageRef, ...] = ()) -> ReplyView:
+    async def add_prompt(self, text: str, images: tuple[ImageFile, ...] = ()) -> ReplyView:
         """Show a sent prompt (its pictures named above it) and an empty reply below it, and
         follow the new text."""
         reply = ReplyView(finished=False, show_thinking=self.show_thinking)
+        # Previewed from the attached files' bytes: the store may still be writing its copies.
+        attached = {image.ref.sha256: image.data for image in images}
+        prompt = UserMessage(text, images=tuple(image.ref for image in images),
+                             pictures=lambda ref: attached.get(ref.sha256))
         await self.fold_history()
-        await self.mount_before_queued(UserMessage(text, images=images), reply)
+        await self.mount_before_queued(prompt, reply)
         self.anchor()
         return reply
 
