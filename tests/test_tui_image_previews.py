@@ -6,6 +6,11 @@ reopened session previews its stored copies. The scripted engine for the UI."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 from fake_engine import SIZE, FakeEngine, command, make_app, ready, reply_finished, send, wait_until
 from image_fixture import png
@@ -222,3 +227,54 @@ def test_what_prepare_decided_holds_for_the_whole_run(monkeypatch):
     assert prepare_previews() == "kitty"
     monkeypatch.setenv(PREVIEW_SETTING, "off")
     assert preview_renderer() == "kitty"
+
+
+def ask_on_a_terminal(answers: dict[bytes, bytes], cells: tuple[int, int, int, int]) -> str:
+    """What ``prepare_previews`` decides in a process on a pseudo-terminal of ``cells`` (rows,
+    columns, pixels wide, pixels high) that answers each query in ``answers`` (by a piece of it)
+    with its bytes, as a terminal would; the process's whole output."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", *cells))
+    code = "from localchat.tui.graphics_support import prepare_previews; print('->', prepare_previews())"
+    env = dict(os.environ, TERM="xterm-256color", **{PREVIEW_SETTING: "auto"})
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=slave, stdout=slave, stderr=slave,
+                             env=env, start_new_session=True)
+    os.close(slave)
+    output, deadline = b"", time.monotonic() + 20
+    try:
+        while not (b"->" in output and output.endswith(b"\n")) and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.05)[0]:
+                try:
+                    output += os.read(master, 4096)
+                except OSError:  # the child ended
+                    break
+                for query in [q for q in answers if q in output]:
+                    os.write(master, answers.pop(query))
+        child.wait(10)
+    finally:
+        os.close(master)
+    return output.decode(errors="replace")
+
+
+SIXEL_TERMINAL = {b"\x1b[c": b"\x1b[?62;4;22c"}  # primary attributes with 4: sixel
+KITTY_TERMINAL = {b"\x1b[c": b"\x1b[?62;22c", b"a=q": b"\x1b_Gi=1;OK\x1b\\"}  # its query's OK
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX's")
+@pytest.mark.parametrize("answers, cells, decided", [
+    (SIXEL_TERMINAL, (24, 80, 800, 480), "sixel"),
+    (KITTY_TERMINAL, (24, 80, 800, 480), "kitty"),
+    ({}, (24, 80, 800, 480), "None"),  # a terminal that answers nothing: no wait past the timeouts
+    (SIXEL_TERMINAL, (0, 0, 0, 0), "None"),  # textual-image divides by the columns: no previews
+])
+def test_auto_asks_the_terminal_at_launch_and_takes_what_it_draws(answers, cells, decided):
+    started = time.monotonic()
+    output = ask_on_a_terminal(dict(answers), cells)
+    assert f"-> {decided}" in output
+    assert time.monotonic() - started < 15
