@@ -182,8 +182,9 @@ def test_bytes_that_do_not_decode_give_no_thumbnail():
     assert read_thumbnail(lambda: b"not a picture") is None
     assert read_thumbnail(lambda: None) is None
     thumbnail = read_thumbnail(lambda: PHOTO)
-    assert thumbnail is not None and max(thumbnail.size) == image_previews.THUMBNAIL_PX
-    assert thumbnail.size == (320, 240)
+    assert thumbnail is not None and thumbnail.size == (427, 320)  # within THUMBNAIL_BOX, its shape
+    banner = read_thumbnail(lambda: BANNER)
+    assert banner is not None and banner.size == (960, 60)
 
 
 def test_preview_size_is_a_few_rows_in_the_pictures_proportions_within_the_room():

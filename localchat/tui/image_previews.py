@@ -29,15 +29,15 @@ if TYPE_CHECKING:
 
 MAX_ROWS = 8
 MAX_COLUMNS = 48
-# Thumbnails fit in this many pixels a side: 8 rows of 40-pixel cells (a HiDPI terminal) at most;
-# textual-image scales from it to the cells' pixels at each draw, which stays cheap this small.
-THUMBNAIL_PX = 320
+# Thumbnails fit in this box: the widest and highest preview in a HiDPI terminal's cells (20x40
+# pixels); textual-image scales from it to the cells' pixels at each draw, cheap at this size.
+THUMBNAIL_BOX = (MAX_COLUMNS * 20, MAX_ROWS * 40)
 # Sixel is encoded on the UI thread, again each time a scroll shows another part of the preview
 # (a streaming reply pushes its prompt up a row at a time): a 210x160 photo took 38 ms in 256
 # colours, 11 ms in 64 (and 27 KB instead of 44 for the terminal), a difference a preview this
 # small hardly shows.
 SIXEL_COLOURS = 64
-CACHED_THUMBNAILS = 32  # ~12 MB at most (RGBA, 320x320)
+CACHED_THUMBNAILS = 32  # a 4:3 photo's is 0.4 MB (RGBA 427x320), a panorama's 1.2 MB at most
 
 _thumbnails: OrderedDict[str, Image] = OrderedDict()  # by SHA-256; touched on the UI thread only
 
@@ -60,7 +60,7 @@ def preview_size(width_px: int, height_px: int, cell: tuple[int, int], room: int
 
 
 def read_thumbnail(picture: Callable[[], bytes | None]) -> Image | None:
-    """The picture ``picture()`` returns, upright and shrunk to fit ``THUMBNAIL_PX``; None when
+    """The picture ``picture()`` returns, upright and shrunk to fit ``THUMBNAIL_BOX``; None when
     there are no bytes or they do not decode. Slow on a big picture: run it off the UI thread."""
     from PIL import Image, ImageOps
 
@@ -69,9 +69,9 @@ def read_thumbnail(picture: Callable[[], bytes | None]) -> Image | None:
         return None
     try:
         with Image.open(io.BytesIO(data)) as opened:
-            opened.draft(None, (THUMBNAIL_PX, THUMBNAIL_PX))  # a JPEG decodes at a fraction of its size
+            opened.draft(None, THUMBNAIL_BOX)  # a JPEG decodes at a fraction of its size
             upright = ImageOps.exif_transpose(opened)  # a phone's photo, as its viewer shows it
-            upright.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX))
+            upright.thumbnail(THUMBNAIL_BOX)
             return upright.convert("RGBA" if upright.has_transparency_data else "RGB")
     except Exception:  # Pillow's decoders fail in many ways (OSError, SyntaxError, struct.error...)
         return None
