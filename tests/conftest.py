@@ -43,6 +43,13 @@ def isolated_home(tmp_path, monkeypatch) -> Path:
     return home
 
 
+@pytest.fixture(autouse=True)
+def no_picture_previews(monkeypatch) -> None:
+    """No test asks the terminal it runs in whether it draws pictures (``graphics_support``);
+    the preview tests force a renderer."""
+    monkeypatch.setenv("LOCALCHAT_IMAGE_PREVIEW", "off")
+
+
 def _test_model_cache() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "localchat-tests"

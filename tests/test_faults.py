@@ -897,7 +897,7 @@ async def test_21_14c_the_app_shows_history_on_a_full_disk_and_says_nothing_new_
             app = make_app(store, FakeEngine(reply="not kept"))
             async with app.run_test(size=SIZE) as pilot:
                 await ready(pilot)
-                assert [str(m.content) for m in app.chat_log.query(UserMessage)] == ["what is a llama"]
+                assert [str(m.body.content) for m in app.chat_log.query(UserMessage)] == ["what is a llama"]
                 assert any("nothing new can be saved" in n for n in notices(app))
                 await send(pilot, "and a camel?")
                 await reply_finished(pilot)

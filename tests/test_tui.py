@@ -46,7 +46,7 @@ async def test_a_reply_streams_as_markdown_and_is_saved_with_model_and_timings(s
         reply = app.chat_log.last_reply()
         assert reply.text == script
         assert reply.body.source == reply.text  # the final full render has the whole reply
-        assert str(app.chat_log.query(UserMessage).last().content) == "Show me code"
+        assert str(app.chat_log.query(UserMessage).last().body.content) == "Show me code"
         assert caption(reply).startswith(f"fake-model · {len(split_tokens(script))} tokens · ")
         assert app.status.info.state == "idle"
 
@@ -199,7 +199,7 @@ async def test_loading_shows_progress_and_a_prompt_sent_meanwhile_is_queued_then
         await ready(pilot)
         await reply_finished(pilot)
         assert not app.chat_log.query(QueuedPrompt)
-        assert str(app.chat_log.query(UserMessage).last().content) == "are you there?"
+        assert str(app.chat_log.query(UserMessage).last().body.content) == "are you there?"
     assert [t.content for t in store.turns(store.last_session().id)][0] == "are you there?"
 
 

@@ -51,7 +51,9 @@ def chips(app) -> str:
 
 
 def prompts(app) -> list[str]:
-    return [str(m.render()) for m in app.query(UserMessage)]
+    """Each prompt as shown: the lines naming its pictures, then its text."""
+    return ["\n".join(str(part.render()) for part in m.query("PictureLine, PromptText"))
+            for m in app.query(UserMessage)]
 
 
 async def test_image_command_attaches_a_picture_that_goes_with_the_next_message(store, red, reads_images):

@@ -14,7 +14,7 @@ from localchat.tui.sidebar import SessionList
 
 
 def shown_prompts(app) -> list[str]:
-    return [str(m.content) for m in app.chat_log.query(UserMessage)]
+    return [str(m.body.content) for m in app.chat_log.query(UserMessage)]
 
 
 def sidebar_labels(app) -> list[str]:

@@ -26,8 +26,9 @@ imports ``app.py``:
 - ``app.commands`` (``slash_commands.Commands``): the slash commands' handlers; each command is
   one record of ``slash_commands.COMMANDS`` (help, argument, handler, completions).
 
-Widgets and screens (``chat_log``, ``reply_view``, ``tool_calls``, ``stored_rounds``,
-``prompt``, ``status``, ``sidebar``, ``screens``, ``approval``, ``thinking``,
-``superseded_reply``) hold no app state; ``launch.run_app`` opens the store and runs
-the app until it quits.
+Widgets and screens (``chat_log``, ``user_message``, ``image_previews``, ``reply_view``,
+``tool_calls``, ``stored_rounds``, ``prompt``, ``status``, ``sidebar``, ``screens``,
+``approval``, ``thinking``, ``superseded_reply``) hold no app state; ``launch.run_app`` opens
+the store, decides how pictures are previewed (``graphics_support``, which asks the terminal
+before Textual reads it) and runs the app until it quits.
 """

@@ -138,7 +138,7 @@ class LocalChatApp(App[int]):
         with Horizontal(id="main"):
             yield SessionSidebar(id="sidebar")
             with Vertical(id="chat"):
-                yield ChatLog(id="log")
+                yield ChatLog(id="log", stored_pictures=self.store.image_bytes)
                 with Vertical(id="composer"):
                     yield CommandHints(id="hints", markup=False)
                     yield AttachmentChips(id="attachments", markup=False)

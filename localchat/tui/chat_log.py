@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
@@ -20,14 +19,14 @@ from textual.widgets import Static
 
 from localchat.reply.reasoning import split_reply
 from localchat.store import TurnRecord
-from localchat.store.export import image_line
-from localchat.store.records import ImageRef
+from localchat.store.images import ImageFile
 from localchat.tui.laid_out_once import LaidOutOnce
 from localchat.tui.pictures import Picture
 from localchat.tui.reply_view import ReplyView, reply_caption
 from localchat.tui.scrolled_away import ScrolledAway
 from localchat.tui.stored_rounds import StoredReply, group_rounds
 from localchat.tui.thinking import thinking_title
+from localchat.tui.user_message import PictureBytes, UserMessage
 
 FOLD_MARGIN_ROWS = 4  # rows kept above the view while folding: a small scroll-up finds them
 HISTORY_FOLD_DELAY_S = 1.0  # after a stored session is mounted: its replies' Markdown is drawn by then
@@ -55,30 +54,6 @@ class EarlierMessages(Static):
         self.update(f"▲ {count} earlier {noun}: scroll up to show them")
 
 
-class UserMessage(Static):
-    """A prompt as the user typed it (shown literally, not as Markdown). When an edit or a
-    /retry forked the conversation here, its title says which version is on screen."""
-
-    def __init__(self, text: str, versions: tuple[int, int] | None = None,
-                 seq: int | None = None, images: tuple[ImageRef, ...] = ()) -> None:
-        # Its pictures, one line each above the text: ``[image: cat.png 640x480]``.
-        super().__init__("\n".join([*(image_line(ref) for ref in images), text]), markup=False)
-        self.text = text
-        self.images = images
-        self.seq = seq  # its turn in the store; None for a prompt added live, not yet re-read
-        if versions is not None:
-            self.show_versions(*versions)
-
-    versions_label = ""
-
-    def show_versions(self, current: int, count: int) -> None:
-        """Mark a forked prompt: version ``current`` (0-based) of ``count``; ←/→ switch."""
-        if count > 1:
-            self.versions_label = f"‹ {current + 1}/{count} ›"
-            pictures = "".join(image_line(ref) + "\n" for ref in self.images)
-            self.update(Text(pictures + self.text) + Text(f"\n{self.versions_label}  ←/→ on it (Alt+↑ selects)", style="dim"))
-
-
 class QueuedPrompt(Static):
     """A message waiting to be sent (type-ahead): shown dimmed, with its place in the queue."""
 
@@ -96,8 +71,9 @@ class ChatLog(LaidOutOnce, VerticalScroll):
 
     show_thinking = False  # reasoning blocks open (Ctrl+T) or folded (the default)
 
-    def __init__(self, *children, **options) -> None:
+    def __init__(self, *children, stored_pictures: PictureBytes | None = None, **options) -> None:
         super().__init__(*children, **options)
+        self._stored_pictures = stored_pictures  # a stored picture's bytes, for its preview
         self._away = ScrolledAway(self)
         self._folded_reply: ReplyView | None = None
         self._folded_width = 0
@@ -289,7 +265,8 @@ class ChatLog(LaidOutOnce, VerticalScroll):
                         forks: dict[int, tuple[int, int]]) -> list[UserMessage | ReplyView]:
         """Stored turns as widgets: a prompt each, and a reply each with the tool rounds that
         led to it (``stored_rounds``)."""
-        return [UserMessage(item.content, forks.get(item.seq), item.seq, item.images)
+        return [UserMessage(item.content, forks.get(item.seq), item.seq, item.images,
+                            pictures=self._stored_pictures)
                 if isinstance(item, TurnRecord) else self._stored_reply(item)
                 for item in group_rounds(turns)]
 
@@ -326,12 +303,16 @@ class ChatLog(LaidOutOnce, VerticalScroll):
         prompt = children[index - 1] if index and isinstance(children[index - 1], UserMessage) else reply
         await self.mount_all(self._stored_widgets(turns, {}), before=prompt)
 
-    async def add_prompt(self, text: str, images: tuple[ImageRef, ...] = ()) -> ReplyView:
+    async def add_prompt(self, text: str, images: tuple[ImageFile, ...] = ()) -> ReplyView:
         """Show a sent prompt (its pictures named above it) and an empty reply below it, and
         follow the new text."""
         reply = ReplyView(finished=False, show_thinking=self.show_thinking)
+        # Previewed from the attached files' bytes: the store may still be writing its copies.
+        attached = {image.ref.sha256: image.data for image in images}
+        prompt = UserMessage(text, images=tuple(image.ref for image in images),
+                             pictures=lambda ref: attached.get(ref.sha256))
         await self.fold_history()
-        await self.mount_before_queued(UserMessage(text, images=images), reply)
+        await self.mount_before_queued(prompt, reply)
         self.anchor()
         return reply
 

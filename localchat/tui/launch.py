@@ -9,6 +9,7 @@ from localchat import logs
 from localchat.store import Store
 from localchat.tui.app import LocalChatApp
 from localchat.tui.engine_factories import build_engine
+from localchat.tui.graphics_support import prepare_previews
 from localchat.tui.shutdown import exit_now, run_until_quit
 
 
@@ -23,6 +24,7 @@ def run_app(model: str | None = None, continue_last: bool = False, session: str 
         if session:
             store.resolve_session(session, create=True)  # an unknown id: one line, before the window opens
         logs.attach()  # the app's own failures (a turn, a model load) keep their tracebacks too
+        prepare_previews()  # asks the terminal about pictures now: Textual will read its input
         app = LocalChatApp(store=store, model=model, continue_last=continue_last, session=session,
                            engine_factory=partial(build_engine, speculative=speculative))
         code, stuck = run_until_quit(app, app.end_on_signal)

@@ -215,7 +215,7 @@ class Turns:
         host.run_worker(functools.partial(self._generate, turn, text, engine.name, route, images),
                         thread=True, group="turn", exit_on_error=False)
         await asyncio.sleep(0)  # lets the worker's task hand the turn to its thread now
-        turn.reply = await host.chat_log.add_prompt(text, tuple(i.ref for i in images))
+        turn.reply = await host.chat_log.add_prompt(text, images)
         turn.reply.body.slack_rows = self.pacer.budget.slack_rows
         turn.reply.json_block = turn.shape is not None and turn.shape.is_json
 
