@@ -135,7 +135,7 @@ def concurrent_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                                  at_most=True))
         checks.append(_ratio(f"chat tokens/s, all {clients} streams / {shown} -np {clients}'s",
                              ours["aggregate_tps"], theirs and theirs["aggregate_tps"], 1.0))
-    checks += _alone_targets(report, ours, others)
+        checks += _alone_targets(report, ours, theirs, shown)
     checks.append(_ratio(f"chat tokens/s, all {clients} streams / --parallel 1's",
                          ours["aggregate_tps"], one_slot["aggregate_tps"], 1.1))
     checks.append(_ratio(f"completion TTFT while {report['probe_streams']} chats stream / alone "
@@ -146,23 +146,20 @@ def concurrent_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     return checks
 
 
-def _alone_targets(report: dict[str, Any], ours: dict[str, Any],
-                   others: dict[str, Any]) -> list[dict[str, Any]]:
-    """Typing with FIM and embeddings alone against each --against server, or why not."""
-    checks = []
-    for name, theirs in (others or {LLAMA_SERVER: None}).items():
-        shown = LLAMA_SERVER if len(others) <= 1 else name
-        fim = (f"typing with FIM (/infill): TTFT of requests 2..{report['typing_requests']} / "
-               f"{shown}'s (median)")
-        why = _unmeasured_fim(ours, theirs, shown)
-        checks.append(not_measured(fim, 1.1, why) if why else _ratio(
-            fim, ours["fim_ttft_p50_ms"], theirs and theirs["fim_ttft_p50_ms"], 1.1, at_most=True))
-        embed = f"embeddings alone, {report['embedding_inputs']} inputs: inputs/s / {shown}'s"
-        why = _unmeasured_embeddings(ours, theirs, shown)
-        checks.append(not_measured(embed, 1.0, why) if why else _ratio(
-            embed, ours["embeddings_alone_inputs_per_s"],
-            theirs and theirs["embeddings_alone_inputs_per_s"], 1.0))
-    return checks
+def _alone_targets(report: dict[str, Any], ours: dict[str, Any], theirs: dict[str, Any] | None,
+                   shown: str) -> list[dict[str, Any]]:
+    """Typing with FIM and embeddings alone against one --against server (None: there is none),
+    or why they are not measured."""
+    fim = (f"typing with FIM (/infill): TTFT of requests 2..{report['typing_requests']} / "
+           f"{shown}'s (median)")
+    why = _unmeasured_fim(ours, theirs, shown)
+    fim_check = not_measured(fim, 1.1, why) if why or theirs is None else _ratio(
+        fim, ours["fim_ttft_p50_ms"], theirs["fim_ttft_p50_ms"], 1.1, at_most=True)
+    embed = f"embeddings alone, {report['embedding_inputs']} inputs: inputs/s / {shown}'s"
+    why = _unmeasured_embeddings(ours, theirs, shown)
+    embed_check = not_measured(embed, 1.0, why) if why or theirs is None else _ratio(
+        embed, ours["embeddings_alone_inputs_per_s"], theirs["embeddings_alone_inputs_per_s"], 1.0)
+    return [fim_check, embed_check]
 
 
 def _unmeasured_fim(ours: dict[str, Any], theirs: dict[str, Any] | None, shown: str) -> str | None:
@@ -289,8 +286,9 @@ def print_concurrent(report: dict[str, Any]) -> None:
           f"and one embeddings request of {report['embedding_inputs']} inputs; then one client "
           f"alone, and a completion alone and while {report['probe_streams']} chats stream "
           f"(median of {report['probe_rounds']}); then {report['typing_requests']} typed /infill "
-          f"requests, and {report.get('embedding_rounds', 1)} embeddings requests of "
-          f"{report['embedding_inputs']} inputs alone (later ones: median of rounds 2..)")
+          f"requests, and {report['embedding_rounds']} embeddings requests of "
+          f"{report['embedding_inputs']} inputs, each kind alone ('later': the median of rounds "
+          f"2..{report['embedding_rounds']})")
     label = max(len(row) for row, _ in _ROWS)
     width = max(18, *(min(len(name), 32) for name in names))
     print(" " * label + "".join(f" | {name[:32]:^{width}}" for name in names))
