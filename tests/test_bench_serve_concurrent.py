@@ -1,13 +1,18 @@
 """``bench --serve --concurrent C``: its command line, the summary and targets it makes of the
-requests (on made-up numbers) and the streamed completion it times; the whole bench starts
-servers and runs minutes, and is run by hand."""
+requests (on made-up numbers), the streamed completion it times, and its typist's ``/infill``
+requests and embeddings alone on a real server (over the test model with fill-in-the-middle
+tokens, tests/fim_model.py); the whole bench starts servers and runs minutes, and is run by hand."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import httpx
 import pytest
+from fim_model import with_fim_tokens
 from serve_fixtures import MODEL, running
 
+from localchat.bench import serve_concurrent
 from localchat.bench.serve_clients import Answer, stream_completion
 from localchat.bench.serve_concurrent import completion_body, fresh_prompt, probe_streams, refused
 from localchat.bench.serve_concurrent_report import (
@@ -18,6 +23,11 @@ from localchat.bench.serve_concurrent_report import (
     summarise,
 )
 from localchat.cli import main
+from localchat.models.registry import resolve_model
+from localchat.serve.model_host import ModelHost
+from localchat.settings import Settings
+
+FIM_MODEL = "smollm2-fim"
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -58,9 +68,31 @@ def _row(ttft: float | None, tokens: int = 48, tps: float | None = 100.0,
             "error": error, **extra}
 
 
+def _typed_fim(ttft: list[float], prompt: list[int], prefilled: list[int]) -> dict:
+    """A typist's /infill requests, their TTFT and prompt tokens (in all, and prefilled)."""
+    return {"refused": None, "requests": [
+        _row(t, 2, prompt_tokens=n, prefilled_tokens=p, cached_tokens=n - p)
+        for t, n, p in zip(ttft, prompt, prefilled, strict=True)]}
+
+
+def _embedded_alone(latency_ms: list[float], tokens: int | None = 3200) -> dict:
+    return {"refused": None, "rounds": [
+        {"latency_ms": ms, "status": 200, "vectors": 64, "tokens": tokens, "refused": None,
+         "error": None} for ms in latency_ms]}
+
+
+REFUSED_INFILL = {"refused": "HTTP 501: infill is not supported", "requests": []}
+REFUSED_EMBEDDINGS = {"refused": "HTTP 501: start it with --embeddings", "rounds": [
+    {"latency_ms": 3.0, "status": 501, "vectors": 0, "tokens": None,
+     "refused": "HTTP 501: start it with --embeddings", "error": None}]}
+
+
 def _run(chat_ttft: list[float], wall_s: float, single_tps: float, alone: float, during: float,
-         *, completions: bool = True, embeddings: bool = True) -> dict:
-    """A server's requests: two chat clients of len(chat_ttft)/2 turns, 48 tokens each."""
+         *, completions: bool = True, embeddings: bool = True, fim_ttft: float = 100.0,
+         embedding_ms: float = 1000.0) -> dict:
+    """A server's requests: two chat clients of len(chat_ttft)/2 turns, 48 tokens each; a typist's
+    /infill requests (median TTFT of 2..N ``fim_ttft``) and embeddings alone (64 inputs in
+    ``embedding_ms`` after a first round twice as long)."""
     half = len(chat_ttft) // 2
     typed = ({"refused": None, "requests": [_row(t, 16) for t in (10, 20, 30, 200)]} if completions
              else {"refused": "HTTP 404: not found", "requests": []})
@@ -72,7 +104,12 @@ def _run(chat_ttft: list[float], wall_s: float, single_tps: float, alone: float,
                            "completions": typed, "embeddings": embedded},
             "alone": [_row(50, tps=single_tps), _row(60, tps=single_tps + 2), _row(None, 0, None, "x")],
             "completion_alone": [_row(alone, 16, refused=None)] * 3,
-            "completion_during_streams": [_row(during, 16, refused=None, streams_active=3)] * 3}
+            "completion_during_streams": [_row(during, 16, refused=None, streams_active=3)] * 3,
+            "typing_fim": _typed_fim([5 * fim_ttft, fim_ttft - 10, fim_ttft, fim_ttft + 10],
+                                     [88, 89, 91, 92], [88, 30, 31, 30])
+            if completions else REFUSED_INFILL,
+            "embeddings_alone": _embedded_alone([2 * embedding_ms, embedding_ms, embedding_ms])
+            if embeddings else REFUSED_EMBEDDINGS}
 
 
 def test_the_summary_times_each_kind_apart():
@@ -90,16 +127,54 @@ def test_the_summary_times_each_kind_apart():
     assert (s["completion_alone_ttft_ms"], s["completion_during_streams_ttft_ms"]) == (40, 70)
 
 
+def test_fim_typing_is_summed_up_over_the_requests_after_the_first():
+    run = _run([100, 200], wall_s=1.0, single_tps=100, alone=40, during=70)
+    run["typing_fim"] = _typed_fim([900, 100, 130, 120, 110], [88, 89, 90, 92, 93],
+                                   [88, 30, 30, 31, 30])
+
+    s = summarise(run)
+
+    assert s["fim_supported"] and (s["fim_requests"], s["fim_errors"]) == (5, 0)
+    assert (s["fim_first_ttft_ms"], s["fim_ttft_p50_ms"]) == (900, 115.0)
+    assert s["fim_prefilled"] == [88, 30, 30, 31, 30] and s["fim_prefilled_p50"] == 30
+    # Each prefilled what its prompt grew by (1, 1, 2, 1 tokens) and the same 29-token tail.
+    assert s["fim_beyond_new_p50"] == 29
+
+
+def test_embeddings_alone_leave_the_warm_up_round_out():
+    run = _run([100, 200], wall_s=1.0, single_tps=100, alone=40, during=70)
+    run["embeddings_alone"] = _embedded_alone([2000.0, 1000.0, 500.0])
+
+    s = summarise(run)
+
+    assert s["embeddings_alone_supported"] and s["embeddings_alone_first_ms"] == 2000.0
+    assert s["embeddings_alone_ms"] == 750.0
+    assert s["embeddings_alone_inputs_per_s"] == 96.0  # the median of 64 and 128
+    assert s["embeddings_alone_tokens_per_s"] == 4800.0  # 3200 tokens in 1 s and in 0.5 s
+
+
+def test_one_embeddings_round_is_summed_up_alone_and_tokens_only_where_counted():
+    run = _run([100, 200], wall_s=1.0, single_tps=100, alone=40, during=70)
+    run["embeddings_alone"] = _embedded_alone([800.0], tokens=None)
+
+    s = summarise(run)
+
+    assert s["embeddings_alone_inputs_per_s"] == 80.0 and s["embeddings_alone_tokens_per_s"] is None
+
+
 def test_a_kind_a_server_refuses_is_not_supported_and_noted():
     run = _run([100, 200], wall_s=1.0, single_tps=100, alone=40, during=70, completions=False,
                embeddings=False)
     run["summary"] = summarise(run)
     assert not run["summary"]["completion_supported"] and not run["summary"]["embeddings_supported"]
     assert run["summary"]["embeddings_latency_ms"] is None
+    assert not run["summary"]["fim_supported"] and not run["summary"]["fim_skipped"]
+    assert not run["summary"]["embeddings_alone_supported"]
 
     notes = refusal_notes({"probe_streams": 3, "servers": {"http://x": run}})
 
-    assert len(notes) == 2 and "HTTP 404" in notes[0] and "--embeddings" in notes[1]
+    assert len(notes) == 3 and "HTTP 404" in notes[0] and "--embeddings" in notes[1]
+    assert notes[2] == "http://x does not answer /infill: HTTP 501: infill is not supported"
 
 
 def _report(servers: dict) -> dict:
@@ -107,6 +182,7 @@ def _report(servers: dict) -> dict:
         run["summary"] = summarise(run)
     report = {"model": "smollm2", "n_ctx": 4096, "clients": 4, "turns": 3, "max_tokens": 48,
               "typing_requests": 8, "typing_max_tokens": 16, "embedding_inputs": 64,
+              "embedding_rounds": 3,
               "probe_streams": 3, "probe_rounds": 3, "servers": servers, "notes": []}
     report["targets"] = concurrent_targets(report)
     return report
@@ -114,10 +190,11 @@ def _report(servers: dict) -> dict:
 
 def test_the_targets_compare_parallel_slots_with_one_slot_and_llama_server():
     report = _report({
-        local_name(4): _run([100, 200, 300, 400], wall_s=2.0, single_tps=96, alone=40, during=70),
+        local_name(4): _run([100, 200, 300, 400], wall_s=2.0, single_tps=96, alone=40, during=70,
+                            fim_ttft=105, embedding_ms=900),
         local_name(1): _run([100, 900, 1500, 2000], wall_s=2.4, single_tps=100, alone=40, during=900),
         "http://127.0.0.1:18080": _run([120, 250, 290, 500], wall_s=2.0, single_tps=150, alone=30,
-                                       during=50)})
+                                       during=50, fim_ttft=100, embedding_ms=1000)})
 
     checks = {c["target"]: c for c in report["targets"]}
 
@@ -128,7 +205,49 @@ def test_the_targets_compare_parallel_slots_with_one_slot_and_llama_server():
     assert checks["completion TTFT while 3 chats stream / alone (median)"]["value"] == 1.75
     one = checks["one client alone: decode tokens/s / --parallel 1's"]
     assert one["value"] == 0.96 and one["ok"]  # 97 / 101
+    fim = checks["typing with FIM (/infill): TTFT of requests 2..8 / llama-server's (median)"]
+    assert fim["value"] == 1.05 and fim["limit"] == 1.1  # 105 / 100
+    embed = checks["embeddings alone, 64 inputs: inputs/s / llama-server's"]
+    assert embed["value"] == 1.111 and embed["limit"] == 1.0  # 71.1 / 64
     assert all(c["ok"] for c in report["targets"])
+
+
+def test_fim_and_embeddings_against_a_server_that_refuses_them_are_not_measured(capsys):
+    report = _report({
+        local_name(4): _run([100, 200], wall_s=1.0, single_tps=100, alone=40, during=70),
+        local_name(1): _run([100, 200], wall_s=1.0, single_tps=100, alone=40, during=70),
+        "http://127.0.0.1:18081": _run([100, 200], wall_s=1.0, single_tps=100, alone=40,
+                                       during=70, completions=False, embeddings=False)})
+
+    checks = {c["target"]: c for c in report["targets"]}
+
+    fim = checks["typing with FIM (/infill): TTFT of requests 2..8 / llama-server's (median)"]
+    embed = checks["embeddings alone, 64 inputs: inputs/s / llama-server's"]
+    assert fim["ok"] is None and fim["value"] == "not measured (llama-server does not answer /infill)"
+    assert embed["ok"] is None and "does not answer /v1/embeddings" in embed["value"]
+    print_concurrent(report)
+    out = capsys.readouterr().out
+    assert "/infill typing: TTFT 1st / 2..N p50" in out and "not supported" in out
+    assert f"/infill prompt tokens prefilled, request by request, {local_name(4)}: 88, 30, 31, 30" \
+        in out
+
+
+def test_a_model_without_fim_tokens_skips_typing_with_fim_everywhere():
+    ours = _run([100, 200], wall_s=1.0, single_tps=100, alone=40, during=70)
+    ours["typing_fim"] = {"refused": "HTTP 400: smollm2 has no fill-in-the-middle tokens",
+                          "requests": []}
+    skipped = {"refused": None, "skipped": ours["typing_fim"]["refused"], "requests": []}
+    report = _report({
+        local_name(4): ours,
+        local_name(1): {**_run([100, 200], wall_s=1.0, single_tps=100, alone=40, during=70),
+                        "typing_fim": skipped},
+        "http://x": {**_run([100, 200], wall_s=1.0, single_tps=100, alone=40, during=70),
+                     "typing_fim": skipped}})
+
+    fim = next(c for c in report["targets"] if c["target"].startswith("typing with FIM"))
+
+    assert fim["ok"] is None and "does not answer /infill for this model" in fim["value"]
+    assert report["servers"]["http://x"]["summary"]["fim_skipped"]
 
 
 def test_without_llama_server_its_targets_are_not_measured_rather_than_missed(capsys):
@@ -136,12 +255,15 @@ def test_without_llama_server_its_targets_are_not_measured_rather_than_missed(ca
         local_name(4): _run([100, 200], wall_s=1.0, single_tps=90, alone=40, during=100),
         local_name(1): _run([100, 200], wall_s=1.0, single_tps=100, alone=40, during=900)})
 
-    unmeasured = [c for c in report["targets"] if c["ok"] is None]
-    assert [c["target"] for c in unmeasured] == [
-        "4 concurrent chat clients: TTFT p50 / llama-server -np 4's",
-        "4 concurrent chat clients: TTFT p90 / llama-server -np 4's",
-        "chat tokens/s, all 4 streams / llama-server -np 4's"]
-    assert {c["value"] for c in unmeasured} == {"not measured"}
+    unmeasured = {c["target"]: c["value"] for c in report["targets"] if c["ok"] is None}
+    assert unmeasured == {
+        "4 concurrent chat clients: TTFT p50 / llama-server -np 4's": "not measured",
+        "4 concurrent chat clients: TTFT p90 / llama-server -np 4's": "not measured",
+        "chat tokens/s, all 4 streams / llama-server -np 4's": "not measured",
+        "typing with FIM (/infill): TTFT of requests 2..8 / llama-server's (median)":
+            "not measured (no --against server)",
+        "embeddings alone, 64 inputs: inputs/s / llama-server's":
+            "not measured (no --against server)"}
     missed = {c["target"] for c in report["targets"] if c["ok"] is False}
     assert missed == {"chat tokens/s, all 4 streams / --parallel 1's",  # 1.0 < 1.1
                       "completion TTFT while 3 chats stream / alone (median)",  # 2.5 > 2
@@ -163,3 +285,45 @@ def test_a_streamed_completion_is_timed_and_calls_back_once(serve_host):
 
     assert answer.complete and answer.status == 200 and answer.text
     assert answer.completion_tokens == 4 and answer.ttft_ms > 0 and firsts == [1]
+
+
+@pytest.fixture(scope="module")
+def fim_server(test_model_path):
+    fim_path = with_fim_tokens(test_model_path, test_model_path.parent / "fim")
+    host = ModelHost(Settings(), replace(resolve_model(str(fim_path)), name=FIM_MODEL),
+                     n_ctx=1024, cache_bytes=64 * 1024**2)
+    host.acquire(host.default())
+    try:
+        with running(host) as app:
+            yield app
+    finally:
+        host.unload()
+
+
+@pytest.mark.model
+def test_each_typed_infill_prefills_only_the_new_characters_and_the_tail(fim_server):
+    typing = serve_concurrent._typing_fim(fim_server.base_url, FIM_MODEL, "abc123")
+
+    rows = typing["requests"]
+    assert typing["refused"] is None and len(rows) == serve_concurrent.TYPING_REQUESTS
+    assert all(row["error"] is None and row["ttft_ms"] > 0 for row in rows)
+    assert rows[0]["prefilled_tokens"] == rows[0]["prompt_tokens"]  # nothing cached yet
+    # After the first, each evaluates what its prompt grew by, and again the same tail after the
+    # prefix (fim_suf, the suffix, fim_mid), +1 where the new characters re-tokenize the old last.
+    beyond = [row["prefilled_tokens"] - (row["prompt_tokens"] - before["prompt_tokens"])
+              for before, row in zip(rows, rows[1:])]
+    assert max(beyond) - min(beyond) <= 1 and max(beyond) < rows[0]["prompt_tokens"] / 2
+    assert summarise({"under_load": {"wall_s": 1.0, "chats": []}, "alone": [],
+                      "completion_alone": [], "completion_during_streams": [],
+                      "typing_fim": typing})["fim_beyond_new_p50"] in beyond
+
+
+@pytest.mark.model
+def test_embeddings_alone_embed_every_input_each_round(fim_server, monkeypatch):
+    monkeypatch.setattr(serve_concurrent, "EMBEDDING_INPUTS", 8)  # a test's worth
+
+    alone = serve_concurrent._embeddings_alone(fim_server.base_url, FIM_MODEL, "abc123")
+
+    assert alone["refused"] is None and len(alone["rounds"]) == serve_concurrent.EMBEDDING_ROUNDS
+    assert all(row["vectors"] == 8 and row["tokens"] > 8 and row["latency_ms"] > 0
+               for row in alone["rounds"])

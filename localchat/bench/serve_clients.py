@@ -7,8 +7,11 @@ client sees it.
 reads the SSE stream: TTFT is the time from sending to the first chunk with text (answer or
 reasoning), decode speed the text chunks after the first over the time they took, and the cached
 tokens come from ``usage.prompt_tokens_details.cached_tokens`` or llama-server's
-``timings.cache_n`` (None when the server reports neither). A refused request keeps its HTTP
-status (``Answer.status``): a server without an endpoint answers 404 or 501.
+``timings.cache_n`` (None when the server reports neither). ``stream_infill`` sends one
+llama-server ``/infill`` request (fill-in-the-middle, in llama-server's own event shape): TTFT is
+the time to its first event (a token, with text or none: a fill may be empty), the prompt tokens
+evaluated and cached come from its last (``timings.prompt_n``, ``timings.cache_n``). A refused
+request keeps its HTTP status (``Answer.status``): a server without an endpoint answers 404 or 501.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class Answer:
     completion_tokens: int = 0
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    prefilled_tokens: int | None = None  # prompt tokens this request evaluated (timings.prompt_n)
     finish_reason: str | None = None
     done: bool = False  # data: [DONE] arrived
     error: str | None = None
@@ -85,33 +89,77 @@ def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
     return _stream(client, base_url.rstrip("/") + "/v1/completions", body, on_first_text)
 
 
+def stream_infill(client: httpx.Client, base_url: str, body: dict[str, Any]) -> Answer:
+    """One streamed llama-server ``/infill`` request (``body`` has ``input_prefix`` and
+    ``input_suffix``): timed to its first event, counted from its last."""
+    answer = Answer()
+    times: list[float] = []
+    pieces: list[str] = []
+    started = time.perf_counter()
+    for event in _events(client, base_url.rstrip("/") + "/infill", {**body, "stream": True},
+                         answer):
+        if "error" in event:
+            answer.error = str(event["error"])[:200]
+            break
+        times.append(time.perf_counter())
+        pieces.append(event.get("content") or "")
+        if event.get("stop"):  # the last event: no [DONE] follows in this API
+            _read_infill_end(event, answer)
+            break
+    _finish(answer, started, times, pieces)
+    return answer
+
+
+def _read_infill_end(event: dict[str, Any], answer: Answer) -> None:
+    timings = event.get("timings") or {}
+    answer.done = True
+    answer.finish_reason = "length" if event.get("stop_type") == "limit" else "stop"
+    answer.completion_tokens = event.get("tokens_predicted") or 0
+    answer.prompt_tokens = event.get("tokens_evaluated")
+    answer.cached_tokens = timings.get("cache_n")
+    answer.prefilled_tokens = timings.get("prompt_n")
+
+
 def _stream(client: httpx.Client, url: str, body: dict[str, Any],
             on_first_text: Callable[[], None] | None) -> Answer:
     answer = Answer()
     times: list[float] = []
     pieces: list[str] = []
     started = time.perf_counter()
+    for chunk in _events(client, url, {**body, "stream": True,
+                                       "stream_options": {"include_usage": True}}, answer):
+        had_text = bool(times)
+        _read_chunk(chunk, answer, times, pieces)
+        if times and not had_text and on_first_text is not None:
+            on_first_text()
+    _finish(answer, started, times, pieces)
+    return answer
+
+
+def _events(client: httpx.Client, url: str, body: dict[str, Any],
+            answer: Answer) -> Iterator[dict[str, Any]]:
+    """The SSE stream's ``data:`` events, parsed, until ``[DONE]`` (``answer.done``) or its end;
+    the HTTP status, a refusal and a broken stream go into ``answer``."""
     try:
-        with client.stream("POST", url, json={**body, "stream": True,
-                                              "stream_options": {"include_usage": True}}
-                           ) as response:
+        with client.stream("POST", url, json=body) as response:
             answer.status = response.status_code
             if response.status_code != 200:
                 answer.error = f"HTTP {response.status_code}: {response.read()[:200]!r}"
-                return answer
+                return
             for line in response.iter_lines():
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
                 if payload == "[DONE]":
                     answer.done = True
-                    break
-                had_text = bool(times)
-                _read_chunk(json.loads(payload), answer, times, pieces)
-                if times and not had_text and on_first_text is not None:
-                    on_first_text()
+                    return
+                yield json.loads(payload)
     except (httpx.HTTPError, ValueError) as exc:
         answer.error = f"{type(exc).__name__}: {exc}"
+
+
+def _finish(answer: Answer, started: float, times: list[float], pieces: list[str]) -> None:
+    """TTFT and decode speed from the times text arrived."""
     answer.ended_at = time.perf_counter()
     answer.text = "".join(pieces)
     if times:
@@ -119,7 +167,6 @@ def _stream(client: httpx.Client, url: str, body: dict[str, Any],
         if len(times) > 1 and times[-1] > times[0]:
             answer.decode_tps = (len(times) - 1) / (times[-1] - times[0])
     answer.completion_tokens = answer.completion_tokens or len(times)
-    return answer
 
 
 def _read_chunk(chunk: dict[str, Any], answer: Answer, times: list[float], pieces: list[str]) -> None:
@@ -143,6 +190,8 @@ def _read_chunk(chunk: dict[str, Any], answer: Answer, times: list[float], piece
     timings = chunk.get("timings") or {}
     if answer.cached_tokens is None and timings.get("cache_n") is not None:
         answer.cached_tokens = timings["cache_n"]
+    if timings.get("prompt_n") is not None:
+        answer.prefilled_tokens = timings["prompt_n"]
 
 
 # -- servers -----------------------------------------------------------------------------------

@@ -17,6 +17,15 @@ process's llama.cpp threads may still be spinning), every request greedy with no
 - **A completion while chats stream**: ``probe_streams(C)`` chats (3 when C >= 4) streaming, then
   one completion of a fresh prompt; its TTFT against the same shape of prompt sent alone
   (PROBE_ROUNDS rounds of each).
+- **Typing with FIM**: a typist's TYPING_REQUESTS llama-server ``/infill`` requests, one after
+  another a keystroke gap apart: ``input_prefix`` the typed code, TYPED_CHARS characters longer
+  each request, ``input_suffix`` FIM_SUFFIX every time, TYPING_MAX_TOKENS tokens, streamed. Their
+  TTFT, and the prompt tokens each evaluated and found cached (``timings``). Only on a model with
+  fill-in-the-middle tokens: when ``localchat serve`` refuses ``/infill`` (a model without them),
+  the servers after it skip the phase.
+- **Embeddings alone**: EMBEDDING_ROUNDS requests of EMBEDDING_INPUTS inputs (new texts each
+  round, so that no cache answers them), one after another with nothing else running: inputs/s
+  and, where ``usage`` counts them, tokens/s.
 
 A kind a server refuses (a 4xx or 501, e.g. llama-server without ``--embeddings``) is recorded as
 not supported, not as a failure. The numbers are summed up and checked in
@@ -43,6 +52,7 @@ from localchat.bench.serve_clients import (
     served_name,
     stream_chat,
     stream_completion,
+    stream_infill,
     wait_ready,
 )
 from localchat.bench.serve_concurrent_report import (
@@ -59,6 +69,7 @@ TYPING_MAX_TOKENS = 16
 TYPED_CHARS = 5  # characters typed between two requests
 KEYSTROKE_GAP_S = 0.05
 EMBEDDING_INPUTS = 64
+EMBEDDING_ROUNDS = 3  # the first also loads localchat's embedding context: the summary skips it
 PROBE_ROUNDS = 3
 REQUEST_TIMEOUT_S = 600.0
 
@@ -75,6 +86,13 @@ TYPED_CODE = '''def moving_average(values, window):
     return averages
 '''
 FIRST_TYPED = 200  # characters of TYPED_CODE in the first request, and in each probe's prompt
+# What follows the cursor while one types with FIM. Each /infill prompt is llama-server's layout:
+# BOS, fim_rep "myproject", fim_sep "filename", fim_pre, the prefix, fim_suf, this suffix,
+# fim_mid. A request's prompt matches the previous one's up to the end of the old prefix (less its
+# last token where the new characters change how it tokenizes), so each request after the first
+# should prefill the new characters' tokens (+1) and then the tail after the prefix again:
+# fim_suf, this suffix's tokens and fim_mid (on SmolLM2's vocabulary: 26 + 2 tokens).
+FIM_SUFFIX = "\n\nprint(moving_average([1, 2, 3, 4, 5], 2))\n"
 
 
 @dataclass(frozen=True)
@@ -110,28 +128,33 @@ def measure_concurrent(model: str | None, config: Settings, *, clients: int, tur
         "model": spec.name, "n_ctx": n_ctx, "clients": clients, "turns": turns,
         "max_tokens": max_tokens, "typing_requests": TYPING_REQUESTS,
         "typing_max_tokens": TYPING_MAX_TOKENS, "embedding_inputs": EMBEDDING_INPUTS,
+        "embedding_rounds": EMBEDDING_ROUNDS,
         "probe_streams": probe_streams(clients), "probe_rounds": PROBE_ROUNDS, "run": work.run,
         "servers": {},
         "notes": [] if against else [NO_AGAINST_NOTE]}
     others = {url: url.rstrip("/").removesuffix("/v1") for url in against}
     for base in others.values():  # before minutes of work: a server that is not up fails now
         wait_ready(base)
+    no_fim: str | None = None  # why the model cannot fill in the middle, once ours refused it
     for parallel in (clients, 1):
         name = local_name(parallel)
         with localchat_serve(reference, n_ctx, config.serve.cache_ram_mib, parallel) as url:
             say(f"{name} is up at {url}")
-            report["servers"][name] = server_run(name, url, spec.name, work, say, parallel)
+            run = server_run(name, url, spec.name, work, say, parallel, no_fim)
+            report["servers"][name] = run
+            no_fim = no_fim or run["typing_fim"]["refused"]
     for url, base in others.items():
         report["servers"][url] = server_run(url, base, served_name(base, url, spec.name), work,
-                                            say)
+                                            say, no_fim=no_fim)
     report["notes"] += refusal_notes(report)
     report["targets"] = concurrent_targets(report)
     return report
 
 
 def server_run(name: str, url: str, model: str, work: Workload, say: Callable[[str], None],
-               parallel: int | None = None) -> dict[str, Any]:
-    """Every phase on one server: its requests as the clients saw them, and their summary."""
+               parallel: int | None = None, no_fim: str | None = None) -> dict[str, Any]:
+    """Every phase on one server: its requests as the clients saw them, and their summary.
+    ``no_fim``: localchat's refusal of ``/infill`` on this model (the FIM phase is skipped)."""
     time.sleep(SETTLE_S)
     run: dict[str, Any] = {"url": url, "parallel": parallel,
                            "under_load": under_load(url, model, work)}
@@ -142,6 +165,11 @@ def server_run(name: str, url: str, model: str, work: Workload, say: Callable[[s
     run["completion_during_streams"] = [_completion_during_streams(url, model, work, streams, r)
                                         for r in range(PROBE_ROUNDS)]
     say(f"{name}: one client alone; a completion alone and while {streams} chats stream")
+    run["typing_fim"] = (_typing_fim(url, model, work.run) if no_fim is None
+                         else {"refused": None, "skipped": no_fim, "requests": []})
+    run["embeddings_alone"] = _embeddings_alone(url, model, work.run)
+    say(f"{name}: typing with /infill; {EMBEDDING_INPUTS} inputs embedded alone x "
+        f"{EMBEDDING_ROUNDS}")
     run["summary"] = summarise(run)
     return run
 
@@ -161,7 +189,7 @@ def under_load(url: str, model: str, work: Workload) -> dict[str, Any]:
 
     def embeddings() -> None:
         streaming.wait(REQUEST_TIMEOUT_S)
-        side["embeddings"] = _embed(url, model)
+        side["embeddings"] = _embed(url, model, embedding_inputs())
 
     chat_threads = [threading.Thread(target=chat, args=(i,), daemon=True)
                     for i in range(work.clients)]
@@ -199,11 +227,24 @@ def _chat_client(url: str, model: str, label: str, work: Workload,
 
 def _typing_burst(url: str, model: str, run: str) -> dict[str, Any]:
     """Completions of a growing prefix, one after another, as an editor asks while one types."""
+    return _typist(f"# typed {run}\n", lambda client, prefix: stream_completion(
+        client, url, completion_body(model, prefix)))
+
+
+def _typing_fim(url: str, model: str, run: str) -> dict[str, Any]:
+    """``/infill`` requests of a growing prefix before a fixed suffix, as an editor's FIM
+    completion (llama.vim, llama.vscode) asks while one types."""
+    return _typist(f"# infill {run}\n", lambda client, prefix: stream_infill(
+        client, url, infill_body(model, prefix)))
+
+
+def _typist(first_line: str, send: Callable[[httpx.Client, str], Answer]) -> dict[str, Any]:
+    """TYPING_REQUESTS requests, each ``first_line`` and TYPED_CHARS more of TYPED_CODE than the
+    last, a keystroke gap apart; stops at a refusal."""
     rows: list[dict[str, Any]] = []
     with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
         for i in range(TYPING_REQUESTS):
-            prompt = f"# typed {run}\n" + TYPED_CODE[:FIRST_TYPED + i * TYPED_CHARS]
-            answer = stream_completion(client, url, completion_body(model, prompt))
+            answer = send(client, first_line + TYPED_CODE[:FIRST_TYPED + i * TYPED_CHARS])
             if refused(answer):
                 return {"refused": answer.error, "requests": rows}
             rows.append(request_row(answer))
@@ -251,23 +292,41 @@ def _completion_during_streams(url: str, model: str, work: Workload, streams: in
             "streams_active": active}
 
 
-def _embed(url: str, model: str) -> dict[str, Any]:
-    """One ``/v1/embeddings`` request of EMBEDDING_INPUTS sentences: its latency."""
-    inputs = [f"Note {i + 1}: {DEFAULT_QUESTIONS[i % len(DEFAULT_QUESTIONS)]}"
-              for i in range(EMBEDDING_INPUTS)]
+def _embeddings_alone(url: str, model: str, run: str) -> dict[str, Any]:
+    """EMBEDDING_ROUNDS embeddings requests one after another, each of new texts; stops at a
+    refusal or a failure."""
+    rounds: list[dict[str, Any]] = []
+    for round_ in range(EMBEDDING_ROUNDS):
+        rounds.append(_embed(url, model, embedding_inputs(f" (alone, run {run}, round "
+                                                          f"{round_ + 1})")))
+        if rounds[-1]["refused"] or rounds[-1]["error"]:
+            break
+    return {"refused": rounds[-1]["refused"], "rounds": rounds}
+
+
+def embedding_inputs(tag: str = "") -> list[str]:
+    """EMBEDDING_INPUTS sentences, ``tag`` in each (texts no earlier request sent)."""
+    return [f"Note {i + 1}{tag}: {DEFAULT_QUESTIONS[i % len(DEFAULT_QUESTIONS)]}"
+            for i in range(EMBEDDING_INPUTS)]
+
+
+def _embed(url: str, model: str, inputs: list[str]) -> dict[str, Any]:
+    """One ``/v1/embeddings`` request: its latency, and the tokens ``usage`` counts."""
     started = time.perf_counter()
     try:
         with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
             response = client.post(url + "/v1/embeddings", json={"model": model, "input": inputs})
-            data = response.json().get("data") if response.status_code == 200 else None
+            body = response.json() if response.status_code == 200 else {}
+            data, usage = body.get("data"), body.get("usage") or {}
     except (httpx.HTTPError, ValueError, AttributeError) as exc:
-        return {"latency_ms": None, "status": None, "vectors": 0, "refused": None,
-                "error": f"{type(exc).__name__}: {exc}"}
+        return {"latency_ms": None, "status": None, "vectors": 0, "tokens": None,
+                "refused": None, "error": f"{type(exc).__name__}: {exc}"}
     latency_ms = round((time.perf_counter() - started) * 1000.0, 1)
     vectors = len(data) if isinstance(data, list) else 0
     status = response.status_code
-    error = None if vectors == EMBEDDING_INPUTS else f"HTTP {status}: {response.text[:200]!r}"
+    error = None if vectors == len(inputs) else f"HTTP {status}: {response.text[:200]!r}"
     return {"latency_ms": latency_ms, "status": status, "vectors": vectors,
+            "tokens": usage.get("prompt_tokens"),
             "refused": error if _refused_status(status) else None,
             "error": None if _refused_status(status) else error}
 
@@ -276,6 +335,13 @@ def completion_body(model: str, prompt: str) -> dict[str, Any]:
     """A greedy completion, as chat_body's chats are greedy."""
     return {"model": model, "prompt": prompt, "max_tokens": TYPING_MAX_TOKENS, "temperature": 0,
             "repeat_penalty": 1.0}
+
+
+def infill_body(model: str, prefix: str) -> dict[str, Any]:
+    """A greedy ``/infill`` request that both llama-server and ``localchat serve`` read the same
+    way (``n_predict``: /infill's name for the reply's budget)."""
+    return {"model": model, "input_prefix": prefix, "input_suffix": FIM_SUFFIX,
+            "n_predict": TYPING_MAX_TOKENS, "temperature": 0, "repeat_penalty": 1.0}
 
 
 def fresh_prompt(kind: str, run: str, round_: int) -> str:
@@ -295,8 +361,9 @@ def _refused_status(status: int) -> bool:
 
 def request_row(answer: Answer) -> dict[str, Any]:
     return {"ttft_ms": _round(answer.ttft_ms), "completion_tokens": answer.completion_tokens,
-            "decode_tps": _round(answer.decode_tps), "status": answer.status,
-            "error": answer.error}
+            "decode_tps": _round(answer.decode_tps), "prompt_tokens": answer.prompt_tokens,
+            "cached_tokens": answer.cached_tokens, "prefilled_tokens": answer.prefilled_tokens,
+            "status": answer.status, "error": answer.error}
 
 
 def _round(value: float | None) -> float | None:

@@ -4,6 +4,10 @@ they are tested on made-up numbers.
 
 A target that cannot be measured on this run (no ``--against`` server, or a server that refused a
 kind) is recorded with ``"value": "not measured"`` and ``"ok": None``: neither met nor missed.
+
+Typing with FIM is summed up over requests 2..N (the first prefills the whole prompt, the rest
+only what changed); embeddings alone over rounds 2..N (the first also loads localchat's embedding
+context), over every round when there is only one.
 """
 
 from __future__ import annotations
@@ -59,7 +63,59 @@ def summarise(run: dict[str, Any]) -> dict[str, Any]:
             _answered_ttft(run["completion_during_streams"])),
         "streams_active_min": min((row["streams_active"] for row in run["completion_during_streams"]),
                                   default=None),
+        **_fim_summary(run.get("typing_fim") or {"refused": None, "requests": []}),
+        **_embeddings_alone_summary(run.get("embeddings_alone") or {"refused": None,
+                                                                    "rounds": []}),
     }
+
+
+def _fim_summary(typing: dict[str, Any]) -> dict[str, Any]:
+    """TTFT and prefill of a typist's ``/infill`` requests (``typing_fim``). ``fim_beyond_new``:
+    each request's prefilled tokens less the tokens its prompt grew by: what it evaluates again
+    besides the new characters (fim_suf, the suffix, fim_mid; +1 where the old prefix's last
+    token changed), the same on every request when only what changed is prefilled."""
+    rows = typing["requests"]
+    later = [row for row in rows[1:] if not row["error"]]
+    grown = [(row, before) for before, row in zip(rows, rows[1:])
+             if not row["error"] and not before["error"]]
+    return {
+        "fim_supported": typing["refused"] is None and not typing.get("skipped"),
+        "fim_skipped": bool(typing.get("skipped")),
+        "fim_requests": len(rows),
+        "fim_errors": sum(1 for row in rows if row["error"]),
+        "fim_first_ttft_ms": rows[0]["ttft_ms"] if rows and not rows[0]["error"] else None,
+        "fim_ttft_p50_ms": _median(row["ttft_ms"] for row in later),
+        "fim_prefilled": [row.get("prefilled_tokens") for row in rows],
+        "fim_prefilled_p50": _median(row.get("prefilled_tokens") for row in later),
+        "fim_beyond_new_p50": _median(_beyond_new(row, before) for row, before in grown),
+    }
+
+
+def _beyond_new(row: dict[str, Any], before: dict[str, Any]) -> int | None:
+    prefilled, prompt = row.get("prefilled_tokens"), row.get("prompt_tokens")
+    previous = before.get("prompt_tokens")
+    if prefilled is None or prompt is None or previous is None:
+        return None
+    return int(prefilled - (prompt - previous))
+
+
+def _embeddings_alone_summary(alone: dict[str, Any]) -> dict[str, Any]:
+    """Inputs/s and tokens/s of the embeddings requests sent alone (``embeddings_alone``)."""
+    rounds = [row for row in alone["rounds"] if not row["error"] and not row["refused"]]
+    warm = rounds[1:] or rounds
+    return {
+        "embeddings_alone_supported": not alone["refused"],
+        "embeddings_alone_first_ms": rounds[0]["latency_ms"] if rounds else None,
+        "embeddings_alone_ms": _median(row["latency_ms"] for row in warm),
+        "embeddings_alone_inputs_per_s": _median(_per_s(row["vectors"], row) for row in warm),
+        "embeddings_alone_tokens_per_s": _median(_per_s(row.get("tokens"), row) for row in warm),
+        "embeddings_alone_error": next((row["error"] for row in alone["rounds"] if row["error"]),
+                                       None),
+    }
+
+
+def _per_s(count: int | None, row: dict[str, Any]) -> float | None:
+    return count / row["latency_ms"] * 1000.0 if count and row["latency_ms"] else None
 
 
 def concurrent_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -79,6 +135,7 @@ def concurrent_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                                  at_most=True))
         checks.append(_ratio(f"chat tokens/s, all {clients} streams / {shown} -np {clients}'s",
                              ours["aggregate_tps"], theirs and theirs["aggregate_tps"], 1.0))
+        checks += _alone_targets(report, ours, theirs, shown)
     checks.append(_ratio(f"chat tokens/s, all {clients} streams / --parallel 1's",
                          ours["aggregate_tps"], one_slot["aggregate_tps"], 1.1))
     checks.append(_ratio(f"completion TTFT while {report['probe_streams']} chats stream / alone "
@@ -87,6 +144,39 @@ def concurrent_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     checks.append(_ratio("one client alone: decode tokens/s / --parallel 1's",
                          ours["single_client_tps"], one_slot["single_client_tps"], 0.95))
     return checks
+
+
+def _alone_targets(report: dict[str, Any], ours: dict[str, Any], theirs: dict[str, Any] | None,
+                   shown: str) -> list[dict[str, Any]]:
+    """Typing with FIM and embeddings alone against one --against server (None: there is none),
+    or why they are not measured."""
+    fim = (f"typing with FIM (/infill): TTFT of requests 2..{report['typing_requests']} / "
+           f"{shown}'s (median)")
+    why = _unmeasured_fim(ours, theirs, shown)
+    fim_check = not_measured(fim, 1.1, why) if why or theirs is None else _ratio(
+        fim, ours["fim_ttft_p50_ms"], theirs["fim_ttft_p50_ms"], 1.1, at_most=True)
+    embed = f"embeddings alone, {report['embedding_inputs']} inputs: inputs/s / {shown}'s"
+    why = _unmeasured_embeddings(ours, theirs, shown)
+    embed_check = not_measured(embed, 1.0, why) if why or theirs is None else _ratio(
+        embed, ours["embeddings_alone_inputs_per_s"], theirs["embeddings_alone_inputs_per_s"], 1.0)
+    return [fim_check, embed_check]
+
+
+def _unmeasured_fim(ours: dict[str, Any], theirs: dict[str, Any] | None, shown: str) -> str | None:
+    if not ours["fim_supported"]:
+        return "localchat serve does not answer /infill for this model (no FIM tokens?)"
+    if theirs is None:
+        return "no --against server"
+    return None if theirs["fim_supported"] else f"{shown} does not answer /infill"
+
+
+def _unmeasured_embeddings(ours: dict[str, Any], theirs: dict[str, Any] | None,
+                           shown: str) -> str | None:
+    if theirs is None:
+        return "no --against server"
+    if not theirs["embeddings_alone_supported"]:
+        return f"{shown} does not answer /v1/embeddings (start it with --embeddings)"
+    return None if ours["embeddings_alone_supported"] else "localchat serve refused embeddings"
 
 
 def refusal_notes(report: dict[str, Any]) -> list[str]:
@@ -101,6 +191,9 @@ def refusal_notes(report: dict[str, Any]) -> list[str]:
         if not summary["embeddings_supported"]:
             notes.append(f"{name} does not answer /v1/embeddings (llama-server needs "
                          f"--embeddings): {(load.get('embeddings') or {}).get('refused')}")
+        fim = run.get("typing_fim") or {}
+        if fim.get("refused"):
+            notes.append(f"{name} does not answer /infill: {fim['refused']}")
         active = summary["streams_active_min"]
         if active is not None and active < report["probe_streams"]:
             notes.append(f"{name}: only {active} of {report['probe_streams']} chats were still "
@@ -108,8 +201,9 @@ def refusal_notes(report: dict[str, Any]) -> list[str]:
     return notes
 
 
-def not_measured(name: str, limit: Any) -> dict[str, Any]:
-    return {**target(name, "not measured", limit, False), "ok": None}
+def not_measured(name: str, limit: Any, why: str | None = None) -> dict[str, Any]:
+    value = f"not measured ({why})" if why else "not measured"
+    return {**target(name, value, limit, False), "ok": None}
 
 
 def _ratio(name: str, value: float | None, reference: float | None, limit: float, *,
@@ -160,7 +254,26 @@ _ROWS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("one client alone: tok/s", lambda s: _number(s["single_client_tps"])),
     ("completion alone: TTFT (ms)", lambda s: _number(s["completion_alone_ttft_ms"])),
     ("completion, chats streaming: TTFT", lambda s: _number(s["completion_during_streams_ttft_ms"])),
+    ("/infill typing: TTFT 1st / 2..N p50", lambda s: _fim_cell(
+        s, _pair(s["fim_first_ttft_ms"], s["fim_ttft_p50_ms"]))),
+    ("/infill 2..N: prefilled (beyond new)", lambda s: _fim_cell(
+        s, f"{_number(s['fim_prefilled_p50'])} ({_number(s['fim_beyond_new_p50'])})")),
+    ("embeddings alone: inputs/s (tok/s)", lambda s: _embeddings_alone_cell(
+        s, f"{_number(s['embeddings_alone_inputs_per_s'])} "
+           f"({_number(s['embeddings_alone_tokens_per_s'])})")),
+    ("embeddings alone: 1st / later (ms)", lambda s: _embeddings_alone_cell(
+        s, _pair(s["embeddings_alone_first_ms"], s["embeddings_alone_ms"]))),
 ]
+
+
+def _fim_cell(summary: dict[str, Any], measured: str) -> str:
+    if summary["fim_skipped"]:
+        return "skipped: no FIM"
+    return measured if summary["fim_supported"] else "not supported"
+
+
+def _embeddings_alone_cell(summary: dict[str, Any], measured: str) -> str:
+    return measured if summary["embeddings_alone_supported"] else "not supported"
 
 
 def print_concurrent(report: dict[str, Any]) -> None:
@@ -172,13 +285,21 @@ def print_concurrent(report: dict[str, Any]) -> None:
           f"{report['typing_requests']} typed completions ({report['typing_max_tokens']} tokens) "
           f"and one embeddings request of {report['embedding_inputs']} inputs; then one client "
           f"alone, and a completion alone and while {report['probe_streams']} chats stream "
-          f"(median of {report['probe_rounds']})")
+          f"(median of {report['probe_rounds']}); then {report['typing_requests']} typed /infill "
+          f"requests, and {report['embedding_rounds']} embeddings requests of "
+          f"{report['embedding_inputs']} inputs, each kind alone ('later': the median of rounds "
+          f"2..{report['embedding_rounds']})")
     label = max(len(row) for row, _ in _ROWS)
     width = max(18, *(min(len(name), 32) for name in names))
     print(" " * label + "".join(f" | {name[:32]:^{width}}" for name in names))
     for row, cell in _ROWS:
         print(f"{row:<{label}}" + "".join(
             f" | {cell(report['servers'][name]['summary']):^{width}}" for name in names))
+    for name in names:
+        prefilled = report["servers"][name]["summary"].get("fim_prefilled")
+        if any(count is not None for count in prefilled or ()):
+            print(f"/infill prompt tokens prefilled, request by request, {name}: "
+                  + ", ".join(_number(count) for count in prefilled))
     for note in report["notes"]:
         print(f"note: {note}")
     for line in lines({"targets": report["targets"]}):

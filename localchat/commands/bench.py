@@ -81,7 +81,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "and an embeddings request among them, on `localchat serve --parallel C`, on "
                    "`--parallel 1` and on each --against server (llama-server -np C): TTFT p50/p90 "
                    "per kind, the chats' tokens/s together, one client alone, a completion while "
-                   "3 chats stream")
+                   "3 chats stream; then alone: typed /infill requests (a model with FIM tokens) "
+                   "and 64 inputs embedded, 3 rounds")
     p.add_argument("--spec-mode", choices=("auto", "ngram", "draft"),
                    help="with --speculative: what drafts (default: [engine] speculative, or auto)")
     p.add_argument("--draft-model", help="with --speculative: the draft model (registry name, "
