@@ -19,6 +19,7 @@ from oracle import GREEDY, assert_text_matches_fresh, loaded_engine
 from serve_fixtures import MODEL, running
 
 from localchat.engine.layout import RawPrompt
+from localchat.events import Token
 from localchat.models.registry import resolve_model
 from localchat.serve.model_host import ModelHost
 from localchat.serve.prompt_tokens import InfillPrompt, TextPrompt
@@ -95,6 +96,22 @@ def test_openai_sdk_completes_a_prompt_whole_and_streamed(client, fresh):
     assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
     finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finals) == 1 and finals[0].model_extra["timings"]["prompt_n"] == 1
+
+
+def test_a_completion_is_the_models_text_to_the_first_character(client, fresh):
+    """A completion starts where the model starts: the newline and indentation before its first
+    word are code, not space between reasoning and an answer (a chat's reply drops those)."""
+    prompt = "def add(a, b):"
+    whole = client.completions.create(model=MODEL, prompt=prompt, **EXACT)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt=prompt, stream=True, **EXACT) if c.choices)
+    fresh.reset()
+    tokens = [e.token_id for e in fresh.submit_prompt(text_prompt(fresh, prompt), GREEDY)
+              if isinstance(e, Token)]
+    runtime = fresh._require_runtime()
+    written = b"".join(runtime.piece(t) for t in tokens).decode("utf-8", errors="replace")
+    assert written[:1].isspace()  # the test model's greedy continuation: a newline, then code
+    assert whole.choices[0].text == streamed == written
 
 
 def test_typing_a_prompt_prefills_only_the_new_tokens(client, fresh):

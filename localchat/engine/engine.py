@@ -541,7 +541,7 @@ class Engine:
                 return
 
             # Reasoning streams as Thinking events, the answer as Tokens; the reply keeps both.
-            stream = ReplyEvents(handle, clock, inside=inside,
+            stream = ReplyEvents(handle, clock, inside=inside, verbatim=bool(raw and raw.verbatim),
                                  calls=tools.splitter() if tools is not None else None)
             confidence_tokens = self.options.confidence_tokens if self.options.track_confidence else 0
             drafts = self._require_speculator().for_turn(sampling)

@@ -104,6 +104,10 @@ class RawPrompt:
     only what it adds, and its reply is the reply of a fresh prefill."""
 
     tokens: tuple[int, ...]
+    # Its reply as the model writes it (a completion, code: the indentation it starts with is
+    # text); False for a prompt laid through the chat template, whose reply may open with
+    # reasoning and is split as a chat's is.
+    verbatim: bool = True
 
     def layout(self) -> Layout:
         """The cache after its prefill: one record for the prompt, then the open reply."""

@@ -119,12 +119,15 @@ class ReplyEvents:
     and tells the clock which tokens were reasoning and when the answer began."""
 
     def __init__(self, handle: TurnHandle, clock: TurnClock, *, inside: bool,
-                 calls: ToolCallSplitter | None = None) -> None:
+                 calls: ToolCallSplitter | None = None, verbatim: bool = False) -> None:
         """``calls``: the answer goes through it, so that Tokens carry the answer without any
-        tool call's marker and JSON, and ``calls`` gathers the calls."""
+        tool call's marker and JSON, and ``calls`` gathers the calls. ``verbatim``: a
+        completion's text (a raw prompt: code, a fill-in-the-middle), every character as the
+        model wrote it, at once: no reasoning block is looked for, and the whitespace it starts
+        with (a line's indentation) is kept, never held back or dropped."""
         self._handle = handle
         self._clock = clock
-        self._splitter = ReasoningSplitter(inside=inside)
+        self._splitter = VerbatimSplitter() if verbatim else ReasoningSplitter(inside=inside)
         self._calls = calls
         self._reasoning: list[str] = []
 
@@ -164,6 +167,18 @@ class ReplyEvents:
             self._reasoning.append(text)
             self._handle.emit(Thinking(text))
 
+
+
+class VerbatimSplitter:
+    """The splitter of a reply that has no reasoning: all of it is answer, as it comes."""
+
+    thinking = False
+
+    def feed(self, text: str) -> tuple[str, str]:
+        return "", text
+
+    def flush(self) -> tuple[str, str]:
+        return "", ""
 
 
 def _text_of(pieces: list[str | ToolCall]) -> str:

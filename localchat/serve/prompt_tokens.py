@@ -54,13 +54,13 @@ def _in_vocabulary(ids: Sequence[int], vocabulary: Vocabulary, param: str) -> li
     return list(ids)
 
 
-def _fitting(tokens: list[int], engine: Engine, param: str) -> RawPrompt:
+def _fitting(tokens: list[int], engine: Engine, param: str, verbatim: bool = True) -> RawPrompt:
     if not tokens:
         raise bad(param, "is empty: there is nothing to complete")
     if len(tokens) >= engine.n_ctx:
         raise bad(param, f"is {len(tokens)} tokens, over the model's context of {engine.n_ctx} "
                          "tokens (n_ctx; the reply needs room too): send a shorter prompt")
-    return RawPrompt(tuple(tokens))
+    return RawPrompt(tuple(tokens), verbatim)
 
 
 def _fim(vocabulary: Vocabulary, model: str, param: str) -> FimTokens:
@@ -171,4 +171,4 @@ class GeneratePrompt:
         rendered = engine.fresh_prompt([*messages, {"role": "user", "content": self.prompt}])
         if before and vocabulary.bos and rendered[:1] == vocabulary.bos:
             rendered = rendered[1:]  # the context opened with it already
-        return _fitting([*before, *rendered], engine, "prompt")
+        return _fitting([*before, *rendered], engine, "prompt", verbatim=False)
