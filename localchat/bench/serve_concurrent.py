@@ -6,6 +6,9 @@ against each ``--against`` server (llama-server ``-np C``), on the same model.
 Each server runs the whole workload alone, one after another (SETTLE_S before each: another
 process's llama.cpp threads may still be spinning), every request greedy with no repeat penalty:
 
+- **Chats only**: C chat clients start together, each ``turns`` turns of ``max_tokens``-token
+  replies, nothing else running: chat TTFT and the reply tokens over the phase's wall time (the
+  issue's "C concurrent chat clients"; its targets are checked on this phase).
 - **Under load**: C chat clients start together, each ``turns`` turns (3) of ``max_tokens``-token
   replies (48), the whole history each request, streamed. Once the first chat streams, a typist's
   burst: TYPING_REQUESTS completions (``/v1/completions``, each the previous prompt plus a few
@@ -157,7 +160,9 @@ def server_run(name: str, url: str, model: str, work: Workload, say: Callable[[s
     ``no_fim``: localchat's refusal of ``/infill`` on this model (the FIM phase is skipped)."""
     time.sleep(SETTLE_S)
     run: dict[str, Any] = {"url": url, "parallel": parallel,
-                           "under_load": under_load(url, model, work)}
+                           "chats_only": under_load(url, model, work, beside=False)}
+    say(f"{name}: {work.clients} chat clients x {work.turns} turns at once")
+    run["under_load"] = under_load(url, model, work)
     say(f"{name}: {work.clients} chat clients x {work.turns} turns, typing and embeddings at once")
     run["alone"] = _chat_client(url, model, "Alone", work)
     run["completion_alone"] = [_completion_alone(url, model, work, r) for r in range(PROBE_ROUNDS)]
@@ -174,14 +179,16 @@ def server_run(name: str, url: str, model: str, work: Workload, say: Callable[[s
     return run
 
 
-def under_load(url: str, model: str, work: Workload) -> dict[str, Any]:
-    """C chat clients at once; once one streams, the typing burst and the embeddings request."""
+def under_load(url: str, model: str, work: Workload, beside: bool = True) -> dict[str, Any]:
+    """C chat clients at once; once one streams, the typing burst and the embeddings request
+    (``beside``; else the chats alone: the issue's own measure of C concurrent chat clients)."""
     streaming = threading.Event()
     chats: list[list[dict[str, Any]]] = [[] for _ in range(work.clients)]
     side: dict[str, Any] = {}
+    who = "Client" if beside else "Chat-only client"  # other prompts: no phase reuses another's
 
     def chat(i: int) -> None:
-        chats[i] = _chat_client(url, model, f"Client {i + 1}", work, streaming.set)
+        chats[i] = _chat_client(url, model, f"{who} {i + 1}", work, streaming.set)
 
     def typing() -> None:
         streaming.wait(REQUEST_TIMEOUT_S)
@@ -194,7 +201,7 @@ def under_load(url: str, model: str, work: Workload) -> dict[str, Any]:
     chat_threads = [threading.Thread(target=chat, args=(i,), daemon=True)
                     for i in range(work.clients)]
     others = [threading.Thread(target=typing, daemon=True),
-              threading.Thread(target=embeddings, daemon=True)]
+              threading.Thread(target=embeddings, daemon=True)] if beside else []
     started = time.perf_counter()
     for thread in chat_threads + others:
         thread.start()
