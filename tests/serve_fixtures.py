@@ -39,6 +39,19 @@ def running(host: ModelHost, **overrides) -> Iterator[ServeApp]:
         yield app
 
 
+@contextmanager
+def serving(model_path: Path, name: str, n_ctx: int = 1024) -> Iterator[ServeApp]:
+    """``model_path`` loaded and served under ``name`` (``running``); unloaded afterwards."""
+    host = ModelHost(Settings(), replace(resolve_model(str(model_path)), name=name), n_ctx=n_ctx,
+                     cache_bytes=64 * 1024**2)
+    host.acquire(host.default())
+    try:
+        with running(host) as app:
+            yield app
+    finally:
+        host.unload()
+
+
 def openai_client(app: ServeApp):
     """The ``openai`` SDK's client of ``app`` (no retries: a failure shows at once)."""
     import openai

@@ -5,12 +5,10 @@ tokens, tests/fim_model.py); the whole bench starts servers and runs minutes, an
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import httpx
 import pytest
 from fim_model import with_fim_tokens
-from serve_fixtures import MODEL, running
+from serve_fixtures import MODEL, running, serving
 
 from localchat.bench import serve_concurrent
 from localchat.bench.serve_clients import Answer, stream_completion
@@ -23,9 +21,6 @@ from localchat.bench.serve_concurrent_report import (
     summarise,
 )
 from localchat.cli import main
-from localchat.models.registry import resolve_model
-from localchat.serve.model_host import ModelHost
-from localchat.settings import Settings
 
 FIM_MODEL = "smollm2-fim"
 
@@ -295,15 +290,9 @@ def test_a_streamed_completion_is_timed_and_calls_back_once(serve_host):
 
 @pytest.fixture(scope="module")
 def fim_server(test_model_path):
-    fim_path = with_fim_tokens(test_model_path, test_model_path.parent / "fim")
-    host = ModelHost(Settings(), replace(resolve_model(str(fim_path)), name=FIM_MODEL),
-                     n_ctx=1024, cache_bytes=64 * 1024**2)
-    host.acquire(host.default())
-    try:
-        with running(host) as app:
-            yield app
-    finally:
-        host.unload()
+    with serving(with_fim_tokens(test_model_path, test_model_path.parent / "fim"),
+                 FIM_MODEL) as app:
+        yield app
 
 
 @pytest.mark.model

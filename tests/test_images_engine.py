@@ -179,9 +179,12 @@ def test_a_cut_inside_a_picture_moves_back_to_its_start():
 
 @pytest.mark.parametrize("mode", ["ngram", "draft"])
 def test_drafting_goes_on_around_pictures_and_the_reply_is_the_same(test_model_path, projector,
-                                                                     vision_oracle, mode):
+                                                                     vision_oracle, mode,
+                                                                     always_draft):
     """Prompt lookup never copies a picture's placeholders; the draft model (here the test
-    model drafting for itself, without a projector) reads the text around the pictures."""
+    model drafting for itself, without a projector) reads the text around the pictures. (The
+    policy drafts wherever a drafter proposes: whether a draft pays is timed, and CI's load
+    made it draft nothing.)"""
     draft = {"draft_model": str(test_model_path)} if mode == "draft" else {}
     with loaded_engine(test_model_path, 1024, "drafting", speculative=mode,
                        mmproj=projector, **draft) as drafting:

@@ -16,14 +16,11 @@ import openai
 import pytest
 from fim_model import FIM_IDS, with_fim_tokens
 from oracle import GREEDY, assert_text_matches_fresh, loaded_engine
-from serve_fixtures import MODEL, running
+from serve_fixtures import MODEL, running, serving
 
 from localchat.engine.layout import RawPrompt
 from localchat.events import Token
-from localchat.models.registry import resolve_model
-from localchat.serve.model_host import ModelHost
 from localchat.serve.prompt_tokens import InfillPrompt, TextPrompt
-from localchat.settings import Settings
 
 pytestmark = pytest.mark.model
 
@@ -45,14 +42,8 @@ def fim_path(test_model_path):
 
 @pytest.fixture(scope="module")
 def fim_server(fim_path):
-    spec = replace(resolve_model(str(fim_path)), name=FIM_MODEL)
-    host = ModelHost(Settings(), spec, n_ctx=1024, cache_bytes=64 * 1024**2)
-    host.acquire(host.default())
-    try:
-        with running(host) as app:
-            yield app
-    finally:
-        host.unload()
+    with serving(fim_path, FIM_MODEL) as app:
+        yield app
 
 
 @pytest.fixture(scope="module")
