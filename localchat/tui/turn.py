@@ -123,6 +123,11 @@ class Turns:
         self._previous_switch_interval = sys.getswitchinterval()
         self._status_shown_at = 0.0
         self.tools = ToolActivity(host)
+        # A frame's events are shown by the wake handler or, when it waits for the next frame,
+        # by a timer, whose callback Textual runs in a task of its own: without the lock two
+        # showings could interleave at their awaits (a call's result handled before its line
+        # was mounted, and lost).
+        self._showing = asyncio.Lock()
 
     def start(self) -> None:
         """At mount. The engine thread needs the GIL back after every llama_decode; with Python's
@@ -293,6 +298,10 @@ class Turns:
             await self._show_events(turn)
 
     async def _show_events(self, turn: ActiveTurn) -> None:
+        async with self._showing:
+            await self._show_events_now(turn)
+
+    async def _show_events_now(self, turn: ActiveTurn) -> None:
         if turn is not self.current:
             return
         if turn.meter.first_token_at is None:
