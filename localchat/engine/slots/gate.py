@@ -207,11 +207,15 @@ class DecodeGate:
         (the others are to run again), else None."""
         runtime = self.runtime
         alone = pending[0].stop if len(pending) == 1 else None
+        # In sequence order: llama.cpp makes one micro-batch of the slots' tokens only when their
+        # sequence ids come in order (split streams); in the order the slots asked, it made
+        # several (measured: a step of 4 slots' tokens 30.6 ms against 22.0 sorted).
+        ordered = sorted(pending, key=lambda r: r.part.seq)
         with self.lock:
             try:
                 runtime.arm_abort_check(alone)
                 started = time.perf_counter()
-                rows = runtime.decode_parts([r.part for r in pending], alone is not None)
+                rows = runtime.decode_parts([r.part for r in ordered], alone is not None)
             except KVFull as exc:
                 self.stats.failed_full += 1
                 largest = max(pending, key=lambda r: len(r.part.tokens))
@@ -228,7 +232,7 @@ class DecodeGate:
                 # the one-conversation engine's (shared steps say nothing about one token).
                 runtime.governor.observe((time.perf_counter() - started) * 1000.0)
             runtime.settle_outputs()
-        for request, row in zip(pending, rows):
+        for request, row in zip(ordered, rows):
             request.row = row
         self.stats.batches += 1
         self.stats.most_parts = max(self.stats.most_parts, len(pending))
