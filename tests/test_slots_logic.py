@@ -88,6 +88,30 @@ def test_every_members_decode_goes_into_one_batch():
     assert len(runtime.timed) == 1
 
 
+def test_a_batch_goes_to_llama_cpp_in_sequence_order_and_each_slot_reads_its_own_row():
+    """llama.cpp makes one micro-batch of split streams' tokens only when their sequence ids come
+    in order (in the order the slots asked, a step of 4 tokens took 30.6 ms against 22.0)."""
+    runtime = FakeRuntime()
+    gate = DecodeGate(runtime)  # type: ignore[arg-type]
+    rows: dict[int, int] = {}
+    parts = [tokens(3, 1), tokens(1, 5), tokens(2, 1), tokens(0, 2)]
+    for part in parts:
+        gate.join(part.seq)
+
+    def one(part: BatchPart) -> None:
+        rows[part.seq] = gate.decode(part)
+        gate.leave(part.seq)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in parts]
+    for thread in threads:  # they ask in this order: 3, 1, 2, 0
+        thread.start()
+        time.sleep(0.02)
+    for thread in threads:
+        thread.join(10)
+    assert runtime.batches == [[(0, 2), (1, 5), (2, 1), (3, 1)]]
+    assert rows == {0: 0, 1: 2, 2: 7, 3: 8}  # each part's first token in the batch
+
+
 def test_a_slot_that_leaves_no_longer_holds_the_others_up():
     runtime = FakeRuntime()
     gate = DecodeGate(runtime)  # type: ignore[arg-type]
