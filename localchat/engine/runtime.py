@@ -273,8 +273,6 @@ class LlamaRuntime:
                 batch.seq_id[i][0] = part.seq
                 batch.logits[i] = j >= first_output
                 i += 1
-        if abortable:
-            self._lib.llama_set_abort_callback(self.ctx, self._abort_callback, None)
         # A speculative check is a decode of a few tokens: it takes the thread count the
         # governor chose for single tokens (under contention, two threads spinning at ggml's
         # barriers made checks of 2-17 tokens 5-30 times slower than one token here).
@@ -283,10 +281,9 @@ class LlamaRuntime:
         if few:
             self._lib.llama_set_n_threads(self.ctx, self.governor.threads, self.governor.threads)
         try:
-            status = self._lib.llama_decode(self.ctx, batch)
+            with self.armed_abort() if abortable else contextlib.nullcontext():
+                status = self._lib.llama_decode(self.ctx, batch)
         finally:
-            if abortable:
-                self._lib.llama_set_abort_callback(self.ctx, self._no_callback, None)
             if few:
                 self.set_threads(self.governor.threads)
         if status != 0:
@@ -320,7 +317,7 @@ class LlamaRuntime:
 
     @contextlib.contextmanager
     def armed_abort(self) -> Iterator[None]:
-        """llama_decode calls made inside by another library (libmtmd's, for a picture's
+        """llama_decode calls made inside (a prefill's, and libmtmd's for a picture's
         embeddings) stop when this runtime's turn is stopped: llama.cpp then returns 2 and keeps
         no cells of the batch it was in."""
         self._lib.llama_set_abort_callback(self.ctx, self._abort_callback, None)
