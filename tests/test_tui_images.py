@@ -5,6 +5,8 @@ scripted engine for the UI; the real engine and the synthetic projector end to e
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 import pytest
 from fake_engine import (
     SIZE,
@@ -45,6 +47,16 @@ def red(tmp_path, monkeypatch):
     return tmp_path / "red.png"
 
 
+@asynccontextmanager
+async def ready_app(store, reply: str):
+    """The app over a scripted engine answering ``reply``, ready for input: (engine, app, pilot)."""
+    engine = FakeEngine(reply=reply)
+    app = make_app(store, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        yield engine, app, pilot
+
+
 def chips(app) -> str:
     widget = app.query_one(AttachmentChips)
     return str(widget.render()) if widget.display else ""
@@ -57,10 +69,7 @@ def prompts(app) -> list[str]:
 
 
 async def test_image_command_attaches_a_picture_that_goes_with_the_next_message(store, red, reads_images):
-    engine = FakeEngine(reply="Red.")
-    app = make_app(store, engine)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
+    async with ready_app(store, "Red.") as (engine, app, pilot):
         await command(pilot, f"/image {red}")
         await wait_until(pilot, lambda: "red.png 40×30 · 4 tokens" in chips(app), "the chip")
         await send(pilot, "What colour is it?")
@@ -74,10 +83,7 @@ async def test_image_command_attaches_a_picture_that_goes_with_the_next_message(
 
 
 async def test_an_attached_picture_is_prefilled_while_the_message_is_typed(store, red, reads_images):
-    engine = FakeEngine(reply="Red.")
-    app = make_app(store, engine)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
+    async with ready_app(store, "Red.") as (engine, app, pilot):
         await command(pilot, f"/image {red}")
         # No words yet: the picture alone is prepared, so it is encoded while they are typed.
         await wait_until(pilot, lambda: any(m[-1].get("images") == [RED] for m in engine.prepared),
@@ -122,10 +128,7 @@ async def test_backspace_in_the_empty_input_and_image_clear_remove_pictures(stor
 
 
 async def test_an_at_mention_of_a_picture_attaches_it_at_enter(store, red, reads_images):
-    engine = FakeEngine(reply="Red.")
-    app = make_app(store, engine)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
+    async with ready_app(store, "Red.") as (engine, app, pilot):
         await send(pilot, "What is in @red.png?")
         await reply_finished(pilot)
     assert engine.submitted[-1][-1]["images"] == [RED]
@@ -152,10 +155,7 @@ async def test_a_bad_picture_is_a_one_line_notice_and_the_session_goes_on(store,
                                                                           reads_images, data, why):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.png").write_bytes(data)
-    engine = FakeEngine(reply="Fine.")
-    app = make_app(store, engine)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
+    async with ready_app(store, "Fine.") as (engine, app, pilot):
         await command(pilot, "/image bad.png")
         await wait_until(pilot, lambda: any(why in n for n in notices(app)), "the notice")
         (notice,) = [n for n in notices(app) if why in n]
@@ -245,10 +245,7 @@ async def test_the_real_engine_answers_about_a_picture_and_a_reopened_session_do
 
 
 async def test_retry_and_an_edit_send_the_prompt_again_with_its_pictures(store, red, reads_images):
-    engine = FakeEngine(reply="Red.")
-    app = make_app(store, engine)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
+    async with ready_app(store, "Red.") as (engine, app, pilot):
         await command(pilot, "/image red.png")
         await wait_until(pilot, lambda: app.files.images, "the picture")
         await send(pilot, "colour?")
