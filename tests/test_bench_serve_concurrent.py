@@ -276,6 +276,28 @@ def test_without_llama_server_its_targets_are_not_measured_rather_than_missed(ca
     assert "[--] 4 concurrent chat clients: TTFT p50" in out and "[MISS] one client alone" in out
 
 
+def test_one_client_alone_takes_turns_on_every_server_round_by_round(monkeypatch):
+    asked: list[tuple[str, str]] = []
+
+    def chat_client(url, model, label, work):
+        asked.append((url, label))
+        return [{"decode_tps": 100.0, "error": None}] * work.turns
+
+    monkeypatch.setattr(serve_concurrent, "_chat_client", chat_client)
+    monkeypatch.setattr(serve_concurrent, "SETTLE_S", 0.0)
+    servers = {local_name(4): ("http://a", "m"), local_name(1): ("http://b", "m"),
+               "http://c": ("http://c", "m")}
+
+    rows = serve_concurrent.one_client_alone(servers, serve_concurrent.Workload(1, 3, 48),
+                                             lambda line: None)
+
+    rounds = serve_concurrent.ALONE_ROUNDS
+    assert asked == [(url, f"Alone {r + 1}") for r in range(rounds)
+                     for url in ("http://a", "http://b", "http://c")]
+    assert {name: len(replies) for name, replies in rows.items()} == dict.fromkeys(servers,
+                                                                                   3 * rounds)
+
+
 @pytest.mark.model
 def test_a_streamed_completion_is_timed_and_calls_back_once(serve_host):
     firsts = []

@@ -16,7 +16,12 @@ process's llama.cpp threads may still be spinning), every request greedy with no
   of EMBEDDING_INPUTS inputs (``/v1/embeddings``). Each kind is timed apart: chat and completion
   TTFT, the embeddings request's latency, and the chats' reply tokens over the phase's wall time
   (all streams together; prefill and waiting for a slot included).
-- **One client alone**: one chat client, the same turns: its decode tokens/s.
+- **One client alone**: one chat client, the same turns: its decode tokens/s. Measured last, in
+  ALONE_ROUNDS rounds in which every server serves one such client in turn (both localchat
+  servers stay up, idle, until then): the machine's speed drifts over the minutes the bench runs,
+  and alternating lays that drift on every server alike (run once per server, minutes apart, the
+  same two servers' ratio ranged 0.89-1.01 over five runs; in rounds of one client each, side by
+  side, 1.06).
 - **A completion while chats stream**: ``probe_streams(C)`` chats (3 when C >= 4) streaming, then
   one completion of a fresh prompt; its TTFT against the same shape of prompt sent alone
   (PROBE_ROUNDS rounds of each).
@@ -37,6 +42,7 @@ not supported, not as a failure. The numbers are summed up and checked in
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
 import time
@@ -74,6 +80,7 @@ KEYSTROKE_GAP_S = 0.05
 EMBEDDING_INPUTS = 64
 EMBEDDING_ROUNDS = 3  # the first also loads localchat's embedding context: the summary skips it
 PROBE_ROUNDS = 3
+ALONE_ROUNDS = 4
 REQUEST_TIMEOUT_S = 600.0
 
 # What the typist writes: each completion request is a longer prefix of it.
@@ -132,23 +139,32 @@ def measure_concurrent(model: str | None, config: Settings, *, clients: int, tur
         "max_tokens": max_tokens, "typing_requests": TYPING_REQUESTS,
         "typing_max_tokens": TYPING_MAX_TOKENS, "embedding_inputs": EMBEDDING_INPUTS,
         "embedding_rounds": EMBEDDING_ROUNDS,
-        "probe_streams": probe_streams(clients), "probe_rounds": PROBE_ROUNDS, "run": work.run,
+        "probe_streams": probe_streams(clients), "probe_rounds": PROBE_ROUNDS,
+        "alone_rounds": ALONE_ROUNDS, "run": work.run,
         "servers": {},
         "notes": [] if against else [NO_AGAINST_NOTE]}
     others = {url: url.rstrip("/").removesuffix("/v1") for url in against}
     for base in others.values():  # before minutes of work: a server that is not up fails now
         wait_ready(base)
     no_fim: str | None = None  # why the model cannot fill in the middle, once ours refused it
-    for parallel in (clients, 1):
-        name = local_name(parallel)
-        with localchat_serve(reference, n_ctx, config.serve.cache_ram_mib, parallel) as url:
+    served: dict[str, tuple[str, str]] = {}  # name -> (URL, model name): one client alone on each
+    with contextlib.ExitStack() as ours:
+        for parallel in (clients, 1):
+            name = local_name(parallel)
+            url = ours.enter_context(localchat_serve(reference, n_ctx, config.serve.cache_ram_mib,
+                                                     parallel))
             say(f"{name} is up at {url}")
             run = server_run(name, url, spec.name, work, say, parallel, no_fim)
-            report["servers"][name] = run
+            report["servers"][name], served[name] = run, (url, spec.name)
             no_fim = no_fim or run["typing_fim"]["refused"]
-    for url, base in others.items():
-        report["servers"][url] = server_run(url, base, served_name(base, url, spec.name), work,
-                                            say, no_fim=no_fim)
+        for url, base in others.items():
+            model_name = served_name(base, url, spec.name)
+            report["servers"][url] = server_run(url, base, model_name, work, say, no_fim=no_fim)
+            served[url] = (base, model_name)
+        for name, rows in one_client_alone(served, work, say).items():
+            report["servers"][name]["alone"] = rows
+    for run in report["servers"].values():
+        run["summary"] = summarise(run)
     report["notes"] += refusal_notes(report)
     report["targets"] = concurrent_targets(report)
     return report
@@ -156,27 +172,40 @@ def measure_concurrent(model: str | None, config: Settings, *, clients: int, tur
 
 def server_run(name: str, url: str, model: str, work: Workload, say: Callable[[str], None],
                parallel: int | None = None, no_fim: str | None = None) -> dict[str, Any]:
-    """Every phase on one server: its requests as the clients saw them, and their summary.
-    ``no_fim``: localchat's refusal of ``/infill`` on this model (the FIM phase is skipped)."""
+    """Every phase but one client alone (``one_client_alone``) on one server: its requests as the
+    clients saw them. ``no_fim``: localchat's refusal of ``/infill`` on this model (the FIM phase
+    is skipped)."""
     time.sleep(SETTLE_S)
     run: dict[str, Any] = {"url": url, "parallel": parallel,
                            "chats_only": under_load(url, model, work, beside=False)}
     say(f"{name}: {work.clients} chat clients x {work.turns} turns at once")
     run["under_load"] = under_load(url, model, work)
     say(f"{name}: {work.clients} chat clients x {work.turns} turns, typing and embeddings at once")
-    run["alone"] = _chat_client(url, model, "Alone", work)
     run["completion_alone"] = [_completion_alone(url, model, work, r) for r in range(PROBE_ROUNDS)]
     streams = probe_streams(work.clients)
     run["completion_during_streams"] = [_completion_during_streams(url, model, work, streams, r)
                                         for r in range(PROBE_ROUNDS)]
-    say(f"{name}: one client alone; a completion alone and while {streams} chats stream")
+    say(f"{name}: a completion alone and while {streams} chats stream")
     run["typing_fim"] = (_typing_fim(url, model, work.run) if no_fim is None
                          else {"refused": None, "skipped": no_fim, "requests": []})
     run["embeddings_alone"] = _embeddings_alone(url, model, work.run)
     say(f"{name}: typing with /infill; {EMBEDDING_INPUTS} inputs embedded alone x "
         f"{EMBEDDING_ROUNDS}")
-    run["summary"] = summarise(run)
     return run
+
+
+def one_client_alone(servers: dict[str, tuple[str, str]], work: Workload,
+                     say: Callable[[str], None]) -> dict[str, list[dict[str, Any]]]:
+    """ALONE_ROUNDS rounds; in each, one chat client's conversation (``work.turns`` turns, a
+    question of the round's own) on each of ``servers`` (name -> URL, model name) in turn. Each
+    server's replies, every round's."""
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
+    for round_ in range(ALONE_ROUNDS):
+        for name, (url, model) in servers.items():
+            time.sleep(SETTLE_S)  # the last server's llama.cpp threads may still be spinning
+            rows[name] += _chat_client(url, model, f"Alone {round_ + 1}", work)
+        say(f"one client alone on each server in turn: round {round_ + 1} of {ALONE_ROUNDS}")
+    return rows
 
 
 def under_load(url: str, model: str, work: Workload, beside: bool = True) -> dict[str, Any]:

@@ -306,12 +306,13 @@ def print_concurrent(report: dict[str, Any]) -> None:
           f"({report['max_tokens']}-token greedy replies, whole history each request), alone "
           "('chats only'), then again while ('under load') "
           f"{report['typing_requests']} typed completions ({report['typing_max_tokens']} tokens) "
-          f"and one embeddings request of {report['embedding_inputs']} inputs; then one client "
-          f"alone, and a completion alone and while {report['probe_streams']} chats stream "
+          f"and one embeddings request of {report['embedding_inputs']} inputs; then a completion "
+          f"alone and while {report['probe_streams']} chats stream "
           f"(median of {report['probe_rounds']}); then {report['typing_requests']} typed /infill "
           f"requests, and {report['embedding_rounds']} embeddings requests of "
           f"{report['embedding_inputs']} inputs, each kind alone ('later': the median of rounds "
-          f"2..{report['embedding_rounds']})")
+          f"2..{report['embedding_rounds']}); last, one client alone on each server in turn, "
+          f"{report.get('alone_rounds', 1)} rounds (the median of every reply)")
     label = max(len(row) for row, _ in _ROWS)
     width = max(18, *(min(len(name), 32) for name in names))
     print(" " * label + "".join(f" | {name[:32]:^{width}}" for name in names))
