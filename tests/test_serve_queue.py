@@ -157,3 +157,43 @@ def test_a_request_for_another_model_switches_after_the_requests_before_it(test_
             before.close()
     finally:
         host.unload()
+
+
+def test_a_streamed_reply_decodes_on_once_its_first_text_was_sent(serve_host, monkeypatch):
+    from localchat.engine.turn import TurnHandle
+    from localchat.serve import scheduler
+
+    # A hold far beyond any wait for the event loop: the reply goes on only because it was told.
+    monkeypatch.setattr(scheduler, "FIRST_TEXT_HOLD_S", 30.0)
+    seen: list[str] = []
+    emit, shown, hold = TurnHandle.emit, TurnHandle.first_text_shown, TurnHandle.hold_first_text
+
+    def spy_emit(self, event):
+        emit(self, event)
+        if getattr(event, "text", ""):
+            seen.append("emitted")
+
+    def spy_shown(self):
+        seen.append("shown")
+        shown(self)
+
+    def spy_hold(self, timeout_s):
+        seen.append("held")
+        hold(self, timeout_s)
+
+    monkeypatch.setattr(TurnHandle, "hold_first_text", spy_hold)
+    monkeypatch.setattr(TurnHandle, "emit", spy_emit)
+    monkeypatch.setattr(TurnHandle, "first_text_shown", spy_shown)
+    with running(serve_host) as app:
+        sock = open_stream(app, max_tokens=8)
+        rest_of_stream(sock)
+        sock.close()
+        wait_idle(app)
+        streamed, seen[:] = list(seen), []
+        status, _, _ = raw(app, post("/v1/chat/completions", {
+            "model": MODEL, "messages": STORY, "max_tokens": 8, "temperature": 0}))
+
+    # The first text's emit returned after the loop had sent it; a reply not streamed is never
+    # held (its client sees nothing before its end).
+    assert streamed[:3] == ["held", "shown", "emitted"] and streamed.count("shown") == 1
+    assert status == 200 and "held" not in seen and seen.count("emitted") >= 1

@@ -131,3 +131,36 @@ def test_after_stop_an_escalated_turn_delivers_its_final_event_and_no_queued_tok
         esc.close()
     assert isinstance(final, Done) and final.finish_reason == "aborted"
     assert final.reply.startswith("one") and turn.result is final
+
+
+def test_a_held_turn_waits_after_its_first_text_until_it_was_shown():
+    handle = TurnHandle()
+    handle.hold_first_text(30.0)
+    emitted: list[str] = []
+
+    def produce() -> None:
+        for text in ("", "Hi", " there"):  # a token without text is not held
+            handle.emit(Token(text))
+            emitted.append(text)
+        handle.emit(Done("Hi there", "stop"))
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    events = iter(handle)
+    assert [next(events).text, next(events).text] == ["", "Hi"]
+    producer.join(0.2)
+    assert emitted == [""]  # held: the next token waits for the first text to be shown
+    handle.first_text_shown()
+    producer.join(5)
+    assert emitted == ["", "Hi", " there"]
+    assert isinstance(read_checking_on_finish(handle), Done)
+
+
+def test_a_hold_lasts_its_timeout_at_most_and_a_turn_not_held_never_waits():
+    held, free = TurnHandle(), TurnHandle()
+    held.hold_first_text(0.05)
+    for handle in (held, free):
+        handle.emit(Token("Hi"))
+        handle.emit(Token(" there"))  # the hold is for the first text only
+        handle.emit(Done("Hi there", "stop"))
+        assert [e.text for e in handle if isinstance(e, Token)] == ["Hi", " there"]

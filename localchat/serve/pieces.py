@@ -98,6 +98,7 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
         stopped = False
         started = Started("", 0.0)
         sent_any = False
+        text_out = False  # the turn heard that its first text was sent
         sampled: list[int] = []  # the reply's tokens sent (a completion's context)
         logprobs: list[TokenLogprob] = []  # every answer token's so far
         released = 0  # how many of them went out with a piece
@@ -113,6 +114,7 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
                 thinking.append(event.text)
                 sent_any = True
                 yield Piece("thinking", event.text)
+                text_out = _first_text_sent(job, text_out)
             elif isinstance(event, Token) and not stopped:
                 if event.logprob is not None:
                     logprobs.append(event.logprob)
@@ -126,6 +128,8 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
                     sent_any = True
                     yield Piece("content", text, tuple(logprobs[released:]))
                     released = len(logprobs)
+                if event.text:  # sent, or held back (a stop string may begin there)
+                    text_out = _first_text_sent(job, text_out)
             elif isinstance(event, Failed):
                 if not sent_any:
                     raise ReplyFailed(event.message, event.code)
@@ -168,3 +172,11 @@ def _ending(event: Done | Failed, timings: Timings, content: list[str], thinking
         else "stop")
     return Ending(finish, timings, "".join(content), "".join(thinking), started.load_ms,
                   started.model, error, calls, event.reply)
+
+
+def _first_text_sent(job: Job, told: bool) -> bool:
+    """Tell ``job``'s turn, once, that its first text is out: it may decode on (``Job.attach``).
+    Whether it has been told now."""
+    if not told:
+        job.first_text_sent()
+    return True

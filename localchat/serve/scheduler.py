@@ -36,14 +36,19 @@ import threading
 import time
 from dataclasses import dataclass
 
+from localchat.engine.turn import TurnHandle
 from localchat.errors import UserError
-from localchat.events import Done, Failed, Thinking, Token, Turn
+from localchat.events import Done, Failed, Thinking, Token
 from localchat.serve.chat_request import ChatRequest
 from localchat.serve.http_errors import SHUTTING_DOWN, ApiError, Busy, ShuttingDown
 from localchat.serve.model_host import ModelHost, ServedModel
 from localchat.serve.task import Task
 
 log = logging.getLogger(__name__)
+
+# How long a streamed reply's turn waits, after its first text, for the event loop to have sent
+# it (``TurnHandle.hold_first_text``); it takes well under a millisecond when a core is free.
+FIRST_TEXT_HOLD_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ class Job:
         self.arrived_at = time.perf_counter()
         self._loop = loop
         self._lock = threading.Lock()
-        self._turn: Turn | None = None
+        self._turn: TurnHandle | None = None
         self.cancelled = False  # the client went away (or the server is stopping)
         self.shutting_down = False
         self.finished = False
@@ -88,7 +93,9 @@ class Job:
         except RuntimeError:  # the loop has closed: nobody is reading any more
             pass
 
-    def attach(self, turn: Turn) -> None:
+    def attach(self, turn: TurnHandle) -> None:
+        if self.request.stream:  # its first text goes out before the next decode takes the cores
+            turn.hold_first_text(FIRST_TEXT_HOLD_S)
         with self._lock:
             self._turn = turn
             stop = self.cancelled
@@ -103,6 +110,13 @@ class Job:
             turn = self._turn
         if turn is not None:
             turn.stop()
+
+    def first_text_sent(self) -> None:
+        """(Event loop.) The reply's first text is on its way to the client (``attach``)."""
+        with self._lock:
+            turn = self._turn
+        if turn is not None:
+            turn.first_text_shown()
 
     def stop_reply(self) -> None:
         """(Any thread.) The reply is complete (a stop string): end the turn, keep reading."""
