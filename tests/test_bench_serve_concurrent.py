@@ -276,6 +276,20 @@ def test_without_llama_server_its_targets_are_not_measured_rather_than_missed(ca
     assert "[--] 4 concurrent chat clients: TTFT p50" in out and "[MISS] one client alone" in out
 
 
+def test_every_chat_of_a_run_starts_with_the_run_so_no_earlier_run_is_in_a_cache(monkeypatch):
+    sent: list[list[dict]] = []
+
+    def stream_chat(client, url, body, on_first_text=None):
+        sent.append([dict(m) for m in body["messages"]])
+        return Answer(status=200, text="Fine.")
+
+    monkeypatch.setattr(serve_concurrent, "stream_chat", stream_chat)
+    work = serve_concurrent.Workload(1, 2, 8, run="abc123")
+    serve_concurrent._chat_client("http://x", "m", "Alone 1", work)
+
+    assert len(sent) == 2 and all(m[0]["content"].startswith("(Run abc123.) ") for m in sent)
+
+
 def test_one_client_alone_takes_turns_on_every_server_round_by_round(monkeypatch):
     asked: list[tuple[str, str]] = []
 
