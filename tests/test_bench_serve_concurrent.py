@@ -64,10 +64,11 @@ def _row(ttft: float | None, tokens: int = 48, tps: float | None = 100.0,
 
 
 def _typed_fim(ttft: list[float], prompt: list[int], prefilled: list[int]) -> dict:
-    """A typist's /infill requests, their TTFT and prompt tokens (in all, and prefilled)."""
-    return {"refused": None, "requests": [
+    """A typist's /infill requests in one round, their TTFT and prompt tokens (in all, and
+    prefilled)."""
+    return {"refused": None, "rounds": [[
         _row(t, 2, prompt_tokens=n, prefilled_tokens=p, cached_tokens=n - p)
-        for t, n, p in zip(ttft, prompt, prefilled, strict=True)]}
+        for t, n, p in zip(ttft, prompt, prefilled, strict=True)]]}
 
 
 def _embedded_alone(latency_ms: list[float], tokens: int | None = 3200) -> dict:
@@ -76,7 +77,7 @@ def _embedded_alone(latency_ms: list[float], tokens: int | None = 3200) -> dict:
          "error": None} for ms in latency_ms]}
 
 
-REFUSED_INFILL = {"refused": "HTTP 501: infill is not supported", "requests": []}
+REFUSED_INFILL = {"refused": "HTTP 501: infill is not supported", "rounds": [[]]}
 REFUSED_EMBEDDINGS = {"refused": "HTTP 501: start it with --embeddings", "rounds": [
     {"latency_ms": 3.0, "status": 501, "vectors": 0, "tokens": None,
      "refused": "HTTP 501: start it with --embeddings", "error": None}]}
@@ -138,6 +139,18 @@ def test_fim_typing_is_summed_up_over_the_requests_after_the_first():
     assert s["fim_prefilled"] == [88, 30, 30, 31, 30] and s["fim_prefilled_p50"] == 30
     # Each prefilled what its prompt grew by (1, 1, 2, 1 tokens) and the same 29-token tail.
     assert s["fim_beyond_new_p50"] == 29
+
+
+def test_fim_typing_rounds_are_summed_up_together_each_without_its_first_request():
+    run = _run([100, 200], wall_s=1.0, single_tps=100, alone=40, during=70)
+    first = _typed_fim([900, 100, 130], [88, 89, 90], [88, 30, 30])["rounds"][0]
+    second = _typed_fim([700, 140, 150], [88, 89, 91], [88, 30, 31])["rounds"][0]
+    run["typing_fim"] = {"refused": None, "rounds": [first, second]}
+
+    s = summarise(run)
+
+    assert (s["fim_requests"], s["fim_first_ttft_ms"], s["fim_ttft_p50_ms"]) == (6, 800, 135.0)
+    assert s["fim_prefilled"] == [88, 30, 30] and s["fim_beyond_new_p50"] == 29
 
 
 def test_embeddings_alone_leave_the_warm_up_round_out():
@@ -236,8 +249,8 @@ def test_fim_and_embeddings_against_a_server_that_refuses_them_are_not_measured(
 def test_a_model_without_fim_tokens_skips_typing_with_fim_everywhere():
     ours = _run([100, 200], wall_s=1.0, single_tps=100, alone=40, during=70)
     ours["typing_fim"] = {"refused": "HTTP 400: smollm2 has no fill-in-the-middle tokens",
-                          "requests": []}
-    skipped = {"refused": None, "skipped": ours["typing_fim"]["refused"], "requests": []}
+                          "rounds": [[]]}
+    skipped = {"refused": None, "skipped": ours["typing_fim"]["refused"], "rounds": []}
     report = _report({
         local_name(4): ours,
         local_name(1): {**_run([100, 200], wall_s=1.0, single_tps=100, alone=40, during=70),
@@ -290,26 +303,70 @@ def test_every_chat_of_a_run_starts_with_the_run_so_no_earlier_run_is_in_a_cache
     assert len(sent) == 2 and all(m[0]["content"].startswith("(Run abc123.) ") for m in sent)
 
 
-def test_one_client_alone_takes_turns_on_every_server_round_by_round(monkeypatch):
-    asked: list[tuple[str, str]] = []
+def _side_by_side(monkeypatch, *, fim_refused: bool = False) -> tuple[list, dict]:
+    """``side_by_side`` over three servers (ours, ours with one slot, an --against one that
+    refuses embeddings), every request recorded as (phase, URL, label) instead of sent."""
+    asked: list[tuple[str, str, str]] = []
 
-    def chat_client(url, model, label, work):
-        asked.append((url, label))
-        return [{"decode_tps": 100.0, "error": None}] * work.turns
+    def chats(url, model, work, beside=True, who="Client"):
+        asked.append(("chats", url, who))
+        return {"wall_s": 2.0, "chats": [[_row(100.0)]] * work.clients}
 
-    monkeypatch.setattr(serve_concurrent, "_chat_client", chat_client)
+    def typing(url, model, tag):
+        asked.append(("typing", url, tag))
+        if fim_refused and url != "http://c":
+            return {"refused": "HTTP 400: no fill-in-the-middle tokens", "requests": []}
+        return {"refused": None, "requests": [_row(90.0, 2)] * 3}
+
+    def alone(url, model, label, work):
+        asked.append(("alone", url, label))
+        return [_row(50.0)] * work.turns
+
+    def embed(url, model, inputs):
+        asked.append(("embed", url, inputs[0].split(": ")[0]))
+        refusal = "HTTP 501: start it with --embeddings" if url == "http://c" else None
+        return {"latency_ms": 10.0, "status": 200, "vectors": 64, "tokens": None,
+                "refused": refusal, "error": None}
+
+    for name, fake in (("under_load", chats), ("_typing_fim", typing), ("_chat_client", alone),
+                       ("_embed", embed)):
+        monkeypatch.setattr(serve_concurrent, name, fake)
     monkeypatch.setattr(serve_concurrent, "SETTLE_S", 0.0)
-    servers = {local_name(4): ("http://a", "m"), local_name(1): ("http://b", "m"),
-               "http://c": ("http://c", "m")}
+    served = {local_name(4): ("http://a", "m"), local_name(1): ("http://b", "m"),
+              "http://c": ("http://c", "m")}
+    runs = {name: {"parallel": 1 if name != "http://c" else None} for name in served}
+    serve_concurrent.side_by_side(served, runs, serve_concurrent.Workload(2, 3, 48, run="r1"),
+                                  lambda line: None)
+    return asked, runs
 
-    rows = serve_concurrent.one_client_alone(servers, serve_concurrent.Workload(1, 3, 48),
-                                             lambda line: None)
 
-    rounds = serve_concurrent.ALONE_ROUNDS
-    assert asked == [(url, f"Alone {r + 1}") for r in range(rounds)
-                     for url in ("http://a", "http://b", "http://c")]
-    assert {name: len(replies) for name, replies in rows.items()} == dict.fromkeys(servers,
-                                                                                   3 * rounds)
+def test_side_by_side_every_server_takes_its_turn_round_by_round(monkeypatch):
+    asked, runs = _side_by_side(monkeypatch)
+
+    rounds = serve_concurrent.ROUNDS
+    expected = []
+    for r in range(1, rounds + 1):
+        for url in ("http://a", "http://b", "http://c"):
+            expected += [("chats", url, f"Chat-only client r1 {r}"), ("typing", url, f"r1 {r}"),
+                         ("alone", url, f"Alone {r}")]
+            if url != "http://c" or r == 1:  # a server that refused embeddings is not asked again
+                expected.append(("embed", url, f"Note 1 (alone, run r1, round {r})"))
+    assert asked == expected
+    ours = runs[local_name(4)]
+    assert ours["chats_only"] == {"wall_s": 2.0 * rounds, "chats": [[_row(100.0)]] * 2 * rounds}
+    assert len(ours["typing_fim"]["rounds"]) == rounds and len(ours["alone"]) == 3 * rounds
+    assert len(ours["embeddings_alone"]["rounds"]) == rounds
+    theirs = runs["http://c"]["embeddings_alone"]
+    assert theirs["refused"] and len(theirs["rounds"]) == 1
+
+
+def test_side_by_side_a_model_localchat_cannot_fill_in_is_typed_at_once_and_skipped_after(
+        monkeypatch):
+    asked, runs = _side_by_side(monkeypatch, fim_refused=True)
+
+    assert [a for a in asked if a[0] == "typing"] == [("typing", "http://a", "r1 1")]
+    assert runs[local_name(4)]["typing_fim"]["refused"]
+    assert runs["http://c"]["typing_fim"]["skipped"] == runs[local_name(4)]["typing_fim"]["refused"]
 
 
 @pytest.mark.model
@@ -338,7 +395,8 @@ def test_each_typed_infill_prefills_only_the_new_characters_and_the_tail(fim_ser
     rows = typing["requests"]
     assert typing["refused"] is None and len(rows) == serve_concurrent.TYPING_REQUESTS
     assert all(row["error"] is None and row["ttft_ms"] > 0 for row in rows)
-    assert rows[0]["prefilled_tokens"] == rows[0]["prompt_tokens"]  # nothing cached yet
+    # The first prefills its prompt but the lead (BOS, repo and file name) another typist left.
+    assert rows[0]["prefilled_tokens"] >= 0.75 * rows[0]["prompt_tokens"]
     # After the first, each evaluates what its prompt grew by, and again the same tail after the
     # prefix (fim_suf, the suffix, fim_mid), +1 where the new characters re-tokenize the old last.
     beyond = [row["prefilled_tokens"] - (row["prompt_tokens"] - before["prompt_tokens"])
@@ -346,15 +404,31 @@ def test_each_typed_infill_prefills_only_the_new_characters_and_the_tail(fim_ser
     assert max(beyond) - min(beyond) <= 1 and max(beyond) < rows[0]["prompt_tokens"] / 2
     assert summarise({"under_load": {"wall_s": 1.0, "chats": []}, "alone": [],
                       "completion_alone": [], "completion_during_streams": [],
-                      "typing_fim": typing})["fim_beyond_new_p50"] in beyond
+                      "typing_fim": {"refused": None, "rounds": [rows]}})["fim_beyond_new_p50"] \
+        in beyond
 
 
 @pytest.mark.model
-def test_embeddings_alone_embed_every_input_each_round(fim_server, monkeypatch):
+def test_side_by_side_on_a_real_server_answers_every_phase_each_round(fim_server, monkeypatch):
     monkeypatch.setattr(serve_concurrent, "EMBEDDING_INPUTS", 8)  # a test's worth
+    monkeypatch.setattr(serve_concurrent, "ROUNDS", 2)
+    monkeypatch.setattr(serve_concurrent, "SETTLE_S", 0.0)
+    runs: dict = {"ours": {"parallel": 1}}
 
-    alone = serve_concurrent._embeddings_alone(fim_server.base_url, FIM_MODEL, "abc123")
+    serve_concurrent.side_by_side({"ours": (fim_server.base_url, FIM_MODEL)}, runs,
+                                  serve_concurrent.Workload(1, 1, 4), lambda line: None)
 
-    assert alone["refused"] is None and len(alone["rounds"]) == serve_concurrent.EMBEDDING_ROUNDS
+    run = runs["ours"]
+    assert [len(rows) for rows in run["chats_only"]["chats"]] == [1, 1]
+    assert all(row["error"] is None for rows in run["chats_only"]["chats"] for row in rows)
+    typed = run["typing_fim"]["rounds"]
+    assert run["typing_fim"]["refused"] is None and [len(rows) for rows in typed] == [8, 8]
+    # Each round's typist starts a file of its own: its first request finds no more cached than
+    # the lead of the layout (BOS, repo and file name), the next ones all but what changed.
+    assert all(rows[0]["prefilled_tokens"] >= 0.75 * rows[0]["prompt_tokens"]
+               and rows[1]["prefilled_tokens"] < 0.5 * rows[1]["prompt_tokens"] for rows in typed)
+    assert len(run["alone"]) == 2 and all(row["error"] is None for row in run["alone"])
+    embedded = run["embeddings_alone"]
+    assert embedded["refused"] is None and len(embedded["rounds"]) == 2
     assert all(row["vectors"] == 8 and row["tokens"] > 8 and row["latency_ms"] > 0
-               for row in alone["rounds"])
+               for row in embedded["rounds"])

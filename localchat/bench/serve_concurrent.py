@@ -3,12 +3,9 @@ an editor's completions and a search index share it. ``localchat serve --paralle
 decoding in one batch) against ``localchat serve --parallel 1`` (one request at a time) and
 against each ``--against`` server (llama-server ``-np C``), on the same model.
 
-Each server runs the whole workload alone, one after another (SETTLE_S before each: another
+Each server runs these phases alone, one server after another (SETTLE_S before each: another
 process's llama.cpp threads may still be spinning), every request greedy with no repeat penalty:
 
-- **Chats only**: C chat clients start together, each ``turns`` turns of ``max_tokens``-token
-  replies, nothing else running: chat TTFT and the reply tokens over the phase's wall time (the
-  issue's "C concurrent chat clients"; its targets are checked on this phase).
 - **Under load**: C chat clients start together, each ``turns`` turns (3) of ``max_tokens``-token
   replies (48), the whole history each request, streamed. Once the first chat streams, a typist's
   burst: TYPING_REQUESTS completions (``/v1/completions``, each the previous prompt plus a few
@@ -16,24 +13,31 @@ process's llama.cpp threads may still be spinning), every request greedy with no
   of EMBEDDING_INPUTS inputs (``/v1/embeddings``). Each kind is timed apart: chat and completion
   TTFT, the embeddings request's latency, and the chats' reply tokens over the phase's wall time
   (all streams together; prefill and waiting for a slot included).
-- **One client alone**: one chat client, the same turns: its decode tokens/s. Measured last, in
-  ALONE_ROUNDS rounds in which every server serves one such client in turn (both localchat
-  servers stay up, idle, until then): the machine's speed drifts over the minutes the bench runs,
-  and alternating lays that drift on every server alike (run once per server, minutes apart, the
-  same two servers' ratio ranged 0.89-1.01 over five runs; in rounds of one client each, side by
-  side, 1.06).
 - **A completion while chats stream**: ``probe_streams(C)`` chats (3 when C >= 4) streaming, then
   one completion of a fresh prompt; its TTFT against the same shape of prompt sent alone
   (PROBE_ROUNDS rounds of each).
+
+The phases whose numbers are compared between servers then run side by side, in ROUNDS rounds in
+which every server takes its turn (both localchat servers stay up, idle, until then): the
+machine's speed drifts over the minutes a bench runs (the same decode step measured 21.3 ms, then
+18.1 a minute later), and taking turns lays that drift on every server alike. One server after
+another, minutes apart, a ratio of two servers moved 0.89-1.01 from run to run.
+
+- **Chats only**: C chat clients start together, ``turns`` turns each, nothing else running: chat
+  TTFT over every round's requests and the reply tokens over the rounds' wall time (the issue's
+  "C concurrent chat clients"; its targets are checked here).
 - **Typing with FIM**: a typist's TYPING_REQUESTS llama-server ``/infill`` requests, one after
   another a keystroke gap apart: ``input_prefix`` the typed code, TYPED_CHARS characters longer
   each request, ``input_suffix`` FIM_SUFFIX every time, TYPING_MAX_TOKENS tokens, streamed. Their
   TTFT, and the prompt tokens each evaluated and found cached (``timings``). Only on a model with
   fill-in-the-middle tokens: when ``localchat serve`` refuses ``/infill`` (a model without them),
   the servers after it skip the phase.
-- **Embeddings alone**: EMBEDDING_ROUNDS requests of EMBEDDING_INPUTS inputs (new texts each
-  round, so that no cache answers them), one after another with nothing else running: inputs/s
-  and, where ``usage`` counts them, tokens/s.
+- **One client alone**: one chat client, the same turns: its decode tokens/s.
+- **Embeddings alone**: one request of EMBEDDING_INPUTS inputs (new texts each round, so that no
+  cache answers them) with nothing else running: inputs/s and, where ``usage`` counts them,
+  tokens/s.
+
+Every round's prompts are its own (no round finds another's conversation in a cache).
 
 A kind a server refuses (a 4xx or 501, e.g. llama-server without ``--embeddings``) is recorded as
 not supported, not as a failure. The numbers are summed up and checked in
@@ -78,9 +82,9 @@ TYPING_MAX_TOKENS = 16
 TYPED_CHARS = 5  # characters typed between two requests
 KEYSTROKE_GAP_S = 0.05
 EMBEDDING_INPUTS = 64
-EMBEDDING_ROUNDS = 3  # the first also loads localchat's embedding context: the summary skips it
+ROUNDS = 3  # of the phases run side by side (embeddings alone: the summary leaves the first
+# round out, a warm-up)
 PROBE_ROUNDS = 3
-ALONE_ROUNDS = 4
 REQUEST_TIMEOUT_S = 600.0
 
 # What the typist writes: each completion request is a longer prefix of it.
@@ -138,31 +142,26 @@ def measure_concurrent(model: str | None, config: Settings, *, clients: int, tur
         "model": spec.name, "n_ctx": n_ctx, "clients": clients, "turns": turns,
         "max_tokens": max_tokens, "typing_requests": TYPING_REQUESTS,
         "typing_max_tokens": TYPING_MAX_TOKENS, "embedding_inputs": EMBEDDING_INPUTS,
-        "embedding_rounds": EMBEDDING_ROUNDS,
-        "probe_streams": probe_streams(clients), "probe_rounds": PROBE_ROUNDS,
-        "alone_rounds": ALONE_ROUNDS, "run": work.run,
+        "embedding_rounds": ROUNDS, "rounds": ROUNDS,
+        "probe_streams": probe_streams(clients), "probe_rounds": PROBE_ROUNDS, "run": work.run,
         "servers": {},
         "notes": [] if against else [NO_AGAINST_NOTE]}
     others = {url: url.rstrip("/").removesuffix("/v1") for url in against}
     for base in others.values():  # before minutes of work: a server that is not up fails now
         wait_ready(base)
-    no_fim: str | None = None  # why the model cannot fill in the middle, once ours refused it
-    served: dict[str, tuple[str, str]] = {}  # name -> (URL, model name): one client alone on each
+    served: dict[str, tuple[str, str]] = {}  # name -> (URL, model name)
     with contextlib.ExitStack() as ours:
         for parallel in (clients, 1):
             name = local_name(parallel)
             url = ours.enter_context(localchat_serve(reference, n_ctx, config.serve.cache_ram_mib,
                                                      parallel))
             say(f"{name} is up at {url}")
-            run = server_run(name, url, spec.name, work, say, parallel, no_fim)
-            report["servers"][name], served[name] = run, (url, spec.name)
-            no_fim = no_fim or run["typing_fim"]["refused"]
+            report["servers"][name] = server_run(name, url, spec.name, work, say, parallel)
+            served[name] = (url, spec.name)
         for url, base in others.items():
-            model_name = served_name(base, url, spec.name)
-            report["servers"][url] = server_run(url, base, model_name, work, say, no_fim=no_fim)
-            served[url] = (base, model_name)
-        for name, rows in one_client_alone(served, work, say).items():
-            report["servers"][name]["alone"] = rows
+            served[url] = (base, served_name(base, url, spec.name))
+            report["servers"][url] = server_run(url, base, served[url][1], work, say)
+        side_by_side(served, report["servers"], work, say)
     for run in report["servers"].values():
         run["summary"] = summarise(run)
     report["notes"] += refusal_notes(report)
@@ -171,50 +170,67 @@ def measure_concurrent(model: str | None, config: Settings, *, clients: int, tur
 
 
 def server_run(name: str, url: str, model: str, work: Workload, say: Callable[[str], None],
-               parallel: int | None = None, no_fim: str | None = None) -> dict[str, Any]:
-    """Every phase but one client alone (``one_client_alone``) on one server: its requests as the
-    clients saw them. ``no_fim``: localchat's refusal of ``/infill`` on this model (the FIM phase
-    is skipped)."""
+               parallel: int | None = None) -> dict[str, Any]:
+    """The phases one server runs by itself: its requests as the clients saw them."""
     time.sleep(SETTLE_S)
     run: dict[str, Any] = {"url": url, "parallel": parallel,
-                           "chats_only": under_load(url, model, work, beside=False)}
-    say(f"{name}: {work.clients} chat clients x {work.turns} turns at once")
-    run["under_load"] = under_load(url, model, work)
+                           "under_load": under_load(url, model, work)}
     say(f"{name}: {work.clients} chat clients x {work.turns} turns, typing and embeddings at once")
     run["completion_alone"] = [_completion_alone(url, model, work, r) for r in range(PROBE_ROUNDS)]
     streams = probe_streams(work.clients)
     run["completion_during_streams"] = [_completion_during_streams(url, model, work, streams, r)
                                         for r in range(PROBE_ROUNDS)]
     say(f"{name}: a completion alone and while {streams} chats stream")
-    run["typing_fim"] = (_typing_fim(url, model, work.run) if no_fim is None
-                         else {"refused": None, "skipped": no_fim, "requests": []})
-    run["embeddings_alone"] = _embeddings_alone(url, model, work.run)
-    say(f"{name}: typing with /infill; {EMBEDDING_INPUTS} inputs embedded alone x "
-        f"{EMBEDDING_ROUNDS}")
     return run
 
 
-def one_client_alone(servers: dict[str, tuple[str, str]], work: Workload,
-                     say: Callable[[str], None]) -> dict[str, list[dict[str, Any]]]:
-    """ALONE_ROUNDS rounds; in each, one chat client's conversation (``work.turns`` turns, a
-    question of the round's own) on each of ``servers`` (name -> URL, model name) in turn. Each
-    server's replies, every round's."""
-    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
-    for round_ in range(ALONE_ROUNDS):
-        for name, (url, model) in servers.items():
+def side_by_side(served: dict[str, tuple[str, str]], runs: dict[str, dict[str, Any]],
+                 work: Workload, say: Callable[[str], None]) -> None:
+    """ROUNDS rounds; in each, every server of ``served`` (name -> URL, model name) in turn runs
+    the chats only, the typist's ``/infill`` requests, one client alone and one embeddings request
+    alone. Each server's requests go into its ``runs[name]``: ``chats_only`` (every round's
+    chats, the rounds' wall time summed), ``typing_fim`` and ``embeddings_alone`` (by round),
+    ``alone`` (every round's replies)."""
+    no_fim: str | None = None  # why the model cannot fill in the middle, once ours refused it
+    for run in runs.values():
+        run.update(chats_only={"wall_s": 0.0, "chats": []}, alone=[],
+                   typing_fim={"refused": None, "rounds": []},
+                   embeddings_alone={"refused": None, "rounds": []})
+    for round_ in range(ROUNDS):
+        tag = f"{work.run} {round_ + 1}"
+        for name, (url, model) in served.items():
+            run = runs[name]
             time.sleep(SETTLE_S)  # the last server's llama.cpp threads may still be spinning
-            rows[name] += _chat_client(url, model, f"Alone {round_ + 1}", work)
-        say(f"one client alone on each server in turn: round {round_ + 1} of {ALONE_ROUNDS}")
-    return rows
+            chats = under_load(url, model, work, beside=False, who=f"Chat-only client {tag}")
+            run["chats_only"]["wall_s"] += chats["wall_s"]
+            run["chats_only"]["chats"] += chats["chats"]
+            typing = run["typing_fim"]
+            if no_fim is not None and typing["refused"] is None:
+                typing["skipped"] = no_fim
+            elif typing["refused"] is None:
+                typed = _typing_fim(url, model, tag)
+                typing["refused"] = typed["refused"]
+                typing["rounds"].append(typed["requests"])
+                if typed["refused"] is not None and run.get("parallel") is not None:
+                    no_fim = no_fim or typed["refused"]
+            run["alone"] += _chat_client(url, model, f"Alone {round_ + 1}", work)
+            embedded = run["embeddings_alone"]
+            if not embedded["refused"] and not any(r["error"] for r in embedded["rounds"]):
+                embedded["rounds"].append(_embed(url, model, embedding_inputs(
+                    f" (alone, run {work.run}, round {round_ + 1})")))
+                embedded["refused"] = embedded["rounds"][-1]["refused"]
+        say(f"side by side, every server in turn: chats only, typing with /infill, one client "
+            f"alone, {EMBEDDING_INPUTS} inputs embedded alone: round {round_ + 1} of {ROUNDS}")
 
 
-def under_load(url: str, model: str, work: Workload, beside: bool = True) -> dict[str, Any]:
+def under_load(url: str, model: str, work: Workload, beside: bool = True,
+               who: str = "Client") -> dict[str, Any]:
     """C chat clients at once; once one streams, the typing burst and the embeddings request
-    (``beside``; else the chats alone: the issue's own measure of C concurrent chat clients)."""
+    (``beside``; else the chats alone: the issue's own measure of C concurrent chat clients).
+    ``who`` begins each client's label (no phase may find another's prompts in a cache)."""
     streaming = threading.Event()
     chats: list[list[dict[str, Any]]] = [[] for _ in range(work.clients)]
     side: dict[str, Any] = {}
-    who = "Client" if beside else "Chat-only client"  # other prompts: no phase reuses another's
 
     def chat(i: int) -> None:
         chats[i] = _chat_client(url, model, f"{who} {i + 1}", work, streaming.set)
@@ -328,18 +344,6 @@ def _completion_during_streams(url: str, model: str, work: Workload, streams: in
         thread.join()
     return {**request_row(answer), "refused": answer.error if refused(answer) else None,
             "streams_active": active}
-
-
-def _embeddings_alone(url: str, model: str, run: str) -> dict[str, Any]:
-    """EMBEDDING_ROUNDS embeddings requests one after another, each of new texts; stops at a
-    refusal or a failure."""
-    rounds: list[dict[str, Any]] = []
-    for round_ in range(EMBEDDING_ROUNDS):
-        rounds.append(_embed(url, model, embedding_inputs(f" (alone, run {run}, round "
-                                                          f"{round_ + 1})")))
-        if rounds[-1]["refused"] or rounds[-1]["error"]:
-            break
-    return {"refused": rounds[-1]["refused"], "rounds": rounds}
 
 
 def embedding_inputs(tag: str = "") -> list[str]:

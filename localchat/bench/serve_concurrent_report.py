@@ -5,9 +5,9 @@ they are tested on made-up numbers.
 A target that cannot be measured on this run (no ``--against`` server, or a server that refused a
 kind) is recorded with ``"value": "not measured"`` and ``"ok": None``: neither met nor missed.
 
-Typing with FIM is summed up over requests 2..N (the first prefills the whole prompt, the rest
-only what changed); embeddings alone over rounds 2..N (the first also loads localchat's embedding
-context), over every round when there is only one.
+Typing with FIM is summed up over requests 2..N of every round (the first prefills the whole
+prompt, the rest only what changed); embeddings alone over rounds 2..N (the first a warm-up),
+over every round when there is only one.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def summarise(run: dict[str, Any]) -> dict[str, Any]:
             _answered_ttft(run["completion_during_streams"])),
         "streams_active_min": min((row["streams_active"] for row in run["completion_during_streams"]),
                                   default=None),
-        **_fim_summary(run.get("typing_fim") or {"refused": None, "requests": []}),
+        **_fim_summary(run.get("typing_fim") or {"refused": None, "rounds": []}),
         **_embeddings_alone_summary(run.get("embeddings_alone") or {"refused": None,
                                                                     "rounds": []}),
     }
@@ -84,22 +84,28 @@ def _chats_only_summary(phase: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _fim_summary(typing: dict[str, Any]) -> dict[str, Any]:
-    """TTFT and prefill of a typist's ``/infill`` requests (``typing_fim``). ``fim_beyond_new``:
-    each request's prefilled tokens less the tokens its prompt grew by: what it evaluates again
-    besides the new characters (fim_suf, the suffix, fim_mid; +1 where the old prefix's last
-    token changed), the same on every request when only what changed is prefilled."""
-    rows = typing["requests"]
-    later = [row for row in rows[1:] if not row["error"]]
-    grown = [(row, before) for before, row in zip(rows, rows[1:])
+    """TTFT and prefill of a typist's ``/infill`` requests (``typing_fim``: its ``rounds``, each
+    a list of requests). Requests 2..N of every round are summed up together; the first of each
+    prefills its whole prompt. ``fim_beyond_new``: each request's prefilled tokens less the
+    tokens its prompt grew by: what it evaluates again besides the new characters (fim_suf, the
+    suffix, fim_mid; +1 where the old prefix's last token changed), the same on every request
+    when only what changed is prefilled. ``fim_prefilled``: the first round's, request by
+    request."""
+    rounds = typing.get("rounds") or []
+    rows = [row for requests in rounds for row in requests]
+    later = [row for requests in rounds for row in requests[1:] if not row["error"]]
+    grown = [(row, before) for requests in rounds for before, row in zip(requests, requests[1:])
              if not row["error"] and not before["error"]]
+    firsts = [requests[0]["ttft_ms"] for requests in rounds
+              if requests and not requests[0]["error"]]
     return {
         "fim_supported": typing["refused"] is None and not typing.get("skipped"),
         "fim_skipped": bool(typing.get("skipped")),
         "fim_requests": len(rows),
         "fim_errors": sum(1 for row in rows if row["error"]),
-        "fim_first_ttft_ms": rows[0]["ttft_ms"] if rows and not rows[0]["error"] else None,
+        "fim_first_ttft_ms": _median(firsts),
         "fim_ttft_p50_ms": _median(row["ttft_ms"] for row in later),
-        "fim_prefilled": [row.get("prefilled_tokens") for row in rows],
+        "fim_prefilled": [row.get("prefilled_tokens") for row in (rounds[0] if rounds else [])],
         "fim_prefilled_p50": _median(row.get("prefilled_tokens") for row in later),
         "fim_beyond_new_p50": _median(_beyond_new(row, before) for row, before in grown),
     }
@@ -301,18 +307,19 @@ def _embeddings_alone_cell(summary: dict[str, Any], measured: str) -> str:
 def print_concurrent(report: dict[str, Any]) -> None:
     """The side-by-side table (one column per server), then the notes and the targets."""
     names = list(report["servers"])
+    rounds = report.get("rounds", 1)
     print(f"bench --serve --concurrent {report['clients']}: {report['model']}, n_ctx "
-          f"{report['n_ctx']}, {report['clients']} chat clients at once x {report['turns']} turns "
-          f"({report['max_tokens']}-token greedy replies, whole history each request), alone "
-          "('chats only'), then again while ('under load') "
-          f"{report['typing_requests']} typed completions ({report['typing_max_tokens']} tokens) "
-          f"and one embeddings request of {report['embedding_inputs']} inputs; then a completion "
-          f"alone and while {report['probe_streams']} chats stream "
-          f"(median of {report['probe_rounds']}); then {report['typing_requests']} typed /infill "
-          f"requests, and {report['embedding_rounds']} embeddings requests of "
-          f"{report['embedding_inputs']} inputs, each kind alone ('later': the median of rounds "
-          f"2..{report['embedding_rounds']}); last, one client alone on each server in turn, "
-          f"{report.get('alone_rounds', 1)} rounds (the median of every reply)")
+          f"{report['n_ctx']}; each server by itself: {report['clients']} chat clients at once x "
+          f"{report['turns']} turns ({report['max_tokens']}-token greedy replies, whole history "
+          f"each request) while ('under load') {report['typing_requests']} typed completions "
+          f"({report['typing_max_tokens']} tokens) and one embeddings request of "
+          f"{report['embedding_inputs']} inputs; a completion alone and while "
+          f"{report['probe_streams']} chats stream (median of {report['probe_rounds']}). Then "
+          f"side by side, every server in turn in each of {rounds} rounds: the chat clients "
+          f"alone ('chats only': every round's requests), {report['typing_requests']} typed "
+          f"/infill requests (2..N of every round), one client alone (every reply), one "
+          f"embeddings request of {report['embedding_inputs']} inputs ('later': rounds "
+          f"2..{rounds})")
     label = max(len(row) for row, _ in _ROWS)
     width = max(18, *(min(len(name), 32) for name in names))
     print(" " * label + "".join(f" | {name[:32]:^{width}}" for name in names))
