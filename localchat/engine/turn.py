@@ -59,7 +59,7 @@ class TurnHandle(TurnEnd):
         On a CPU the next decode takes every core, and the threads that carry the text on (a
         server's: its request thread, then its event loop) wait for the OS to give them one:
         measured in ``serve`` (2 cores), the first token reached the socket 5 ms after it was
-        sampled, 0.5 ms with the hold."""
+        sampled, 1.4 ms with the hold (/infill TTFT 78.5 -> 74.2 ms)."""
         self._hold_s = timeout_s
         self._shown = threading.Event()
 
