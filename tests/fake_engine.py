@@ -399,8 +399,17 @@ async def wait_until(pilot, condition: Callable[[], bool], what: str = "conditio
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what}\n{_what_it_shows(pilot.app)}")
         await asyncio.sleep(0.02)
+
+
+def _what_it_shows(app) -> str:
+    """The screen and the notifications, for a failure to say what the app did instead."""
+    try:
+        shown = "\n".join(line.rstrip() for line in screen_lines(app) if line.strip())
+        return f"the screen:\n{shown}\nnotices: {notices(app)}"
+    except Exception as exc:  # a failure's report must not fail
+        return f"(the screen could not be read: {exc!r})"
 
 
 def screen_lines(app) -> list[str]:
@@ -425,8 +434,11 @@ async def send(pilot, text: str) -> None:
 
 
 async def command(pilot, text: str) -> None:
-    """Type a slash command and let the app handle it."""
+    """Type a slash command and let the app handle it. The app clears the input as it takes the
+    command: text typed before that would be cleared with it (a message sent right after a
+    command was lost so, and its reply waited for in vain)."""
     await send(pilot, text)
+    await wait_until(pilot, lambda: not pilot.app.prompt.text, f"the app to take {text}")
     await pilot.pause()
 
 

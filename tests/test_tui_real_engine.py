@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from fake_engine import SIZE, send, wait_until
+from fake_engine import SIZE, command, send, wait_until
 
 from localchat.engine.engine import Engine
 from localchat.engine.options import EngineOptions, Sampling
@@ -206,12 +206,12 @@ async def test_format_makes_the_real_model_answer_in_the_schema_s_shape(test_mod
         )
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: app.models.engine is not None, "the model to load", timeout=SLOW)
-            await send(pilot, "/format name, age int, city")
+            await command(pilot, "/format name, age int, city")
             await send(pilot, "Describe a person.")
             await wait_until(pilot, lambda: finished(app), "the answer", timeout=SLOW)
             reply = app.chat_log.last_reply()
             assert [f.lexer for f in reply.body.query(MarkdownFence)] == ["json"]
-            await send(pilot, "/format off")
+            await command(pilot, "/format off")
             await send(pilot, "Thanks!")
             await wait_until(pilot, lambda: finished(app) and len(app.chat_log.messages()) == 4,
                              "the second answer", timeout=SLOW)
@@ -247,7 +247,8 @@ async def test_the_real_model_forced_to_call_a_tool_asks_runs_and_answers(test_m
         )
         async with app.run_test(size=(100, 30)) as pilot:
             await wait_until(pilot, lambda: app.models.engine is not None, "the model to load", timeout=SLOW)
-            await send(pilot, "/tools list_directory")  # a 135M model calls only when made to
+            await command(pilot, "/tools list_directory")  # a 135M model calls only when made to
+            assert app.conversation.tool_choice == "list_directory"
             await send(pilot, f"List the files in {tmp_path}.")
             await wait_until(pilot, lambda: isinstance(app.screen, ApprovalScreen), "the question",
                              timeout=SLOW)
