@@ -114,7 +114,6 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
                 thinking.append(event.text)
                 sent_any = True
                 yield Piece("thinking", event.text)
-                text_out = _first_text_sent(job, text_out)
             elif isinstance(event, Token) and not stopped:
                 if event.logprob is not None:
                     logprobs.append(event.logprob)
@@ -128,8 +127,6 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
                     sent_any = True
                     yield Piece("content", text, tuple(logprobs[released:]))
                     released = len(logprobs)
-                if event.text:  # sent, or held back (a stop string may begin there)
-                    text_out = _first_text_sent(job, text_out)
             elif isinstance(event, Failed):
                 if not sent_any:
                     raise ReplyFailed(event.message, event.code)
@@ -156,6 +153,11 @@ async def read_reply(job: Job, connection: Connection) -> AsyncIterator[Piece | 
                 ending.logprobs = tuple(logprobs)
                 yield ending
                 return
+            if not text_out and isinstance(event, (Token, Thinking)) and event.text:
+                # Sent, or held back (a stop string may begin there): the turn, held after its
+                # first text (``Job.attach``), may decode on.
+                job.first_text_sent()
+                text_out = True
     finally:
         connection.forget(gone)
 
@@ -173,10 +175,3 @@ def _ending(event: Done | Failed, timings: Timings, content: list[str], thinking
     return Ending(finish, timings, "".join(content), "".join(thinking), started.load_ms,
                   started.model, error, calls, event.reply)
 
-
-def _first_text_sent(job: Job, told: bool) -> bool:
-    """Tell ``job``'s turn, once, that its first text is out: it may decode on (``Job.attach``).
-    Whether it has been told now."""
-    if not told:
-        job.first_text_sent()
-    return True
