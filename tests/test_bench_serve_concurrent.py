@@ -194,7 +194,7 @@ def _report(servers: dict) -> dict:
         run["summary"] = summarise(run)
     report = {"model": "smollm2", "n_ctx": 4096, "clients": 4, "turns": 3, "max_tokens": 48,
               "typing_requests": 8, "typing_max_tokens": 16, "embedding_inputs": 64,
-              "embedding_rounds": 3,
+              "rounds": 3,
               "probe_streams": 3, "probe_rounds": 3, "servers": servers, "notes": []}
     report["targets"] = concurrent_targets(report)
     return report

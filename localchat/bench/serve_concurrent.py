@@ -142,7 +142,7 @@ def measure_concurrent(model: str | None, config: Settings, *, clients: int, tur
         "model": spec.name, "n_ctx": n_ctx, "clients": clients, "turns": turns,
         "max_tokens": max_tokens, "typing_requests": TYPING_REQUESTS,
         "typing_max_tokens": TYPING_MAX_TOKENS, "embedding_inputs": EMBEDDING_INPUTS,
-        "embedding_rounds": ROUNDS, "rounds": ROUNDS,
+        "rounds": ROUNDS,
         "probe_streams": probe_streams(clients), "probe_rounds": PROBE_ROUNDS, "run": work.run,
         "servers": {},
         "notes": [] if against else [NO_AGAINST_NOTE]}
@@ -212,7 +212,7 @@ def side_by_side(served: dict[str, tuple[str, str]], runs: dict[str, dict[str, A
                 typing["refused"] = typed["refused"]
                 typing["rounds"].append(typed["requests"])
                 if typed["refused"] is not None and run.get("parallel") is not None:
-                    no_fim = no_fim or typed["refused"]
+                    no_fim = typed["refused"]  # localchat's own refusal: the model has no FIM
             run["alone"] += _chat_client(url, model, f"Alone {round_ + 1}", work)
             embedded = run["embeddings_alone"]
             if not embedded["refused"] and not any(r["error"] for r in embedded["rounds"]):
