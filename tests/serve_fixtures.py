@@ -20,9 +20,10 @@ from localchat.settings import Settings
 MODEL = "smollm2-135m"
 
 
-def loaded_host(model_path: Path, cache_mib: int = 64, n_ctx: int = 1024) -> ModelHost:
-    """A host serving the test model under its registry name, loaded."""
-    spec = replace(resolve_model(str(model_path)), name=MODEL)
+def loaded_host(model_path: Path, cache_mib: int = 64, n_ctx: int = 1024,
+                name: str = MODEL) -> ModelHost:
+    """A host serving ``model_path`` under ``name`` (the test model's registry name), loaded."""
+    spec = replace(resolve_model(str(model_path)), name=name)
     host = ModelHost(Settings(), spec, n_ctx=n_ctx, cache_bytes=cache_mib * 1024**2)
     host.acquire(host.default())
     return host
@@ -42,9 +43,7 @@ def running(host: ModelHost, **overrides) -> Iterator[ServeApp]:
 @contextmanager
 def serving(model_path: Path, name: str, n_ctx: int = 1024) -> Iterator[ServeApp]:
     """``model_path`` loaded and served under ``name`` (``running``); unloaded afterwards."""
-    host = ModelHost(Settings(), replace(resolve_model(str(model_path)), name=name), n_ctx=n_ctx,
-                     cache_bytes=64 * 1024**2)
-    host.acquire(host.default())
+    host = loaded_host(model_path, n_ctx=n_ctx, name=name)
     try:
         with running(host) as app:
             yield app
