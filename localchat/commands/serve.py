@@ -137,8 +137,12 @@ def _announce(app) -> None:
              for m in host.catalogue]
     cache = host.pool.cap_bytes // 1024**2
     print(f"localchat serve: {url}\n"
-          f"  OpenAI API  {url}/v1  (GET /v1/models, POST /v1/chat/completions, /v1/embeddings)\n"
-          f"  Ollama API  {url}  (POST /api/chat, /api/embed, GET /api/tags, POST /api/show)\n"
+          f"  OpenAI API  {url}/v1  (GET /v1/models, POST /v1/chat/completions, /v1/completions, "
+          "/v1/embeddings)\n"
+          f"  Ollama API  {url}  (POST /api/chat, /api/generate, /api/embed, GET /api/tags, "
+          "/api/ps, POST /api/show)\n"
+          f"  editors     {url}/infill  (llama-server's fill-in-the-middle, on a model with FIM "
+          "tokens)\n"
           f"  models      {', '.join(names)}\n"
           f"  slots       {host.parallel} requests at once, decoded together\n"
           f"  cache       {cache} MiB of saved conversation states in RAM; Ctrl+C stops",
