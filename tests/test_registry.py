@@ -15,6 +15,7 @@ from localchat.models.registry import (
     shipped_registry_file,
 )
 from localchat.models.user_registry import add_user_entry, remove_user_entry
+from localchat.settings.toml import LineIndex
 
 REQUIRED = ["smollm2-135m", "smollm2-1.7b", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b",
             "qwen2.5-coder-1.5b", "qwen2.5-coder-7b",
@@ -303,3 +304,28 @@ def test_every_command_has_help(command, capsys):
 
     assert done.value.code == 0
     assert f"usage: localchat {command}" in capsys.readouterr().out
+
+
+def test_an_entry_among_many_is_placed_at_its_own_line_and_a_key_in_its_own_table():
+    entries = "".join(f'[models.m{i}]\nrepo = "x/y"\nfilename = "m{i}.gguf"\n\n' for i in range(40))
+    user_file = write_user_registry(entries + '[models.late]\nrepo = "x/y"\n'
+                                    'filename = "late.gguf"\nn_ctx = "lots"\n')
+
+    with pytest.raises(ConfigError) as error:
+        load_registry()
+
+    assert str(error.value) == (f"{user_file}:164: models.late.n_ctx: "
+                                "must be an integer, not 'lots'")
+
+
+def test_line_index_finds_headers_and_keys_as_the_first_line_that_matches():
+    text = ('top = 1\n[serve]\nport = 1\n[models."qwen2.5-7b"]\nn_ctx = 2\n'
+            '[serve]\nport = 3\n# port = 4\n')
+    lines = LineIndex(text)
+
+    assert lines.find(None, "top") == 1
+    assert lines.find("serve") == 2 and lines.find("serve", "port") == 3
+    assert lines.find("models.qwen2.5-7b", "n_ctx") == 5
+    assert lines.find("models.qwen2.5-7b", "port") is None and lines.find(None) is None
+    assert lines.line_of("models.qwen2.5-7b", "port") == 4  # falls back to its header
+    assert lines.line_of("nowhere", "port") == 1

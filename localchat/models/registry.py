@@ -27,7 +27,7 @@ from localchat import paths
 from localchat.errors import ConfigError, ModelNotFound, UserError
 from localchat.names import UnsafeName, check_file_name, path_under
 from localchat.settings import load_config
-from localchat.settings.toml import line_of, read_toml_file, settings_file_present
+from localchat.settings.toml import LineIndex, read_toml_file, settings_file_present
 from localchat.terminal import visible
 
 # Context opened for models the registry knows nothing about (hf: references, plain paths).
@@ -146,24 +146,25 @@ def load_registry() -> dict[str, ModelSpec]:
 def _merge_file(registry_file: Path, entries: dict[str, dict[str, Any]],
                 origins: dict[str, tuple[Path, int]]) -> None:
     data, text = read_toml_file(registry_file)
+    lines = LineIndex(text)
     models = data.get("models", {})
     unknown_top = [key for key in data if key != "models"]
     if unknown_top:
-        raise ConfigError(f"{registry_file}:{line_of(text, None, unknown_top[0])}: "
+        raise ConfigError(f"{registry_file}:{lines.line_of(None, unknown_top[0])}: "
                           f"unexpected '{unknown_top[0]}'; entries go under [models.NAME]")
     if not isinstance(models, dict):
-        raise ConfigError(f"{registry_file}:{line_of(text, None, 'models')}: "
+        raise ConfigError(f"{registry_file}:{lines.line_of(None, 'models')}: "
                           "'models' must be a table of [models.NAME] entries")
     for name, values in models.items():
         table = f"models.{name}"
-        where = f"{registry_file}:{line_of(text, table)}"
+        where = f"{registry_file}:{lines.line_of(table)}"
         if not isinstance(values, dict):
             raise ConfigError(f"{where}: models.{name} must be a table of fields")
         _check_name(name, where)
         for key, value in values.items():
-            _check_field(name, key, value, f"{registry_file}:{line_of(text, table, key)}")
+            _check_field(name, key, value, f"{registry_file}:{lines.line_of(table, key)}")
         entries.setdefault(name, {}).update(values)
-        origins[name] = (registry_file, line_of(text, table))
+        origins[name] = (registry_file, lines.line_of(table))
 
 
 def _check_name(name: str, where: str) -> None:

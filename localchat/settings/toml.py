@@ -3,7 +3,7 @@ point at it ("FILE:LINE: ..."): config.toml's and models.toml's. A file that is 
 is an error, not a missing file (:func:`settings_file_present`).
 
 tomllib reports a position only for malformed documents; a valid one that holds a wrong value
-gets its line from :func:`find_line`, which scans headers and ``key =`` lines.
+gets its line from :class:`LineIndex`, which scans headers and ``key =`` lines.
 """
 
 from __future__ import annotations
@@ -69,33 +69,47 @@ def read_toml_file(path: Path) -> tuple[dict[str, Any], str]:
         raise ConfigError(f"{path}: invalid TOML: values are nested too deeply") from None
 
 
-def line_of(text: str, table: str | None, key: str | None = None) -> int:
-    """Line number (1-based) of ``key`` inside ``[table]`` (None = top level), or of the table's
-    header when ``key`` is None; falls back to the table's header, then to 1."""
-    return find_line(text, table, key) or find_line(text, table) or 1
-
-
 def find_line(text: str, table: str | None, key: str | None = None) -> int | None:
     """Line number of ``key = ...`` inside ``[table]``, or of the ``[table]`` header when ``key``
-    is None; None when there is none.
+    is None; None when there is none (see :class:`LineIndex`)."""
+    return LineIndex(text).find(table, key)
+
+
+class LineIndex:
+    """The line of every table header and ``key =`` line of a document, from one scan: a reader
+    that places each of many entries (models.toml's) looks each up at once, where a scan per
+    lookup made reading the catalogue take 21 ms, on ``serve``'s event loop at every listing.
 
     tomllib reports no positions for valid documents, so this scans headers and ``key =`` lines.
-    ``table`` is a dotted path of plain names (quoted header parts such as
-    ``[models."qwen2.5-7b"]`` are matched after unquoting).
+    A table is a dotted path of plain names (quoted header parts such as
+    ``[models."qwen2.5-7b"]`` are matched after unquoting); the first line that matches counts.
     """
-    current: str | None = None
-    for number, line in enumerate(text.splitlines(), start=1):
-        header = _table_header(line)
-        if header is not None:
-            current = header
-            if key is None and header == table:
-                return number
-            continue
-        stripped = line.strip()
-        if (key is not None and current == table and "=" in stripped
-                and _unquote(stripped.split("=", 1)[0].strip()) == key):
-            return number
-    return None
+
+    def __init__(self, text: str) -> None:
+        self._headers: dict[str, int] = {}
+        self._keys: dict[tuple[str | None, str], int] = {}
+        current: str | None = None
+        for number, line in enumerate(text.splitlines(), start=1):
+            header = _table_header(line)
+            if header is not None:
+                current = header
+                self._headers.setdefault(header, number)
+                continue
+            stripped = line.strip()
+            if "=" in stripped:
+                key = _unquote(stripped.split("=", 1)[0].strip())
+                self._keys.setdefault((current, key), number)
+
+    def find(self, table: str | None, key: str | None = None) -> int | None:
+        """``key``'s line inside ``[table]`` (None: the top level), or the header's when
+        ``key`` is None; None when there is none."""
+        if key is None:
+            return None if table is None else self._headers.get(table)
+        return self._keys.get((table, key))
+
+    def line_of(self, table: str | None, key: str | None = None) -> int:
+        """``find``, falling back to the table's header, then to 1."""
+        return self.find(table, key) or self.find(table) or 1
 
 
 def _table_header(line: str) -> str | None:
