@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from localchat.engine.layout import CachedMessage, RawPrompt
@@ -15,6 +16,7 @@ from localchat.engine.runtime import BatchPart, KVFull
 from localchat.engine.slots.choice import SlotState, choose_slot
 from localchat.engine.slots.gate import DecodeGate
 from localchat.engine.state_pool import StateView
+from localchat.errors import EngineError
 
 
 class FakeRuntime:
@@ -46,8 +48,9 @@ class FakeRuntime:
     def arm_abort_check(self, check) -> None:
         pass
 
-    def settle_outputs(self) -> None:
-        pass
+    def settle_outputs(self, n_outputs: int) -> np.ndarray:
+        """Row k of the logits holds k everywhere: a slot can tell which row it was given."""
+        return np.repeat(np.arange(n_outputs, dtype=np.float32)[:, None], 4, axis=1)
 
 
 def decode_together(gate: DecodeGate, parts: list[BatchPart]) -> dict[int, BaseException]:
@@ -98,8 +101,11 @@ def test_a_batch_goes_to_llama_cpp_in_sequence_order_and_each_slot_reads_its_own
     for part in parts:
         gate.join(part.seq)
 
+    outputs: dict[int, float] = {}
+
     def one(part: BatchPart) -> None:
-        rows[part.seq] = gate.decode(part)
+        rows[part.seq], logits = gate.decode(part)
+        outputs[part.seq] = float(logits[0][0])
         gate.leave(part.seq)
 
     threads = [threading.Thread(target=one, args=(p,)) for p in parts]
@@ -110,6 +116,7 @@ def test_a_batch_goes_to_llama_cpp_in_sequence_order_and_each_slot_reads_its_own
         thread.join(10)
     assert runtime.batches == [[(0, 2), (1, 5), (2, 1), (3, 1)]]
     assert rows == {0: 0, 1: 2, 2: 7, 3: 8}  # each part's first token in the batch
+    assert outputs == {0: 0, 1: 1, 2: 2, 3: 3}  # and its own row of the batch's outputs
 
 
 def test_a_slot_that_leaves_no_longer_holds_the_others_up():
@@ -273,3 +280,99 @@ def test_work_that_decodes_by_itself_runs_as_a_step_of_its_own():
 
     with pytest.raises(ValueError):  # what the work raised reaches the slot that asked
         gate.run_alone(0, lambda: (_ for _ in ()).throw(ValueError("bad image")))
+
+
+def stepper(seq: int, n: int, seen: list[tuple[int, float]]) -> object:
+    """A reply stepped ``n`` tokens on: each step notes which row of logits it was given."""
+    left = [n]
+
+    def step(request) -> BatchPart | None:
+        assert request.error is None and request.logits is not None
+        seen.append((seq, float(request.logits[0][0])))
+        left[0] -= 1
+        return tokens(seq, 1, n - left[0]) if left[0] else None
+
+    return step
+
+
+def test_a_stepped_reply_goes_on_in_each_batch_without_its_thread():
+    """Each next part of a stepped reply joins the next batch with the other members' parts,
+    its step reading its own row of the batch's logits; a member's prefill on its own thread
+    joins the same batches."""
+    runtime = FakeRuntime()
+    gate = DecodeGate(runtime)  # type: ignore[arg-type]
+    seen: list[tuple[int, float]] = []
+    for seq in (0, 1):
+        gate.join(seq)
+
+    def streaming() -> None:
+        gate.run_steps(tokens(1, 1), stepper(1, 3, seen))
+        gate.leave(1)
+
+    thread = threading.Thread(target=streaming)
+    thread.start()
+    time.sleep(0.1)
+    assert runtime.batches == []  # slot 0 takes part: the batch waits for its part
+    gate.decode(tokens(0, 8))
+    gate.leave(0)
+    thread.join(5)
+    assert runtime.batches == [[(0, 8), (1, 1)], [(1, 1)], [(1, 1)]]
+    assert seen == [(1, 1.0), (1, 0.0), (1, 0.0)]  # after slot 0's output, its own; then alone
+    assert gate.members == 0
+
+
+def test_a_stepped_reply_hears_the_error_of_its_decode_and_its_own_error_reaches_its_slot():
+    runtime = FakeRuntime(full=1)
+    gate = DecodeGate(runtime)  # type: ignore[arg-type]
+    heard: list[BaseException | None] = []
+
+    def step(request) -> BatchPart | None:
+        heard.append(request.error)
+        request.error = None  # it handles the decode's error and goes on
+        if len(heard) == 1:
+            return tokens(0, 1, 1)
+        raise ValueError("the reply broke")
+
+    with pytest.raises(ValueError, match="the reply broke"):
+        gate.run_steps(tokens(0, 1), step)
+    assert isinstance(heard[0], KVFull) and heard[1] is None
+    assert runtime.batches == [[(0, 1)]]
+
+
+def test_on_the_engine_thread_each_step_is_a_job_of_its_own_so_other_work_runs_between():
+    """An embedding queued for the engine thread while a reply streams runs after the next
+    step, not after the reply."""
+    import queue
+
+    runtime = FakeRuntime()
+    jobs: queue.SimpleQueue = queue.SimpleQueue()
+    gate = DecodeGate(runtime, lambda job: jobs.put(job) or True)  # type: ignore[arg-type]
+    order: list[str] = []
+    original = runtime.decode_parts
+
+    def decode(parts, abortable=False):
+        order.append("step")
+        if len(order) == 1:
+            jobs.put(lambda: order.append("embedding"))
+        return original(parts, abortable)
+
+    runtime.decode_parts = decode  # type: ignore[method-assign]
+
+    def engine() -> None:
+        while (job := jobs.get()) is not None:
+            job()
+
+    worker = threading.Thread(target=engine)
+    worker.start()
+    gate.run_steps(tokens(0, 1), stepper(0, 3, []))
+    jobs.put(None)
+    worker.join(5)
+    assert order == ["step", "embedding", "step", "step"]
+
+
+def test_steps_the_engine_thread_will_never_run_fail_with_a_clear_error():
+    runtime = FakeRuntime()
+    gate = DecodeGate(runtime, lambda job: False)  # type: ignore[arg-type]
+    with pytest.raises(EngineError, match="closed"):
+        gate.run_steps(tokens(0, 1), stepper(0, 3, []))
+    assert runtime.batches == []

@@ -27,14 +27,14 @@ import codecs
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from localchat.engine.image_records import image_run, next_image
 from localchat.engine.layout import CachedMessage, RawPrompt, Shift, without_partial
 from localchat.engine.options import Sampling
-from localchat.engine.runtime import DecodeAborted, LlamaRuntime
+from localchat.engine.runtime import BatchPart, DecodeAborted, LlamaRuntime
 from localchat.engine.sampling.confidence import TokenStats, token_stats
 from localchat.engine.sampling.logprobs import token_logprob
 from localchat.engine.sampling.sampler import TokenJudge
@@ -262,6 +262,15 @@ class ConversationCache:
         tokens are checked in one decode each time (``verify``): the same reply, sooner; a
         drafted token the ``constraint`` rejects is never what the turn samples, so it ends
         the draft."""
+        return self.runtime.drive(self._generation(sampling, confidence_tokens, should_stop,
+                                                   on_token, drafts, constraint))
+
+    def _generation(self, sampling: Sampling, confidence_tokens: int,
+                    should_stop: Callable[[], bool],
+                    on_token: Callable[[str, int, TokenStats | None, TokenLogprob | None], None],
+                    drafts: TurnDrafts | None, constraint: TokenJudge | None,
+                    ) -> Generator[BatchPart, None, tuple[str, FinishReason]]:
+        """``generate``'s work, yielding each decode it needs (``LlamaRuntime.drive``)."""
         runtime = self.runtime
         reply_record = self.records[-1]
         position = self.n_tokens
@@ -300,7 +309,7 @@ class ConversationCache:
                 # Drafted tokens must fit the reply's and the context's limits as plain ones do.
                 room = min(sampling.max_tokens - len(sampled), runtime.n_ctx - 1 - position) - 1
                 try:
-                    following = steps.advance(token, room)
+                    following = yield from steps.advance(token, room)
                 except DecodeAborted:  # defensive: the callback is not armed while decoding
                     finish = "aborted"
                     break

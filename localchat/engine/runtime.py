@@ -12,10 +12,10 @@ import contextlib
 import ctypes
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -24,6 +24,8 @@ from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.sampling.sampler import Sampler, TokenJudge
 from localchat.engine.threads import ThreadGovernor
 from localchat.errors import EngineError
+
+T = TypeVar("T")
 
 _KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # GGML_TYPE_* values
 # llama.cpp allocates contexts in steps of 256 tokens (n_ctx 40 becomes 256, 300 becomes 512),
@@ -253,6 +255,23 @@ class LlamaRuntime:
         """
         self.decode_parts([BatchPart(self.seq, tokens, start_pos, outputs)], abortable)
 
+    def drive(self, steps: Generator[BatchPart, None, T]) -> T:
+        """Run a generation (``ConversationCache.generate``'s) whose decodes ``steps`` yields:
+        each here, at once, then on with it (a decode's error is raised where it yielded);
+        what it returns. A parallel slot's view has the engine thread step it with the other
+        slots' (``SlotRuntime.drive``)."""
+        try:
+            part = next(steps)
+            while True:
+                try:
+                    self.decode(part.tokens, part.start, outputs=part.outputs)
+                except BaseException as exc:  # raised in the generation, which may go on
+                    part = steps.throw(exc)
+                    continue
+                part = steps.send(None)
+        except StopIteration as done:
+            return done.value
+
     def decode_parts(self, parts: Sequence[BatchPart], abortable: bool = False) -> list[int]:
         """``decode`` for several sequences at once (``engine.slots``): one llama_decode call
         over every part; returns the batch index of each part's first token. A failure removes
@@ -331,10 +350,13 @@ class LlamaRuntime:
         ``request_abort``; a batch of one slot's prefill asks that slot's)."""
         self.abort_check = check or self._abort_requested.is_set
 
-    def settle_outputs(self) -> None:
-        """Let llama.cpp put the last batch's outputs in batch order now (it does so on the
-        first read of a logits row), so that threads reading rows afterwards only read."""
-        self._lib.llama_get_logits(self.ctx)
+    def settle_outputs(self, n_outputs: int) -> np.ndarray:
+        """The last batch's ``n_outputs`` rows of logits in batch order (llama.cpp orders them
+        on the first read), as one view valid until the next decode: whoever reads a row
+        afterwards only reads, and slices it without a call into llama.cpp (a ctypes call lets
+        go of the GIL, and another thread takes it)."""
+        return np.ctypeslib.as_array(self._lib.llama_get_logits(self.ctx),
+                                     shape=(n_outputs, self.n_vocab))
 
     def request_abort(self) -> None:
         self._abort_requested.set()

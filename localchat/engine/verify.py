@@ -18,12 +18,12 @@ as before, so a stop takes effect within one check.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 import numpy as np
 
 from localchat.engine.ngram import TokenLog
-from localchat.engine.runtime import LlamaRuntime
+from localchat.engine.runtime import BatchPart, LlamaRuntime
 from localchat.engine.sampling.sampler import Sampler
 from localchat.engine.speculate import TurnDrafts
 from localchat.errors import EngineError
@@ -54,10 +54,11 @@ class ReplySteps:
         """The logits the latest token was sampled from (with the repeat penalty applied)."""
         return self.runtime.logits_at(self._index)
 
-    def advance(self, token: int, room: int) -> int:
+    def advance(self, token: int, room: int) -> Generator[BatchPart, None, int]:
         """``token``, the latest sampled, joins the cache at ``position``; returns the token
-        sampled after it. ``room``: how many tokens may be drafted after it (the reply's and
-        the context's limits)."""
+        sampled after it, yielding the decode that needs, if any (``LlamaRuntime.drive`` runs
+        it). ``room``: how many tokens may be drafted after it (the reply's and the context's
+        limits)."""
         nxt = self._index + 1
         if nxt < len(self._batch) and self._batch[nxt] == token:
             self._index = nxt  # drafted and right: already evaluated
@@ -71,7 +72,7 @@ class ReplySteps:
             if self._drafts is not None and self._log is not None:
                 draft = self._drafts.propose(self._log, min(room, self.runtime.n_batch - 1),
                                              self._should_stop)
-            self._decode([token, *draft])
+            yield from self._decode([token, *draft])
         self.position += 1
         return self.sampler.sample(self._index)
 
@@ -92,9 +93,9 @@ class ReplySteps:
             self._log = TokenLog(self._history())
         self._log.append(token)
 
-    def _decode(self, batch: list[int]) -> None:
+    def _decode(self, batch: list[int]) -> Generator[BatchPart, None, None]:
         started = time.perf_counter()
-        self.runtime.decode(batch, self.position, outputs=len(batch))
+        yield BatchPart(self.runtime.seq, batch, self.position, len(batch))
         ms = (time.perf_counter() - started) * 1000.0
         if len(batch) == 1:  # the governor compares single-token decodes only
             self.runtime.governor.observe(ms)

@@ -101,7 +101,7 @@ class Sampler:
         per position, in order, so the penalty window and the random draws are those of
         one-by-one decoding."""
         if self._penalized and self._recent:
-            apply_repeat_penalty(self._lib.llama_get_logits_ith(self._ctx, self._row(index)), self._recent,
+            apply_repeat_penalty(self._logits(index), self._recent,
                                  self._penalty, self._frequency, self._presence)
         token = self._draw(index)
         if self._constraint is not None:

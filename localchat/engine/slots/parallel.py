@@ -7,7 +7,9 @@ conversation keeps the context it has with one slot); each slot is a sequence wi
 hold per slot as for the one-conversation engine) seen through a ``SlotRuntime``. A turn runs on
 a thread of its own, exactly as ``Engine._turn`` runs it, with its own sampler, grammar and stop;
 its decodes meet the other slots' at the ``DecodeGate``, which evaluates one token of each
-streaming slot and a chunk of each prompt in one batch (continuous batching).
+streaming slot and a chunk of each prompt in one batch (continuous batching). Once its reply
+streams, the engine thread steps it on with the others' (``SlotRuntime.drive``): each next token
+is taken right after the batch, with no thread of the slot's waking for it.
 
 - A turn takes the idle slot whose cells keep the most of it (``choice``), then the RAM state
   pool may offer a better state (``state_pool``, as for one slot); with every slot busy it waits,
@@ -222,7 +224,7 @@ class ParallelEngine(Engine):
     def _load(self, on_progress: Callable[[float], None] | None) -> Loaded:
         info = super()._load(on_progress)
         runtime = self._require_runtime()
-        self._gate = DecodeGate(runtime, self._on_engine_thread)
+        self._gate = DecodeGate(runtime, self._post)
         with self._slots_lock:
             self._slots = [Slot(seq, ConversationCache(SlotRuntime(runtime, seq, self._gate),
                                                        self.options.checkpoints))
@@ -230,16 +232,13 @@ class ParallelEngine(Engine):
         self._kv = self._slots[0].kv  # what the one-conversation methods read (see _run_slot)
         return info
 
-    def _on_engine_thread(self, work: Callable[[], None]) -> None:
-        """Every llama.cpp computation on the engine thread (embeddings run there too). ggml's
-        OpenMP keeps a team of threads for each thread that computes; with two teams alive on a
-        2-core CPU it stops spinning between graph nodes and sleeps: measured, 18 ms a token
-        instead of 7.3 once an embeddings request had run on the engine thread while slots
-        decoded on their own."""
-        if threading.current_thread() is self._thread:
-            work()
-        else:
-            self.call(work)
+    def _post(self, step: Callable[[], None]) -> bool:
+        """Every llama.cpp computation on the engine thread (embeddings run there too), each
+        step a job of its own (the others' work runs between two). ggml's OpenMP keeps a team
+        of threads for each thread that computes; with two teams alive on a 2-core CPU it stops
+        spinning between graph nodes and sleeps: measured, 18 ms a token instead of 7.3 once an
+        embeddings request had run on the engine thread while slots decoded on their own."""
+        return self._queue(step)
 
     @property
     def _chunk_cap(self) -> int:

@@ -2,23 +2,29 @@
 
 A slot's ``ConversationCache``, its turn and its sampler run unchanged over this view: every
 cache edit names the slot's sequence, every decode goes through the ``DecodeGate`` (one batch
-with the other slots), and the logits a turn asks for are its own rows of that batch. Everything
-else (the vocabulary, the piece and end-of-generation tables) is the shared runtime's.
+with the other slots; a reply's, stepped on by the engine thread: ``drive``), and the logits a
+turn asks for are its own rows of that batch, read from a view of them without a call into
+llama.cpp. Everything else (the vocabulary, the piece and end-of-generation tables) is the
+shared runtime's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from typing import TypeVar
 
 import numpy as np
 
 from localchat.engine.options import Sampling
 from localchat.engine.runtime import BatchPart, LlamaRuntime
 from localchat.engine.sampling.sampler import Sampler, TokenJudge
-from localchat.engine.slots.gate import DecodeGate
+from localchat.engine.slots.gate import DecodeGate, Request
 from localchat.engine.threads import ThreadGovernor
+from localchat.errors import EngineError
+
+T = TypeVar("T")
 
 
 class QuietGovernor:
@@ -50,15 +56,51 @@ class SlotRuntime(LlamaRuntime):
         self.governor = QuietGovernor(base.governor)  # type: ignore[assignment]
         self._first_row = 0
         self._n_rows = 0
+        self._outputs: np.ndarray | None = None  # the last decode's rows of logits
+        self._first_output = 0  # the index of its first token with logits
 
     def decode(self, tokens: list[int], start_pos: int, abortable: bool = False,
                outputs: int = 1) -> None:
         stop = self._abort_requested.is_set if abortable else None
-        self._first_row = self._gate.decode(BatchPart(self.seq, tokens, start_pos, outputs), stop)
-        self._n_rows = len(tokens)
+        part = BatchPart(self.seq, tokens, start_pos, outputs)
+        self._took(part, *self._gate.decode(part, stop))
+
+    def drive(self, steps: Generator[BatchPart, None, T]) -> T:
+        """The generation's first token here; every decode after it, and the sampling and the
+        events that follow each, on the engine thread with the other slots' (``run_steps``)."""
+        try:
+            first = next(steps)
+        except StopIteration as done:
+            return done.value
+        result: list[T] = []
+
+        def step(request: Request) -> BatchPart | None:
+            try:
+                if request.error is not None:
+                    error, request.error = request.error, None
+                    return steps.throw(error)
+                assert request.logits is not None
+                self._took(request.part, request.row, request.logits)
+                return steps.send(None)
+            except StopIteration as done:
+                result.append(done.value)
+                return None
+
+        try:
+            self._gate.run_steps(first, step)
+        finally:
+            steps.close()  # a generation the engine never stepped on ends here, cleanly
+        return result[0]
+
+    def _took(self, part: BatchPart, row: int, logits: np.ndarray) -> None:
+        """``part`` was decoded: its first token at batch index ``row``, its outputs' logits."""
+        self._first_row, self._outputs = row, logits
+        self._n_rows = len(part.tokens)
+        self._first_output = len(part.tokens) - part.outputs
 
     def alone(self, action: Callable[[], None]) -> None:
         """``action`` as a step of its own at the gate (an image's evaluation)."""
+        self._outputs = None  # its decodes are libmtmd's: llama.cpp's buffer has the rows
         self._gate.run_alone(self.seq, action)
 
     @contextlib.contextmanager
@@ -77,7 +119,12 @@ class SlotRuntime(LlamaRuntime):
         return self._first_row + (self._n_rows - 1 if index == -1 else index)
 
     def logits_at(self, index: int) -> np.ndarray:
-        return super().logits_at(self.row(index))
+        if self._outputs is None:
+            return super().logits_at(self.row(index))
+        output = (self._n_rows - 1 if index == -1 else index) - self._first_output
+        if not 0 <= output < len(self._outputs):
+            raise EngineError(f"token {index} of the last decode has no logits")
+        return self._outputs[output]
 
     def new_sampler(self, sampling: Sampling, constraint: TokenJudge | None = None) -> Sampler:
         return Sampler(self._lib, sampling, self.ctx, self.logits_at, constraint, row=self.row)
