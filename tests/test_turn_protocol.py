@@ -11,7 +11,7 @@ import threading
 from fault_server import FaultServer, Stall, Stream, chunk, reply
 from remote_fixtures import LocalFactory, confident, settings_for, wait_until
 
-from localchat.engine.turn import TurnHandle
+from localchat.engine.turn import Outbox, TurnHandle
 from localchat.events import Done, Failed, Token, Turn
 from localchat.remote.client import RemoteClient
 from localchat.remote.escalate import Escalator
@@ -154,6 +154,35 @@ def test_a_held_turn_waits_after_its_first_text_until_it_was_shown():
     producer.join(5)
     assert emitted == ["", "Hi", " there"]
     assert isinstance(read_checking_on_finish(handle), Done)
+
+
+def test_events_emitted_while_an_outbox_collects_reach_the_reader_when_it_is_done():
+    """The engine thread stepping slots on holds each turn's events back until the step ends
+    (the readers wake as it decodes), in order; a turn's held-for first text goes out at once
+    with what was held before it; other threads' events are never held."""
+    outbox = Outbox()
+    handle, held, other = TurnHandle(), TurnHandle(), TurnHandle()
+    for turn in (handle, held, other):
+        turn.deliver_through(outbox)
+    held.hold_first_text(30.0)
+    with outbox.collecting():
+        handle.emit(Token("Hi"))
+        handle.emit(Token(" there"))
+        elsewhere = threading.Thread(target=lambda: other.emit(Token("now")))
+        elsewhere.start()
+        elsewhere.join(5)
+        assert [handle._events.qsize(), other._events.qsize()] == [0, 1]
+        held.emit(Token(""))
+        threading.Thread(target=held.first_text_shown).start()
+        held.emit(Token("Yes"))  # released with what came before: else it would wait 30 s
+        assert [handle._events.qsize(), held._events.qsize()] == [2, 2]
+        handle.emit(Token("!"))
+        assert handle._events.qsize() == 2
+    assert handle._events.qsize() == 3
+    for turn in (handle, held):
+        turn.emit(Done("", "stop"))
+    assert [e.text for e in handle if isinstance(e, Token)] == ["Hi", " there", "!"]
+    assert [e.text for e in held if isinstance(e, Token)] == ["", "Yes"]
 
 
 def test_a_hold_lasts_its_timeout_at_most_and_a_turn_not_held_never_waits():

@@ -4,6 +4,7 @@ turn's Timings."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -18,6 +19,40 @@ from localchat.reply.reasoning import ReasoningSplitter
 
 if TYPE_CHECKING:
     from localchat.engine.sampling.confidence import TokenStats
+
+
+class Outbox:
+    """Events held back while their producer works on, all handed on at once when it is done
+    (``collecting``): the engine thread stepping every slot's reply on (``engine.slots``) wakes
+    each turn's reader only as it begins the next decode, which lets go of the GIL. A reader
+    woken by each event took the GIL whenever the stepping let go of it for a moment (numpy's
+    argmax does): 130 us an argmax instead of 14, in ``serve`` with 4 slots."""
+
+    def __init__(self) -> None:
+        self._owner: int | None = None  # the thread whose events wait, while it collects
+        self._held: list[tuple[Callable[[Event], None], Event]] = []
+
+    @contextlib.contextmanager
+    def collecting(self) -> Iterator[None]:
+        self._owner = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._owner = None
+            self.release()
+
+    def take(self, put: Callable[[Event], None], event: Event) -> bool:
+        """Hold ``event`` (for ``put``) if this thread collects; whether it did."""
+        if self._owner != threading.get_ident():
+            return False
+        self._held.append((put, event))
+        return True
+
+    def release(self) -> None:
+        """Hand on what is held now, in the order it came."""
+        held, self._held = self._held, []
+        for put, event in held:
+            put(event)
 
 
 class TurnHandle(TurnEnd):
@@ -38,6 +73,7 @@ class TurnHandle(TurnEnd):
         self._hold_s = 0.0
         self._shown: threading.Event | None = None  # see hold_first_text
         self._text_emitted = False
+        self._outbox: Outbox | None = None  # see deliver_through
 
     def __iter__(self) -> Iterator[Event]:
         return self._read(iter(self._events.get, None))
@@ -68,13 +104,20 @@ class TurnHandle(TurnEnd):
         if self._shown is not None:
             self._shown.set()
 
+    def deliver_through(self, outbox: Outbox) -> None:
+        """(The producer.) Events emitted while ``outbox`` collects on this thread wait there."""
+        self._outbox = outbox
+
     def emit(self, event: Event) -> None:
         """Deliver ``event``; a final one first runs the ``on_finish`` callbacks (this thread)."""
         if isinstance(event, (Done, Failed)):
             event = self._finish(event)
-        self._events.put(event)
+        if self._outbox is None or not self._outbox.take(self._events.put, event):
+            self._events.put(event)
         if (self._shown is not None and not self._text_emitted
                 and isinstance(event, (Token, Thinking)) and event.text):
+            if self._outbox is not None:
+                self._outbox.release()  # the text it holds for goes out now, in order
             self._text_emitted = True
             self._shown.wait(self._hold_s)
 

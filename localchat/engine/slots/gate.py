@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from localchat.engine.runtime import BatchPart, DecodeAborted, KVFull, LlamaRuntime
+from localchat.engine.turn import Outbox
 from localchat.errors import EngineError
 
 
@@ -112,6 +113,7 @@ class DecodeGate:
         self._members: set[int] = set()
         self._waiting: list[Request] = []
         self._stepping = False
+        self.outbox = Outbox()  # the events of the replies stepped on, held until each step ends
 
     @property
     def members(self) -> int:
@@ -190,7 +192,8 @@ class DecodeGate:
                     request.error = refused
             else:
                 self._run(batch)
-                over = self._step_on(batch)
+                with self.outbox.collecting():
+                    over = self._step_on(batch)
         finally:
             with self._cond:
                 self._stepping = False

@@ -191,6 +191,7 @@ class ParallelEngine(Engine):
         assert gate is not None
         with self._slots_lock:
             slot.handle, slot.reserved = item.handle, False
+        item.handle.deliver_through(gate.outbox)
         try:
             self._run_job(item.handle, lambda: item.body(slot.kv), False, kv=slot.kv)
         finally:
