@@ -13,6 +13,7 @@ import ollama
 import pytest
 from serve_fixtures import MODEL, openai_client, running
 
+from localchat.engine.embedder import PACK_TOKENS
 from localchat.models.user_registry import add_user_entry
 from localchat.serve.http import Limits
 
@@ -74,6 +75,19 @@ def test_a_batch_of_64_equals_the_inputs_embedded_one_by_one(client):
     # Other batch shapes round differently; the same direction within float tolerance.
     assert batch.shape == (64, 576)
     assert np.min(np.sum(batch * alone, axis=1)) > 0.999
+
+
+def test_inputs_longer_than_a_decode_packs_embed_alone_and_equal_themselves_embedded_by_one(client):
+    """Short inputs share a decode of up to PACK_TOKENS tokens; one longer than that (up to the
+    context) goes alone, between them, and every vector keeps its input's place."""
+    long_text = " ".join(f"word{i}" for i in range(150))  # over PACK_TOKENS, within 512
+    inputs = [SHORT[0], long_text, SHORT[1], SHORT[2], long_text + " again"]
+    response = client.embeddings.create(model=MODEL, input=inputs)
+    each = [client.embeddings.create(model=MODEL, input=text) for text in inputs]
+
+    assert PACK_TOKENS < each[1].usage.prompt_tokens < 512
+    assert np.min(np.sum(vectors(response) * np.concatenate([vectors(e) for e in each]),
+                         axis=1)) > 0.999
 
 
 def test_paraphrases_are_closer_than_unrelated_sentences(client):
