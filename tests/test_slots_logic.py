@@ -346,7 +346,7 @@ def test_on_the_engine_thread_each_step_is_a_job_of_its_own_so_other_work_runs_b
 
     runtime = FakeRuntime()
     jobs: queue.SimpleQueue = queue.SimpleQueue()
-    gate = DecodeGate(runtime, lambda job: jobs.put(job) or True)  # type: ignore[arg-type]
+    gate = DecodeGate(runtime, jobs.put)  # type: ignore[arg-type]
     order: list[str] = []
     original = runtime.decode_parts
 
@@ -372,7 +372,11 @@ def test_on_the_engine_thread_each_step_is_a_job_of_its_own_so_other_work_runs_b
 
 def test_steps_the_engine_thread_will_never_run_fail_with_a_clear_error():
     runtime = FakeRuntime()
-    gate = DecodeGate(runtime, lambda job: False)  # type: ignore[arg-type]
+
+    def closed(job) -> None:
+        raise EngineError("the model was closed")
+
+    gate = DecodeGate(runtime, closed)  # type: ignore[arg-type]
     with pytest.raises(EngineError, match="closed"):
         gate.run_steps(tokens(0, 1), stepper(0, 3, []))
     assert runtime.batches == []

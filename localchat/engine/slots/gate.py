@@ -40,7 +40,6 @@ import numpy as np
 
 from localchat.engine.runtime import BatchPart, DecodeAborted, KVFull, LlamaRuntime
 from localchat.engine.turn import Outbox
-from localchat.errors import EngineError
 
 
 @dataclass
@@ -101,15 +100,15 @@ class FairLock:
 
 class DecodeGate:
     def __init__(self, runtime: LlamaRuntime,
-                 post: Callable[[Callable[[], None]], bool] | None = None) -> None:
+                 post: Callable[[Callable[[], None]], None] | None = None) -> None:
         """``post(work)``: queues ``work`` (a step) for the thread that makes every llama.cpp
-        computation of the process, without waiting for it; False when that thread will never
-        run it. None: whoever starts the steps runs them."""
+        computation of the process, without waiting for it; raises when that thread will never
+        run it (the engine has closed). None: whoever starts the steps runs them."""
         self.runtime = runtime
         self._post = post
         self.lock = FairLock()
         self.stats = GateStats()
-        self._cond = threading.Lock()
+        self._guard = threading.Lock()
         self._members: set[int] = set()
         self._waiting: list[Request] = []
         self._stepping = False
@@ -117,7 +116,7 @@ class DecodeGate:
 
     @property
     def members(self) -> int:
-        with self._cond:
+        with self._guard:
             return len(self._members)
 
     def decode(self, part: BatchPart,
@@ -145,7 +144,7 @@ class DecodeGate:
     def _wait(self, request: Request) -> None:
         # Each request waits on a lock of its own, which its step releases.
         request.woken.acquire()
-        with self._cond:
+        with self._guard:
             self._members.add(request.part.seq)
             self._waiting.append(request)
             start = self._ready()
@@ -156,7 +155,7 @@ class DecodeGate:
             raise request.error
 
     def _ready(self) -> bool:
-        """(``_cond`` held.) Whether steps start now: every member waits and none runs; if so,
+        """(``_guard`` held.) Whether steps start now: every member waits and none runs; if so,
         they are marked running."""
         if self._stepping or not self._waiting or len(self._waiting) < len(self._members):
             return False
@@ -170,9 +169,11 @@ class DecodeGate:
         if self._post is None:
             while self._step():
                 pass
-        elif not self._post(self._step_then_post):
-            refused = EngineError("the engine has closed")
-            while self._step(refused):
+            return
+        try:
+            self._post(self._step_then_post)
+        except BaseException as exc:  # the computing thread takes no more work
+            while self._step(exc):
                 pass
 
     def _step_then_post(self) -> None:
@@ -183,7 +184,7 @@ class DecodeGate:
         """One step: the waiting parts that fit one batch evaluated, the stepped replies
         stepped on, and the members whose request is over woken; whether another step is ready
         (stepped parts and leftovers that did not fit, with every member back)."""
-        with self._cond:
+        with self._guard:
             batch = self._take()
         over = batch
         try:
@@ -195,7 +196,7 @@ class DecodeGate:
                 with self.outbox.collecting():
                     over = self._step_on(batch)
         finally:
-            with self._cond:
+            with self._guard:
                 self._stepping = False
                 again = self._ready()
             for request in over:
@@ -205,7 +206,7 @@ class DecodeGate:
     def _step_on(self, batch: list[Request]) -> list[Request]:
         """The stepped requests of ``batch`` take their next part (waiting again); those that
         are over."""
-        over = []
+        over, going_on = [], []
         for request in batch:
             part = None
             if request.steps is not None:
@@ -217,26 +218,27 @@ class DecodeGate:
                 over.append(request)
                 continue
             request.part, request.row, request.logits, request.error = part, -1, None, None
-            with self._cond:
-                self._waiting.append(request)
+            going_on.append(request)
+        with self._guard:
+            self._waiting += going_on
         return over
 
     def join(self, seq: int) -> None:
         """Slot ``seq`` takes part from now on (its turn has begun): the next batch waits for
         its part."""
-        with self._cond:
+        with self._guard:
             self._members.add(seq)
 
     def leave(self, seq: int) -> None:
         """Slot ``seq``'s turn is over: the batch no longer waits for it."""
-        with self._cond:
+        with self._guard:
             self._members.discard(seq)
             start = self._ready()
         if start:
             self._start()
 
     def _take(self) -> list[Request]:
-        """(Condition held.) The waiting parts that fit one batch, first come first."""
+        """(``_guard`` held.) The waiting parts that fit one batch, first come first."""
         action = next((r for r in self._waiting if r.action is not None), None)
         if action is not None:  # a step of its own
             self._waiting.remove(action)

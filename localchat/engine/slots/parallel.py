@@ -233,13 +233,14 @@ class ParallelEngine(Engine):
         self._kv = self._slots[0].kv  # what the one-conversation methods read (see _run_slot)
         return info
 
-    def _post(self, step: Callable[[], None]) -> bool:
+    def _post(self, step: Callable[[], None]) -> None:
         """Every llama.cpp computation on the engine thread (embeddings run there too), each
         step a job of its own (the others' work runs between two). ggml's OpenMP keeps a team
         of threads for each thread that computes; with two teams alive on a 2-core CPU it stops
         spinning between graph nodes and sleeps: measured, 18 ms a token instead of 7.3 once an
         embeddings request had run on the engine thread while slots decoded on their own."""
-        return self._queue(step)
+        if not self._queue(step):
+            raise EngineError(CLOSED)
 
     @property
     def _chunk_cap(self) -> int:
