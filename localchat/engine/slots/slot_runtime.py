@@ -56,8 +56,7 @@ class SlotRuntime(LlamaRuntime):
         self.governor = QuietGovernor(base.governor)  # type: ignore[assignment]
         self._first_row = 0
         self._n_rows = 0
-        self._outputs: np.ndarray | None = None  # the last decode's rows of logits
-        self._first_output = 0  # the index of its first token with logits
+        self._outputs: np.ndarray | None = None  # the logits of the last decode's last tokens
 
     def decode(self, tokens: list[int], start_pos: int, abortable: bool = False,
                outputs: int = 1) -> None:
@@ -96,7 +95,6 @@ class SlotRuntime(LlamaRuntime):
         """``part`` was decoded: its first token at batch index ``row``, its outputs' logits."""
         self._first_row, self._outputs = row, logits
         self._n_rows = len(part.tokens)
-        self._first_output = len(part.tokens) - part.outputs
 
     def alone(self, action: Callable[[], None]) -> None:
         """``action`` as a step of its own at the gate (an image's evaluation)."""
@@ -121,10 +119,11 @@ class SlotRuntime(LlamaRuntime):
     def logits_at(self, index: int) -> np.ndarray:
         if self._outputs is None:
             return super().logits_at(self.row(index))
-        output = (self._n_rows - 1 if index == -1 else index) - self._first_output
-        if not 0 <= output < len(self._outputs):
+        outputs = self._outputs
+        output = len(outputs) - 1 if index == -1 else index - (self._n_rows - len(outputs))
+        if not 0 <= output < len(outputs):
             raise EngineError(f"token {index} of the last decode has no logits")
-        return self._outputs[output]
+        return outputs[output]
 
     def new_sampler(self, sampling: Sampling, constraint: TokenJudge | None = None) -> Sampler:
         return Sampler(self._lib, sampling, self.ctx, self.logits_at, constraint, row=self.row)
