@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from localchat.engine.engine import Engine
     from localchat.engine.kv import ConversationCache
 
-# Sequences in one llama_decode: a request's whole batch (the API's limit is 64 a call in most
-# clients) without a second decode when the inputs are short.
+# Sequences in one llama_decode (the API's limit is 64 a call in most clients): very short inputs
+# fill a decode of PACK_TOKENS with as many as that.
 MAX_SEQUENCES = 64
 # Tokens packed into one llama_decode (an input longer than this goes alone): every token of a
 # batch attends over every cell of it, masked to its own input, so that work grows with the
