@@ -8,9 +8,10 @@ answer starts, so the answer reads on its own. A click on its title, or Ctrl+T f
 
 from __future__ import annotations
 
-from textual.widgets import Collapsible, Static
+from textual.widgets import Static
 
 from localchat.events import Timings
+from localchat.tui.retitled import RetitledCollapsible
 
 
 def thinking_title(timings: Timings | None = None, *, streaming: bool = False, stopped: bool = False) -> str:
@@ -27,7 +28,7 @@ def thinking_title(timings: Timings | None = None, *, streaming: bool = False, s
     return " · ".join(parts)
 
 
-class ThinkingBlock(Collapsible):
+class ThinkingBlock(RetitledCollapsible):
     """A reply's reasoning: collapsible, dimmed, streamed while the model thinks."""
 
     DEFAULT_CSS = """

@@ -16,11 +16,12 @@ from dataclasses import replace
 from typing import cast
 
 from textual.content import Content
-from textual.widgets import Collapsible, Static
+from textual.widgets import Static
 
 from localchat.reply.calls import ToolCall, ToolResult
 from localchat.terminal import visible
 from localchat.tools.approval import call_line
+from localchat.tui.retitled import RetitledCollapsible
 
 DENIED = "denied by the user"  # what the model reads for a denied call (tools.results)
 SHOWN_RESULT_CHARS = 4000  # of a result, on screen; the rest is summed up in one line
@@ -68,7 +69,7 @@ def elapsed_text(elapsed_ms: float) -> str:
     return f"{elapsed_ms:.0f} ms" if elapsed_ms < 1000 else f"{elapsed_ms / 1000:.1f} s"
 
 
-class ToolCallView(Collapsible):
+class ToolCallView(RetitledCollapsible):
     """One call and, once it returned, its result (collapsed until the user opens it)."""
 
     DEFAULT_CSS = """
