@@ -242,7 +242,9 @@ async def test_the_real_model_forced_to_call_a_tool_asks_runs_and_answers(test_m
         app = LocalChatApp(
             store=store,
             engine_factory=lambda ref: Engine(test_model_path, EngineOptions(n_ctx=2048), name="smollm2-135m"),
-            sampling_factory=lambda: Sampling(temperature=0.0, max_tokens=48, seed=0),
+            # Room for the whole call: its JSON holds tmp_path, whose length (pytest-NNN) grows
+            # run after run; 48 tokens cut it in 1 run of 6 (an error result, no question asked).
+            sampling_factory=lambda: Sampling(temperature=0.0, max_tokens=128, seed=0),
             list_models=list, services_factory=services,
         )
         async with app.run_test(size=(100, 30)) as pilot:
