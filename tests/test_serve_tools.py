@@ -67,6 +67,19 @@ def test_openai_tool_calls_whole_and_streamed(client):
         == ["tool_calls"]
 
 
+def test_a_question_asked_with_tools_and_without_finds_each_ones_cells(client):
+    # Offered tools, the template writes them ahead of the question: the same message is other
+    # tokens. Weighed by role and content, that state looked like this conversation and was
+    # restored over it (cached_tokens 3 of 34 in a CI run).
+    question = [{"role": "user", "content": "Name a fruit."}]
+    ask(client, question, tools=[WEATHER], max_tokens=4)
+    for _ in range(2):
+        plain = ask(client, question, max_tokens=4)
+    assert plain.usage.prompt_tokens_details.cached_tokens == plain.usage.prompt_tokens - 1
+    offered = ask(client, question, tools=[WEATHER], max_tokens=4)
+    assert offered.usage.prompt_tokens_details.cached_tokens == offered.usage.prompt_tokens - 1
+
+
 def test_a_tool_round_through_the_api_reuses_the_cache_and_equals_a_fresh_prefill(client, fresh):
     first = ask(client, QUESTION, tools=[WEATHER], tool_choice="required")
     call = first.choices[0].message.tool_calls[0]

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from localchat.engine.layout import CachedMessage, RawPrompt
+from localchat.engine.layout import CachedMessage, ChatPrompt, RawPrompt
 from localchat.engine.runtime import BatchPart, KVFull
 from localchat.engine.slots.choice import SlotState, choose_slot
 from localchat.engine.slots.gate import DecodeGate
@@ -187,8 +187,14 @@ def test_a_prefill_alone_in_its_batch_is_abortable_a_shared_one_is_not():
     assert runtime.armed == [False]
 
 
-def record(role: str, tokens: list[int], content: str = "") -> CachedMessage:
-    return CachedMessage(role=role, content=content or role, text="", tokens=tokens)
+def record(role: str, tokens: list[int], content: str = "", text: str = "") -> CachedMessage:
+    content = content or role
+    return CachedMessage(role=role, content=content, text=text or f"<{role}>{content}", tokens=tokens)
+
+
+def chat(messages: list[dict]) -> ChatPrompt:
+    """``messages`` rendered as ``record`` writes them, then the reply's header."""
+    return ChatPrompt(messages, "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<a>")
 
 
 def slot(seq: int, records: list[CachedMessage], last_used: float = 0.0) -> SlotState:
@@ -199,15 +205,15 @@ def slot(seq: int, records: list[CachedMessage], last_used: float = 0.0) -> Slot
 def test_a_request_takes_the_slot_holding_its_conversation():
     mine = [record("system", [1, 2, 3], "be brief"), record("user", [4, 5], "hi")]
     other = [record("system", [1, 2, 3], "be brief"), record("user", [6, 7], "bye")]
-    wanted = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
-              {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    wanted = chat([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}])
     chosen = choose_slot([slot(0, other, 5.0), slot(1, mine, 1.0), slot(2, [], 0.0)], wanted)
     assert chosen.seq == 1
 
 
 def test_with_nothing_shared_an_empty_slot_then_the_least_recently_used():
     held = [record("user", [4, 5], "hi")]
-    wanted = [{"role": "user", "content": "something else"}]
+    wanted = chat([{"role": "user", "content": "something else"}])
     assert choose_slot([slot(0, held, 1.0), slot(1, [], 0.0)], wanted).seq == 1
     assert choose_slot([slot(0, held, 9.0), slot(1, held, 2.0)], wanted).seq == 1
 
@@ -218,9 +224,18 @@ def test_a_prompt_given_as_tokens_takes_the_slot_sharing_its_prefix():
                         slot(1, [record("prompt", [1, 2, 3, 4])], 1.0)], typed).seq == 1
 
 
+def test_a_slot_holding_the_question_rendered_another_way_is_not_its_conversation():
+    # Asked before with tools offered: the template wrote them ahead of the question.
+    offered = [record("user", list(range(40)), "name a colour", text="<tools>...<user>name a colour")]
+    wanted = chat([{"role": "user", "content": "name a colour"}])
+    assert choose_slot([slot(0, offered, 1.0), slot(1, [], 0.0)], wanted).seq == 1  # the empty one
+    plain = [record("user", list(range(50, 60)), "name a colour")]
+    assert choose_slot([slot(0, offered, 1.0), slot(1, [], 0.0), slot(2, plain, 0.5)], wanted).seq == 2
+
+
 def test_no_idle_slot_is_a_bug_not_a_choice():
     with pytest.raises(ValueError):
-        choose_slot([], [])
+        choose_slot([], chat([]))
 
 
 def test_the_gates_lock_is_granted_in_the_order_asked_and_a_holder_cannot_jump_the_queue():

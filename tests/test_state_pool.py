@@ -4,7 +4,7 @@ through the API (test_serve_clients.py) check the same with the real model."""
 
 from __future__ import annotations
 
-from localchat.engine.layout import PROMPT, CachedMessage, RawPrompt
+from localchat.engine.layout import PROMPT, CachedMessage, ChatPrompt, RawPrompt
 from localchat.engine.snapshot_file import KVSnapshot
 from localchat.engine.state_pool import StatePool, StateView
 
@@ -23,9 +23,15 @@ def conversation(topic: str, turns: int, size: int = 10) -> list[CachedMessage]:
     return records
 
 
-def messages_of(records: list[CachedMessage], *new: str) -> list[dict]:
-    return [{"role": r.role, "content": r.content} for r in records] + [
-        {"role": "user", "content": text} for text in new]
+def chat(messages: list[dict]) -> ChatPrompt:
+    """``messages`` as this file's template renders them (``record``'s text), then the reply's
+    header."""
+    return ChatPrompt(messages, "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")
+
+
+def messages_of(records: list[CachedMessage], *new: str) -> ChatPrompt:
+    return chat([{"role": r.role, "content": r.content} for r in records] + [
+        {"role": "user", "content": text} for text in new])
 
 
 def snapshot(records: list[CachedMessage], state_bytes: int = 100) -> KVSnapshot:
@@ -61,8 +67,8 @@ def test_a_new_conversation_keeps_the_shared_system_prompt_live_and_saves_the_ol
     pool = StatePool(10_000)
     sea = conversation("sea", 2)
 
-    chosen = pool.swap(live_of(sea), [{"role": "system", "content": "be brief"},
-                                      {"role": "user", "content": "hello"}],
+    chosen = pool.swap(live_of(sea), chat([{"role": "system", "content": "be brief"},
+                                           {"role": "user", "content": "hello"}]),
                        False, lambda: snapshot(sea))
 
     assert chosen is None and len(pool) == 1
@@ -85,6 +91,24 @@ def test_only_exact_cells_count_and_memories_that_cannot_drop_cells_roll_back_to
     assert StateView(records, 12).kept(asked) == 12  # cells past exact_n were shifted
     assert StateView(records, 65, checkpoints=[5, 25, 50]).kept(asked) == 25
     assert StateView(records, 65, checkpoints=[5]).kept(messages_of(records, "more")) == 65
+
+
+def test_a_message_rendered_another_way_keeps_nothing_of_its_record():
+    # The same question asked before with tools offered: the template wrote them ahead of it,
+    # so that record's text and tokens are not this turn's, whatever its role and content.
+    asked = chat([{"role": "user", "content": "name a colour"}])
+    offered = [CachedMessage("user", "name a colour", "<tools>...</tools><user>name a colour",
+                             list(range(200))),
+               CachedMessage("assistant", "", "<assistant>", [7, 8], open=True)]
+    plain = [record("user", "name a colour", 30, 500), record("assistant", "red", 17, 600, open_=True)]
+    assert StateView(offered, 202).kept(asked) == 0
+    assert StateView(plain, 47).kept(asked) == 30
+
+    pool = StatePool(10_000)
+    pool.save(snapshot(offered))
+    # The live state keeps 30 of 47 tokens, the saved one (by role and content) 200 of 202: it
+    # would have been restored, and the turn prefilled all but its first 3 tokens.
+    assert pool.swap(live_of(plain), asked, False, lambda: snapshot(plain)) is None
 
 
 def test_saving_skips_what_is_held_and_replaces_what_it_holds():

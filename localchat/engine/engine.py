@@ -23,7 +23,7 @@ from localchat import logs
 from localchat.engine.fresh import fresh_logits
 from localchat.engine.image_records import count_image_tokens
 from localchat.engine.kv import ConversationCache, KVSnapshot
-from localchat.engine.layout import CachedMessage, Layout, RawPrompt, plan_layout
+from localchat.engine.layout import CachedMessage, ChatPrompt, Layout, RawPrompt, plan_layout
 from localchat.engine.loading import load_model
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.preflight import Preflight, preflight
@@ -518,11 +518,12 @@ class Engine:
             tools = self._prompts.tool_plan(messages, sampling)
             if layout is None:
                 shaped = tools.messages if tools is not None else messages
-                if pool is not None:
-                    timings.restore_ms = kv.take_best_state(pool, raw or shaped)
                 render = self._prompts.turn_render(tools, sampling)
-                layout = raw.layout() if raw is not None else plan_layout(
-                    kv.records, shaped, render, tokenize, allow_shift=runtime.can_shift and pool is None)
+                wanted = raw or ChatPrompt(shaped, render(shaped, True))
+                if pool is not None:
+                    timings.restore_ms = kv.take_best_state(pool, wanted)
+                layout = wanted.layout() if isinstance(wanted, RawPrompt) else wanted.layout_over(
+                    kv.records, render, tokenize, allow_shift=runtime.can_shift and pool is None)
             self._check_fits(layout.tokens)
             inside = prompt_opens_thinking(layout.messages[-1].text)
             constraint = TurnConstraint.for_turn(

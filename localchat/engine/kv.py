@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from localchat.engine.image_records import image_run, next_image
-from localchat.engine.layout import CachedMessage, RawPrompt, Shift, without_partial
+from localchat.engine.layout import CachedMessage, Shift, without_partial
 from localchat.engine.options import Sampling
 from localchat.engine.runtime import BatchPart, DecodeAborted, LlamaRuntime
 from localchat.engine.sampling.confidence import TokenStats, token_stats
@@ -40,7 +40,7 @@ from localchat.engine.sampling.logprobs import token_logprob
 from localchat.engine.sampling.sampler import TokenJudge
 from localchat.engine.snapshot_file import KVSnapshot
 from localchat.engine.speculate import TurnDrafts
-from localchat.engine.state_pool import StatePool, StateView
+from localchat.engine.state_pool import StatePool, StateView, Wanted
 from localchat.engine.verify import ReplySteps
 from localchat.errors import EngineError
 from localchat.events import FinishReason, TokenLogprob
@@ -375,13 +375,13 @@ class ConversationCache:
         return KVSnapshot(self.copy_records(), self.runtime.export_sequence(), self.exact_n,
                           checkpoints)
 
-    def take_best_state(self, pool: StatePool, messages: list[dict] | RawPrompt) -> float:
-        """Bring the live context to the state that keeps the most of ``messages`` (the live
-        one, or one from ``pool``, see ``state_pool``); the ms a restore took (0: none)."""
+    def take_best_state(self, pool: StatePool, wanted: Wanted) -> float:
+        """Bring the live context to the state that keeps the most of ``wanted`` (the live one,
+        or one from ``pool``, see ``state_pool``); the ms a restore took (0: none)."""
         rolls_back = self.uses_checkpoints
         live = StateView(self.records, self.exact_n,
                          [c.n_tokens for c in self.checkpoints] if rolls_back else None)
-        chosen = pool.swap(live, messages, rolls_back, lambda: self.export(with_checkpoints=True))
+        chosen = pool.swap(live, wanted, rolls_back, lambda: self.export(with_checkpoints=True))
         if chosen is None:
             return 0.0
         try:

@@ -26,7 +26,7 @@ injected, so it is tested without a model.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 Render = Callable[[list[dict], bool], str]
@@ -115,6 +115,22 @@ class RawPrompt:
                        CachedMessage("assistant", "", "", [], open=True)])
 
 
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A chat turn's messages as the template renders them (tools, thinking mode: ``ModelPrompts
+    .chat_prompt``) and the prompt they render to, up to the reply's header. A cached record is
+    this turn's only where its text is the prompt's at its place: the same message rendered with
+    other tools or another system prompt is other tokens."""
+
+    messages: Sequence[dict]
+    text: str
+
+    def layout_over(self, cache: list[CachedMessage], render: Render, tokenize: Tokenize,
+                    allow_shift: bool = True) -> Layout:
+        """``plan_layout`` of these messages over ``cache`` (rendered once, here)."""
+        return plan_layout(cache, list(self.messages), render, tokenize, allow_shift, prompt=self.text)
+
+
 class _Mismatch(Exception):
     """The rendered prompt does not agree with the cache; take the fallback path."""
 
@@ -126,11 +142,13 @@ def plan_layout(
     tokenize: Tokenize,
     allow_shift: bool = True,
     add_generation_prompt: bool = True,
+    prompt: str | None = None,
 ) -> Layout:
     """Lay out ``messages`` over what ``cache`` holds, followed by the assistant header (an open
     record for the reply) unless ``add_generation_prompt`` is False (preparing the cache ahead of
-    a turn)."""
-    prompt = render(messages, add_generation_prompt)
+    a turn). ``prompt``: their render, when the caller has it already."""
+    if prompt is None:
+        prompt = render(messages, add_generation_prompt)
     boundary = _Boundaries(messages, render, prompt)
     cache = without_partial(cache)  # the conversation a stopped prefill's cells follow goes on
     sources, shift = _match(cache, messages, allow_shift)

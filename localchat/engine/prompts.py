@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from localchat.engine.layout import ChatPrompt
 from localchat.engine.options import Sampling
 from localchat.engine.templates import Render, has_thinking_switch, with_thinking
 from localchat.engine.tool_templates import ToolRendering, tool_rendering
@@ -65,6 +66,13 @@ class ModelPrompts:
         thinking mode."""
         return with_thinking(tools.render if tools is not None else self.render,
                              sampling.thinking, self.supports_thinking)
+
+    def chat_prompt(self, messages: list[dict], sampling: Sampling) -> ChatPrompt:
+        """The prompt a chat turn for ``messages`` lays out (``sampling``'s tools and thinking
+        mode): what a cached state is weighed against (``state_pool``, ``engine.slots``)."""
+        tools = self.tool_plan(messages, sampling)
+        shaped = tools.messages if tools is not None else messages
+        return ChatPrompt(shaped, self.turn_render(tools, sampling)(shaped, True))
 
     def render_for(self, messages: list[dict],
                    sampling: Sampling | None) -> tuple[Render, list[dict]]:

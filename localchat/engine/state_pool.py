@@ -20,8 +20,10 @@ tools/server/server-task.cpp), over the engine's per-message records instead of 
   live state is not saved for it, or a few typed lines would crowd every conversation out.
 
 "Keeps" is read from the records: the leading cached messages equal to the request's messages
-(role and content), or for a prompt given as tokens (``layout.RawPrompt``: a completion) the
-leading cached tokens equal to its own; at most ``exact_n`` cells (only cells computed in order from exactly the
+(role and content) whose text is the request's prompt at their place (``layout.ChatPrompt``: the
+same message rendered with tools, or under another system prompt, is other tokens), or for a
+prompt given as tokens (``layout.RawPrompt``: a completion) the leading cached tokens equal to its
+own; at most ``exact_n`` cells (only cells computed in order from exactly the
 tokens before them are reused), and, for a memory that cannot drop cells (recurrent, sliding
 window), only as far back as a checkpoint unless the whole state is kept. It is an estimate that
 is never wrong about exactness: the turn's own layout then decides which cells it reuses.
@@ -35,7 +37,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from localchat.engine.layout import CachedMessage, RawPrompt
+from localchat.engine.layout import CachedMessage, ChatPrompt, RawPrompt
 from localchat.engine.snapshot_file import KVSnapshot
 
 # llama-server's "don't trash large prompts": a saved state must keep this share of itself.
@@ -43,7 +45,7 @@ MIN_KEEP = 0.25
 # A prompt given as tokens that keeps this share of the live state goes on with it (see above).
 EDIT_KEEP = 0.5
 
-Wanted = Sequence[dict] | RawPrompt  # a turn's messages, or its prompt given as tokens
+Wanted = ChatPrompt | RawPrompt  # a chat turn's messages and prompt, or a prompt given as tokens
 
 
 @dataclass(frozen=True)
@@ -67,10 +69,12 @@ class StateView:
             while kept < min(len(held), len(wanted.tokens)) and held[kept] == wanted.tokens[kept]:
                 kept += 1
         else:
-            for record, message in zip(self.records, wanted):
-                if not record.matches(message):
+            at = 0  # where the next record's text must be in the prompt
+            for record, message in zip(self.records, wanted.messages):
+                if not record.matches(message) or not wanted.text.startswith(record.text, at):
                     break
                 kept += len(record.tokens)
+                at += len(record.text)
         kept = min(kept, self.exact_n)
         if self.checkpoints is not None and kept < self.n_tokens:
             kept = max((n for n in self.checkpoints if n <= kept), default=0)
@@ -107,36 +111,36 @@ class StatePool:
         with self._lock:
             self._entries = []
 
-    def swap(self, live: StateView, messages: Wanted, rolls_back: bool,
+    def swap(self, live: StateView, wanted: Wanted, rolls_back: bool,
              export_live: Callable[[], KVSnapshot]) -> KVSnapshot | None:
-        """Before a turn for ``messages``: the saved state to restore instead of the live one
+        """Before a turn for ``wanted``: the saved state to restore instead of the live one
         (taken out of the pool), or None to keep the live one. The live state is saved first
         (``export_live``) whenever the turn would drop some of it, restored or not."""
         with self._lock:
-            return self._swap(live, messages, rolls_back, export_live)
+            return self._swap(live, wanted, rolls_back, export_live)
 
-    def _swap(self, live: StateView, messages: Wanted, rolls_back: bool,
+    def _swap(self, live: StateView, wanted: Wanted, rolls_back: bool,
               export_live: Callable[[], KVSnapshot]) -> KVSnapshot | None:
-        live_kept = live.kept(messages)
-        best = self._best(live, live_kept, messages, rolls_back)
+        live_kept = live.kept(wanted)
+        best = self._best(live, live_kept, wanted, rolls_back)
         if best is not None:
             # Out before the live state is saved: saving may evict the oldest entries, the one
             # to restore among them (a ValueError from ``remove`` once, a 500 in serve).
             self._entries.remove(best)
             self.restored += 1
-        edits_live = isinstance(messages, RawPrompt) and live_kept >= EDIT_KEEP * live.n_tokens
+        edits_live = isinstance(wanted, RawPrompt) and live_kept >= EDIT_KEEP * live.n_tokens
         if self.cap_bytes > 0 and live_kept < live.n_tokens and not edits_live:
             self.save(export_live())
         return best
 
-    def _best(self, live: StateView, live_kept: int, messages: Wanted,
+    def _best(self, live: StateView, live_kept: int, wanted: Wanted,
               rolls_back: bool) -> KVSnapshot | None:
         best_keep = live_kept / live.n_tokens if live.n_tokens else -1.0  # empty: any state wins
         best_kept = live_kept
         best = None
         for entry in self._entries:
             view = StateView.of(entry, rolls_back)
-            kept = view.kept(messages)
+            kept = view.kept(wanted)
             keep = kept / max(1, view.n_tokens)
             if keep < MIN_KEEP:
                 continue

@@ -31,14 +31,14 @@ from pathlib import Path
 from localchat.engine.engine import CLOSED, Engine
 from localchat.engine.image_records import with_image_tags
 from localchat.engine.kv import ConversationCache
-from localchat.engine.layout import RawPrompt
+from localchat.engine.layout import ChatPrompt, RawPrompt
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.slots.choice import SlotState, choose_slot
 from localchat.engine.slots.gate import DecodeGate, GateStats
 from localchat.engine.slots.slot_runtime import SlotRuntime
 from localchat.engine.state_pool import StatePool, StateView, Wanted
 from localchat.engine.turn import TurnHandle
-from localchat.errors import EngineError
+from localchat.errors import EngineError, UserError
 from localchat.events import Failed, Loaded
 
 SPECULATION_OFF = "speculative decoding is off while several slots decode together"
@@ -66,7 +66,7 @@ class Slot:
 @dataclass
 class _Waiting:
     handle: TurnHandle
-    wanted: Wanted
+    wanted: Wanted  # what it would keep of a slot's cells is weighed against this (``choice``)
     body: Callable[[ConversationCache], None]
 
 
@@ -109,11 +109,20 @@ class ParallelEngine(Engine):
         handle = TurnHandle(on_stop=self._stop_handle)
         snapshot = [dict(m) for m in messages]
         chosen = sampling or Sampling()
-        # The records hold a picture as its tag (``image_records``): the slot is chosen by those.
-        wanted = with_image_tags(snapshot)[0]
-        self._dispatch(_Waiting(handle, wanted, lambda kv: self._foreground_turn(
+        self._dispatch(_Waiting(handle, self._wanted(snapshot, chosen), lambda kv: self._foreground_turn(
             handle, snapshot, chosen, pool, kv=kv)))
         return handle
+
+    def _wanted(self, messages: list[dict], sampling: Sampling) -> ChatPrompt:
+        """The prompt a turn for ``messages`` lays out, rendered here on the caller's thread (a
+        slot is chosen under the slots' lock). The records hold a picture as its tag
+        (``image_records``). A conversation the template refuses keeps nothing anywhere: its turn
+        then fails with why."""
+        shaped = with_image_tags(messages)[0]
+        try:
+            return self._prompts.chat_prompt(shaped, sampling)
+        except UserError:
+            return ChatPrompt(shaped, "")
 
     def submit_prompt(self, prompt: RawPrompt, sampling: Sampling,
                       pool: StatePool | None = None) -> TurnHandle:
