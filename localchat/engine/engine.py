@@ -23,7 +23,7 @@ from localchat import logs
 from localchat.engine.fresh import fresh_logits
 from localchat.engine.image_records import count_image_tokens
 from localchat.engine.kv import ConversationCache, KVSnapshot
-from localchat.engine.layout import CachedMessage, ChatPrompt, Layout, RawPrompt, plan_layout
+from localchat.engine.layout import CachedMessage, Layout, RawPrompt, plan_layout
 from localchat.engine.loading import load_model
 from localchat.engine.options import EngineOptions, Sampling
 from localchat.engine.preflight import Preflight, preflight
@@ -517,13 +517,11 @@ class Engine:
         try:  # before anything is prefilled: a grammar llama.cpp refuses ends the turn at once
             tools = self._prompts.tool_plan(messages, sampling)
             if layout is None:
-                shaped = tools.messages if tools is not None else messages
-                render = self._prompts.turn_render(tools, sampling)
-                wanted = raw or ChatPrompt(shaped, render(shaped, True))
+                wanted = raw or self._prompts.chat_prompt(messages, sampling, tools)
                 if pool is not None:
                     timings.restore_ms = kv.take_best_state(pool, wanted)
                 layout = wanted.layout() if isinstance(wanted, RawPrompt) else wanted.layout_over(
-                    kv.records, render, tokenize, allow_shift=runtime.can_shift and pool is None)
+                    kv.records, tokenize, allow_shift=runtime.can_shift and pool is None)
             self._check_fits(layout.tokens)
             inside = prompt_opens_thinking(layout.messages[-1].text)
             constraint = TurnConstraint.for_turn(

@@ -124,11 +124,15 @@ class ChatPrompt:
 
     messages: Sequence[dict]
     text: str
+    render: Render | None = None  # what rendered them (None: a prompt only weighed, never laid out)
 
-    def layout_over(self, cache: list[CachedMessage], render: Render, tokenize: Tokenize,
+    def layout_over(self, cache: list[CachedMessage], tokenize: Tokenize,
                     allow_shift: bool = True) -> Layout:
         """``plan_layout`` of these messages over ``cache`` (rendered once, here)."""
-        return plan_layout(cache, list(self.messages), render, tokenize, allow_shift, prompt=self.text)
+        if self.render is None:
+            raise ValueError("a prompt made without its renderer cannot be laid out")
+        return plan_layout(cache, list(self.messages), self.render, tokenize, allow_shift,
+                           prompt=self.text)
 
 
 class _Mismatch(Exception):

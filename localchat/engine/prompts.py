@@ -67,12 +67,14 @@ class ModelPrompts:
         return with_thinking(tools.render if tools is not None else self.render,
                              sampling.thinking, self.supports_thinking)
 
-    def chat_prompt(self, messages: list[dict], sampling: Sampling) -> ChatPrompt:
-        """The prompt a chat turn for ``messages`` lays out (``sampling``'s tools and thinking
-        mode): what a cached state is weighed against (``state_pool``, ``engine.slots``)."""
-        tools = self.tool_plan(messages, sampling)
+    def chat_prompt(self, messages: list[dict], sampling: Sampling,
+                    tools: ToolPlan | None) -> ChatPrompt:
+        """The prompt a chat turn for ``messages`` lays out, with ``tools`` (its ``tool_plan``)
+        and ``sampling``'s thinking mode: what its layout is planned on, and what a cached state
+        is weighed against (``state_pool``, ``engine.slots``)."""
         shaped = tools.messages if tools is not None else messages
-        return ChatPrompt(shaped, self.turn_render(tools, sampling)(shaped, True))
+        render = self.turn_render(tools, sampling)
+        return ChatPrompt(shaped, render(shaped, True), render)
 
     def render_for(self, messages: list[dict],
                    sampling: Sampling | None) -> tuple[Render, list[dict]]:

@@ -120,7 +120,7 @@ class ParallelEngine(Engine):
         then fails with why."""
         shaped = with_image_tags(messages)[0]
         try:
-            return self._prompts.chat_prompt(shaped, sampling)
+            return self._prompts.chat_prompt(shaped, sampling, self._prompts.tool_plan(shaped, sampling))
         except UserError:
             return ChatPrompt(shaped, "")
 
